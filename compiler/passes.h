@@ -1,0 +1,20 @@
+/* The passes over a pattern's IR. Each lives in the file named after it; each rewrites the
+ * pattern in place (through kpt_pattern_rewrite) and reports whether it changed anything. */
+#ifndef KPT_COMPILER_PASSES_H
+#define KPT_COMPILER_PASSES_H
+
+#include "ir/pattern.h"
+
+/* Returns false on failure with a message in err; *progress says whether the IR changed. */
+typedef bool (*kpt_pass_fn)(kpt_pattern *p, bool *progress, char *err, size_t err_size);
+
+/* Replaces every operation whose operands are all constants by its value (computed by the
+ * interpreter, so folding can never disagree with it). */
+bool kpt_opt_fold(kpt_pattern *p, bool *progress, char *err, size_t err_size);
+
+/* Algebraic identities that hold exactly under the IR's semantics (i32 wrap-around, IEEE f32
+ * with NaN and signed zeros): x+0, x*1, x&&true, not(not x), select on a constant, ... and
+ * comparison canonicalisation (a > b becomes b < a). */
+bool kpt_opt_simplify(kpt_pattern *p, bool *progress, char *err, size_t err_size);
+
+#endif

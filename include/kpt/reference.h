@@ -1,0 +1,54 @@
+/* kpt — the CPU reference attention.
+ *
+ * The oracle every backend is checked against: a straightforward attention in double precision
+ * that follows DESIGN §2 (docs/architecture.md) exactly, for any pattern, any GQA ratio, Dqk != Dv,
+ * any strides, f16/bf16/f32 inputs. Slow by design (one core), but fast enough to check
+ * S = 4096, D = 128 in seconds.
+ *
+ * Thread-safety: reentrant; concurrent calls on one pattern are fine.
+ */
+#ifndef KPT_REFERENCE_H
+#define KPT_REFERENCE_H
+
+#include <kpt/pattern.h>
+#include <kpt/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A runtime scalar's value, by name (without '$'). */
+typedef struct kpt_scalar_value {
+    const char *name;
+    double value; /* converted to the scalar's type; an i32 scalar must hold an integer */
+} kpt_scalar_value;
+
+/* An aux tensor bound by name; its rank, dtype and shape must match the pattern's declaration. */
+typedef struct kpt_aux_tensor {
+    const char *name;
+    kpt_tensor tensor;
+} kpt_aux_tensor;
+
+/* Attention arguments. All tensors are logically [B, H, S, D] (rank 4), whatever their strides:
+ *   q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv], o [B, Hq, Sq, Dv];
+ *   lse is [B, Hq, Sq] (rank 3, f32 or f64), or data == NULL when not wanted.
+ * Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv). */
+typedef struct kpt_attention_args {
+    kpt_tensor q, k, v, o, lse;
+    double scale; /* 0 means 1/sqrt(Dqk) */
+    const kpt_scalar_value *scalars;
+    int num_scalars;
+    const kpt_aux_tensor *aux;
+    int num_aux;
+} kpt_attention_args;
+
+/* Computes o (and lse) for pattern p. Inputs f16, bf16, f32 or f64; o any float dtype (f64 keeps
+ * the reference's full precision). A row with no kept key gives o = 0 and lse = -inf.
+ * Errors (KPT_ERR_INVALID_ARGUMENT, KPT_ERR_NOT_FOUND, ...) leave o untouched. */
+KPT_API kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_args *args,
+                                           kpt_diag *diag);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "ir/strbuf.h"
+
+kpt_status kpt_diag_set(kpt_diag *diag, kpt_status status, const char *fmt, ...)
+{
+    if (!diag)
+        return status;
+    diag->status = status;
+    diag->line = 0;
+    diag->column = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(diag->message, sizeof(diag->message), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* Appends line `line` of src, made printable, clipped to a window that contains `column`, and a
+ * caret line under it. */
+static void show_line(kpt_strbuf *sb, const char *src, int line, int column)
+{
+    const char *s = src;
+    for (int l = 1; l < line && s; l++) {
+        s = strchr(s, '\n');
+        if (s)
+            s++;
+    }
+    if (!s)
+        return;
+    size_t len = strcspn(s, "\n");
+    enum { WINDOW = 100 };
+    size_t start = 0;
+    if (column > WINDOW - 20)
+        start = (size_t)column - (WINDOW - 20);
+    if (start > len)
+        start = len;
+    size_t end = len - start > WINDOW ? start + WINDOW : len;
+    kpt_sb_puts(sb, "\n  ");
+    for (size_t i = start; i < end; i++) {
+        unsigned char c = (unsigned char)s[i];
+        kpt_sb_printf(sb, "%c", c == '\t' ? ' ' : (c < 0x20 || c >= 0x7f) ? '?' : (char)c);
+    }
+    kpt_sb_puts(sb, "\n  ");
+    for (size_t i = start; (int)i + 1 < column; i++)
+        kpt_sb_puts(sb, " ");
+    kpt_sb_puts(sb, "^");
+}
+
+kpt_status kpt_diag_at(kpt_diag *diag, kpt_status status, const char *origin, const char *src,
+                       int line, int column, const char *fmt, ...)
+{
+    if (!diag)
+        return status;
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    kpt_strbuf sb = {0};
+    kpt_sb_printf(&sb, "%s:%d:%d: error: %s", origin, line, column, what);
+    if (src)
+        show_line(&sb, src, line, column);
+    diag->status = status;
+    diag->line = line;
+    diag->column = column;
+    snprintf(diag->message, sizeof(diag->message), "%s", sb.failed || !sb.data ? what : sb.data);
+    kpt_sb_free(&sb);
+    return status;
+}

@@ -1,0 +1,23 @@
+/* Filling a kpt_diag: plain messages, and messages about source text that show the offending line
+ * with a caret under the column, as compilers do:
+ *
+ *   pattern:1:8: error: unknown pattern 'sliding_windw'; did you mean 'sliding_window'?
+ *     causal+sliding_windw(128)
+ *            ^
+ */
+#ifndef KPT_IR_DIAG_H
+#define KPT_IR_DIAG_H
+
+#include <kpt/status.h>
+
+/* Sets status and message (no position). diag may be NULL. Returns status, for tail calls. */
+kpt_status kpt_diag_set(kpt_diag *diag, kpt_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Sets status, position and a message about `src` at 1-based (line, column); `origin` names the
+ * source ("pattern", a file name). Returns status. */
+kpt_status kpt_diag_at(kpt_diag *diag, kpt_status status, const char *origin, const char *src,
+                       int line, int column, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+#endif

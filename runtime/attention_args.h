@@ -1,0 +1,27 @@
+/* Validation and binding of kpt_attention_args against a pattern: shapes, strides, dtypes,
+ * runtime scalars and aux tensors. Shared by the CPU reference and every backend's launch path, so
+ * all of them accept and refuse exactly the same calls with the same messages. */
+#ifndef KPT_RUNTIME_ATTENTION_ARGS_H
+#define KPT_RUNTIME_ATTENTION_ARGS_H
+
+#include <kpt/reference.h>
+
+#include "ir/ir_eval.h"
+#include "ir/pattern.h"
+
+typedef struct kpt_attn_shape {
+    int64_t B, Hq, Hkv, Sq, Skv, Dqk, Dv;
+} kpt_attn_shape;
+
+typedef struct kpt_attn_binding {
+    kpt_attn_shape shape;
+    double scale;                          /* resolved: 1/sqrt(Dqk) when args->scale == 0 */
+    kpt_ir_value scalars[KPT_MAX_SCALARS]; /* by the pattern's scalar index */
+    kpt_ir_auxview aux[KPT_MAX_AUX];       /* by the pattern's aux index */
+} kpt_attn_binding;
+
+/* Checks everything and fills `out`. Errors name the tensor, dimension, scalar or aux tensor. */
+kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
+                         kpt_attn_binding *out, kpt_diag *diag);
+
+#endif

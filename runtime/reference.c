@@ -1,0 +1,169 @@
+/* The CPU reference attention (DESIGN §2), in double precision, one core.
+ *
+ * For each (b, kv head) the keys and values are converted to contiguous doubles once; each query
+ * row then evaluates the mask (skipping the dot product of masked keys), the score mod, and a
+ * two-pass softmax (max, then exp-sum and weighted V sum). The mask and score programs are the
+ * pattern's IR run by the interpreter: the same definition every backend is checked against.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kpt/reference.h>
+
+#include "ir/diag.h"
+#include "ir/numeric.h"
+#include "runtime/attention_args.h"
+
+typedef struct ref_state {
+    const kpt_pattern *p;
+    const kpt_attention_args *args;
+    kpt_attn_binding bind;
+    kpt_ir_prog mask_prog, score_prog;
+    kpt_ir_value *vals;
+    double *kd, *vd, *qd, *sc, *od;
+    uint8_t *kept;
+} ref_state;
+
+static int64_t off4(const kpt_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3)
+{
+    return i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] + i3 * t->stride[3];
+}
+
+static double dot(const double *a, const double *b, int64_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+static void load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, int64_t cols,
+                      double *out)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            out[r * cols + c] = kpt_load_as_double(t->data, t->dtype, off4(t, b, h, r, c));
+}
+
+static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_t q)
+{
+    const kpt_attention_args *a = st->args;
+    const kpt_attn_shape *s = &st->bind.shape;
+    const kpt_pattern *p = st->p;
+    for (int64_t d = 0; d < s->Dqk; d++)
+        st->qd[d] = kpt_load_as_double(a->q.data, a->q.dtype, off4(&a->q, b, h, q, d));
+    env->q = (int32_t)q;
+    double m = -INFINITY;
+    bool nan_seen = false;
+    for (int64_t k = 0; k < s->Skv; k++) {
+        env->k = (int32_t)k;
+        if (p->mask) {
+            kpt_ir_prog_run(&st->mask_prog, env, st->vals);
+            if (!st->vals[p->mask].i) {
+                st->kept[k] = 0;
+                continue;
+            }
+        }
+        double x = st->bind.scale * dot(st->qd, st->kd + k * s->Dqk, s->Dqk);
+        if (p->score) {
+            env->s = x;
+            kpt_ir_prog_run(&st->score_prog, env, st->vals);
+            x = st->vals[p->score].f;
+        }
+        st->kept[k] = 1;
+        st->sc[k] = x;
+        if (x > m)
+            m = x;
+        nan_seen |= isnan(x) != 0;
+    }
+    if (nan_seen)
+        m = NAN; /* a NaN score makes its row NaN, never a silent zero */
+    memset(st->od, 0, (size_t)s->Dv * sizeof(double));
+    double lse = -INFINITY;
+    if (m != -INFINITY) { /* some key kept with a score above -inf */
+        double sum = 0;
+        for (int64_t k = 0; k < s->Skv; k++) {
+            if (!st->kept[k])
+                continue;
+            double w = exp(st->sc[k] - m);
+            sum += w;
+            const double *vr = st->vd + k * s->Dv;
+            for (int64_t d = 0; d < s->Dv; d++)
+                st->od[d] += w * vr[d];
+        }
+        for (int64_t d = 0; d < s->Dv; d++)
+            st->od[d] /= sum;
+        lse = m + log(sum);
+    }
+    for (int64_t d = 0; d < s->Dv; d++)
+        kpt_store_double(a->o.data, a->o.dtype, off4(&a->o, b, h, q, d), st->od[d]);
+    if (a->lse.data)
+        kpt_store_double(a->lse.data, a->lse.dtype,
+                         b * a->lse.stride[0] + h * a->lse.stride[1] + q * a->lse.stride[2], lse);
+}
+
+static void free_state(ref_state *st)
+{
+    kpt_ir_prog_free(&st->mask_prog);
+    kpt_ir_prog_free(&st->score_prog);
+    free(st->vals);
+    free(st->kd);
+    free(st->vd);
+    free(st->qd);
+    free(st->sc);
+    free(st->od);
+    free(st->kept);
+}
+
+kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_args *args,
+                                   kpt_diag *diag)
+{
+    ref_state st;
+    memset(&st, 0, sizeof(st));
+    st.p = p;
+    st.args = args;
+    kpt_status status = kpt_attn_bind(p, args, &st.bind, diag);
+    if (status)
+        return status;
+    const kpt_attn_shape *s = &st.bind.shape;
+    st.vals = calloc(p->g.count ? p->g.count : 1, sizeof(*st.vals));
+    st.kd = malloc((size_t)(s->Skv * s->Dqk) * sizeof(double));
+    st.vd = malloc((size_t)(s->Skv * s->Dv) * sizeof(double));
+    st.qd = malloc((size_t)s->Dqk * sizeof(double));
+    st.od = malloc((size_t)s->Dv * sizeof(double));
+    st.sc = malloc((size_t)s->Skv * sizeof(double));
+    st.kept = malloc((size_t)s->Skv);
+    if (!st.vals || !st.kd || !st.vd || !st.qd || !st.od || !st.sc || !st.kept ||
+        !kpt_ir_prog_init(&st.mask_prog, &p->g, &p->mask, 1) ||
+        !kpt_ir_prog_init(&st.score_prog, &p->g, &p->score, 1)) {
+        free_state(&st);
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (reference, Skv = %lld)",
+                            (long long)s->Skv);
+    }
+    kpt_ir_env env = {.sq = (int32_t)s->Sq, .skv = (int32_t)s->Skv, .hq = (int32_t)s->Hq,
+                      .scalars = st.bind.scalars, .aux = st.bind.aux};
+    int64_t group = s->Hq / s->Hkv;
+    for (int64_t b = 0; b < s->B; b++) {
+        env.b = (int32_t)b;
+        for (int64_t hk = 0; hk < s->Hkv; hk++) {
+            load_rows(&args->k, b, hk, s->Skv, s->Dqk, st.kd);
+            load_rows(&args->v, b, hk, s->Skv, s->Dv, st.vd);
+            for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+                env.h = (int32_t)h;
+                for (int64_t q = 0; q < s->Sq; q++)
+                    run_row(&st, &env, b, h, q);
+            }
+        }
+    }
+    free_state(&st);
+    return KPT_OK;
+}
