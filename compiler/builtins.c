@@ -24,44 +24,51 @@ static bool build_full(kpt_build_ctx *ctx, const kpt_term_arg *a)
 
 static bool build_causal(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
-    kpt_build_add_mask(ctx, BIN(GE, VAR(Q), VAR(K)));
+    kpt_ir_ref q = VAR(Q), k = VAR(K); /* declarators are sequenced: q is built first */
+    kpt_build_add_mask(ctx, BIN(GE, q, k));
     return !G->failed;
 }
 
 static bool build_causal_br(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
     /* q + skv - sq >= k: the last query sees the last key */
-    kpt_ir_ref shift = BIN(SUB, VAR(SKV), VAR(SQ));
-    kpt_build_add_mask(ctx, BIN(GE, BIN(ADD, VAR(Q), shift), VAR(K)));
+    kpt_ir_ref q = VAR(Q), k = VAR(K), skv = VAR(SKV), sq = VAR(SQ);
+    kpt_ir_ref shift = BIN(SUB, skv, sq);
+    kpt_ir_ref qs = BIN(ADD, q, shift);
+    kpt_build_add_mask(ctx, BIN(GE, qs, k));
     return !G->failed;
 }
 
 static bool build_sliding_window(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
     kpt_ir_ref q = VAR(Q), k = VAR(K);
-    kpt_build_add_mask(ctx, BIN(AND, BIN(GE, q, k), BIN(LT, BIN(SUB, q, k), a[0].ref)));
+    kpt_ir_ref causal = BIN(GE, q, k), d = BIN(SUB, q, k);
+    kpt_build_add_mask(ctx, BIN(AND, causal, BIN(LT, d, a[0].ref)));
     return !G->failed;
 }
 
 static bool build_local(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
     kpt_ir_ref q = VAR(Q), k = VAR(K);
-    kpt_ir_ref left = BIN(LE, BIN(SUB, q, k), a[0].ref);
-    kpt_ir_ref right = BIN(LE, BIN(SUB, k, q), a[1].ref);
+    kpt_ir_ref qk = BIN(SUB, q, k), kq = BIN(SUB, k, q);
+    kpt_ir_ref left = BIN(LE, qk, a[0].ref), right = BIN(LE, kq, a[1].ref);
     kpt_build_add_mask(ctx, BIN(AND, right, left));
     return !G->failed;
 }
 
 static bool build_chunked(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
-    kpt_build_add_mask(ctx, BIN(EQ, BIN(IDIV, VAR(Q), a[0].ref), BIN(IDIV, VAR(K), a[0].ref)));
+    kpt_ir_ref q = VAR(Q), k = VAR(K);
+    kpt_ir_ref cq = BIN(IDIV, q, a[0].ref), ck = BIN(IDIV, k, a[0].ref);
+    kpt_build_add_mask(ctx, BIN(EQ, cq, ck));
     return !G->failed;
 }
 
 static bool build_prefix_lm(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
     kpt_ir_ref q = VAR(Q), k = VAR(K);
-    kpt_build_add_mask(ctx, BIN(OR, BIN(LT, k, a[0].ref), BIN(GE, q, k)));
+    kpt_ir_ref prefix = BIN(LT, k, a[0].ref), causal = BIN(GE, q, k);
+    kpt_build_add_mask(ctx, BIN(OR, prefix, causal));
     return !G->failed;
 }
 
@@ -94,8 +101,8 @@ static bool build_document(kpt_build_ctx *ctx, const kpt_term_arg *a)
     int dkv = dq < 0 ? -1 : doc_aux(ctx, "doc_kv", KPT_DIM_SKV);
     if (dkv < 0)
         return false;
-    kpt_ir_ref iq[2] = {VAR(B), VAR(Q)};
-    kpt_ir_ref ik[2] = {VAR(B), VAR(K)};
+    kpt_ir_ref b = VAR(B), q = VAR(Q), k = VAR(K);
+    kpt_ir_ref iq[2] = {b, q}, ik[2] = {b, k};
     kpt_ir_ref lq = kpt_ir_load(G, (uint32_t)dq, 2, iq);
     kpt_ir_ref lk = kpt_ir_load(G, (uint32_t)dkv, 2, ik);
     kpt_build_add_mask(ctx, BIN(EQ, lq, lk));
@@ -115,39 +122,50 @@ double kpt_alibi_slope(int h, int hq)
 kpt_ir_ref kpt_build_alibi_slope(kpt_ir_graph *g)
 {
     /* m = 2^floor(log2(hq)); heads below m take 2^(-8(h+1)/m), the rest take the odd terms of
-     * the 2m sequence: 2^(-8(2(h-m)+1)/(2m)). Folds to constants once hq is known. */
+     * the 2m sequence: 2^(-8(2(h-m)+1)/(2m)). Folds to constants once hq is known. One builder
+     * call per statement, so the node order does not depend on argument evaluation order. */
     kpt_ir_ref two = kpt_ir_const_f32(g, 2.0f);
-    kpt_ir_ref one_i = kpt_ir_const_i32(g, 1);
+    kpt_ir_ref one = kpt_ir_const_i32(g, 1);
     kpt_ir_ref h = kpt_ir_var(g, KPT_IR_H);
-    kpt_ir_ref lg = kpt_ir_unop(g, KPT_IR_ILOG2, kpt_ir_var(g, KPT_IR_HQ));
-    kpt_ir_ref mf = kpt_ir_binop(g, KPT_IR_POW, two, kpt_ir_unop(g, KPT_IR_TO_F32, lg));
+    kpt_ir_ref hq = kpt_ir_var(g, KPT_IR_HQ);
+    kpt_ir_ref lg = kpt_ir_unop(g, KPT_IR_ILOG2, hq);
+    kpt_ir_ref lgf = kpt_ir_unop(g, KPT_IR_TO_F32, lg);
+    kpt_ir_ref mf = kpt_ir_binop(g, KPT_IR_POW, two, lgf);
     kpt_ir_ref mi = kpt_ir_unop(g, KPT_IR_TO_I32, mf);
-    kpt_ir_ref hp1 = kpt_ir_unop(g, KPT_IR_TO_F32, kpt_ir_binop(g, KPT_IR_ADD, h, one_i));
-    kpt_ir_ref e_lo = kpt_ir_binop(g, KPT_IR_DIV,
-                                   kpt_ir_binop(g, KPT_IR_MUL, kpt_ir_const_f32(g, -8.0f), hp1), mf);
-    kpt_ir_ref odd = kpt_ir_binop(
-        g, KPT_IR_ADD,
-        kpt_ir_binop(g, KPT_IR_MUL, kpt_ir_const_i32(g, 2), kpt_ir_binop(g, KPT_IR_SUB, h, mi)),
-        one_i);
-    kpt_ir_ref e_hi = kpt_ir_binop(
-        g, KPT_IR_DIV,
-        kpt_ir_binop(g, KPT_IR_MUL, kpt_ir_const_f32(g, -4.0f), kpt_ir_unop(g, KPT_IR_TO_F32, odd)),
-        mf);
-    kpt_ir_ref e = kpt_ir_select(g, kpt_ir_binop(g, KPT_IR_LT, h, mi), e_lo, e_hi);
+    /* low heads: -8 (h + 1) / m */
+    kpt_ir_ref h1 = kpt_ir_binop(g, KPT_IR_ADD, h, one);
+    kpt_ir_ref h1f = kpt_ir_unop(g, KPT_IR_TO_F32, h1);
+    kpt_ir_ref m8 = kpt_ir_const_f32(g, -8.0f);
+    kpt_ir_ref lo_num = kpt_ir_binop(g, KPT_IR_MUL, m8, h1f);
+    kpt_ir_ref e_lo = kpt_ir_binop(g, KPT_IR_DIV, lo_num, mf);
+    /* high heads: -4 (2 (h - m) + 1) / m */
+    kpt_ir_ref hm = kpt_ir_binop(g, KPT_IR_SUB, h, mi);
+    kpt_ir_ref c2 = kpt_ir_const_i32(g, 2);
+    kpt_ir_ref hm2 = kpt_ir_binop(g, KPT_IR_MUL, c2, hm);
+    kpt_ir_ref odd = kpt_ir_binop(g, KPT_IR_ADD, hm2, one);
+    kpt_ir_ref oddf = kpt_ir_unop(g, KPT_IR_TO_F32, odd);
+    kpt_ir_ref m4 = kpt_ir_const_f32(g, -4.0f);
+    kpt_ir_ref hi_num = kpt_ir_binop(g, KPT_IR_MUL, m4, oddf);
+    kpt_ir_ref e_hi = kpt_ir_binop(g, KPT_IR_DIV, hi_num, mf);
+    kpt_ir_ref low = kpt_ir_binop(g, KPT_IR_LT, h, mi);
+    kpt_ir_ref e = kpt_ir_select(g, low, e_lo, e_hi);
     return kpt_ir_binop(g, KPT_IR_POW, two, e);
 }
 
 static bool build_alibi(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
-    kpt_ir_ref dist = kpt_ir_unop(G, KPT_IR_TO_F32, BIN(SUB, VAR(K), VAR(Q)));
-    ctx->score = BIN(ADD, ctx->score, BIN(MUL, kpt_build_alibi_slope(G), dist));
+    kpt_ir_ref q = VAR(Q), k = VAR(K);
+    kpt_ir_ref dist = kpt_ir_unop(G, KPT_IR_TO_F32, BIN(SUB, k, q));
+    kpt_ir_ref slope = kpt_build_alibi_slope(G);
+    ctx->score = BIN(ADD, ctx->score, BIN(MUL, slope, dist));
     return !G->failed;
 }
 
 static bool build_softcap(kpt_build_ctx *ctx, const kpt_term_arg *a)
 {
     kpt_ir_ref c = a[0].ref;
-    ctx->score = BIN(MUL, c, kpt_ir_unop(G, KPT_IR_TANH, BIN(DIV, ctx->score, c)));
+    kpt_ir_ref t = kpt_ir_unop(G, KPT_IR_TANH, BIN(DIV, ctx->score, c));
+    ctx->score = BIN(MUL, c, t);
     return !G->failed;
 }
 

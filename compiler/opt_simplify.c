@@ -10,7 +10,7 @@
  *   neg(neg x), not(not x)                  -> x
  *   min(x, x), max(x, x), x & x, x | x      -> x
  *   x & true, x | false                     -> x          x & false -> false, x | true -> true
- *   x & ~x -> false, x | ~x -> true
+ *   x & ~x -> false, x | ~x -> true (also for complementary integer comparisons)
  *   select(true, a, b) -> a, select(false, a, b) -> b, select(c, a, a) -> a,
  *   select(~c, a, b) -> select(c, b, a)
  *   a > b -> b < a, a >= b -> b <= a        (exact for f32 too: both are false on NaN)
@@ -47,6 +47,25 @@ static bool is_not_of(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
 {
     const kpt_ir_node *n = N(g, a);
     return n->op == KPT_IR_NOT && n->arg[0] == b;
+}
+
+/* Whether a and b are each other's negation: not(b), or integer comparisons that are exact
+ * complements (a < b vs b <= a, a == b vs a != b), which is how opt_simplify leaves negations. */
+static bool complementary(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
+{
+    if (is_not_of(g, a, b) || is_not_of(g, b, a))
+        return true;
+    const kpt_ir_node *x = N(g, a), *y = N(g, b);
+    if (x->nargs != 2 || y->nargs != 2 || kpt_ir_type_of(g, x->arg[0]) == KPT_IR_F32 ||
+        kpt_ir_type_of(g, y->arg[0]) == KPT_IR_F32)
+        return false;
+    bool swapped = x->arg[0] == y->arg[1] && x->arg[1] == y->arg[0];
+    bool same_args = x->arg[0] == y->arg[0] && x->arg[1] == y->arg[1];
+    if (((x->op == KPT_IR_LT && y->op == KPT_IR_LE) || (x->op == KPT_IR_LE && y->op == KPT_IR_LT)))
+        return swapped;
+    if ((x->op == KPT_IR_EQ && y->op == KPT_IR_NE) || (x->op == KPT_IR_NE && y->op == KPT_IR_EQ))
+        return same_args;
+    return false;
 }
 
 /* Returns the simplified node, or 0 when no rule applies. */
@@ -121,7 +140,7 @@ static kpt_ir_ref simplify(kpt_ir_graph *g, const kpt_ir_node *old, const kpt_ir
             if (is_const_i(g, c, is_and ? 1 : 0)) return other;
             if (is_const_i(g, c, is_and ? 0 : 1)) return c;
         }
-        if (is_not_of(g, x, y) || is_not_of(g, y, x)) return kpt_ir_const_bool(g, !is_and);
+        if (complementary(g, x, y)) return kpt_ir_const_bool(g, !is_and);
         return 0;
     }
     case KPT_IR_SELECT: {

@@ -451,8 +451,10 @@ kpt_pattern *kpt_pattern_read(const char *text, kpt_diag *diag)
         error(&rd, "expected the header 'kpt-ir 1'");
     } else {
         rd.pos += 6;
+        skip_space(&rd);
+        const char *vpos = rd.pos;
         int64_t version;
-        if (integer(&rd, 0, 1000, &version) && version != 1)
+        if (integer(&rd, 0, 1000, &version) && version != 1 && (rd.pos = vpos))
             error(&rd, "unsupported IR version %lld (this kpt reads version 1)",
                   (long long)version);
     }

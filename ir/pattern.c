@@ -215,7 +215,7 @@ bool kpt_pattern_validate(const kpt_pattern *p, char *msg, size_t msg_size)
 {
     if (!kpt_ir_validate(&p->g, msg, msg_size))
         return false;
-    if (p->score >= p->g.count || p->mask >= p->g.count) {
+    if ((p->score && p->score >= p->g.count) || (p->mask && p->mask >= p->g.count)) {
         snprintf(msg, msg_size, "a root is not a node");
         return false;
     }

@@ -1,0 +1,193 @@
+/* kptc end to end: every subcommand, and bad input exits 2 with a message saying what and where. */
+#include "tests/testutil.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *kptc;
+
+typedef struct result {
+    int status;
+    char out[65536];
+    char err[8192];
+} result;
+
+static void drain(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(fd, buf + n, cap - 1 - n)) > 0 && n + (size_t)r < cap - 1)
+        n += (size_t)r;
+    buf[n] = 0;
+}
+
+/* Runs kptc with the arguments (NULL-terminated); stdout and stderr go to files to avoid pipe
+ * deadlocks. */
+static result *run(const char *arg0, ...)
+{
+    static result res;
+    const char *argv[32] = {kptc};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a && argc < 31; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char out_path[] = "/tmp/kpt_test_outXXXXXX", err_path[] = "/tmp/kpt_test_errXXXXXX";
+    int out = mkstemp(out_path), err = mkstemp(err_path);
+    assert_true(out >= 0 && err >= 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(out, 1);
+        dup2(err, 2);
+        execv(kptc, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    res.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    lseek(out, 0, SEEK_SET);
+    lseek(err, 0, SEEK_SET);
+    drain(out, res.out, sizeof(res.out));
+    drain(err, res.err, sizeof(res.err));
+    close(out);
+    close(err);
+    unlink(out_path);
+    unlink(err_path);
+    return &res;
+}
+
+#define EXPECT(r, code, stream, needle)                                                            \
+    do {                                                                                           \
+        if ((r)->status != (code) || !strstr((r)->stream, needle))                                 \
+            fail_msg("exit %d (wanted %d); wanted '%s' in " #stream "\nstdout: %s\nstderr: %s",    \
+                     (r)->status, code, needle, (r)->out, (r)->err);                               \
+    } while (0)
+
+static void test_basics(void **state)
+{
+    (void)state;
+    result *r = run("--help", NULL);
+    EXPECT(r, 0, out, "usage: kptc");
+    r = run("--version", NULL);
+    EXPECT(r, 0, out, "kptc 0.");
+    r = run("patterns", NULL);
+    EXPECT(r, 0, out, "sliding_window(W)");
+    EXPECT(r, 0, out, "document");
+    r = run(NULL);
+    EXPECT(r, 2, err, "no command given");
+    r = run("frobnicate", NULL);
+    EXPECT(r, 2, err, "unknown command 'frobnicate'");
+}
+
+static void test_emit(void **state)
+{
+    (void)state;
+    result *r = run("emit", "--emit", "ir", "causal", NULL);
+    EXPECT(r, 0, out, "kpt-ir 1\npattern \"causal\"\n%1 = i32 q\n%2 = i32 k\n%3 = bool le %2 %1\nmask %3\n");
+    r = run("emit", "sliding_window($w=64)+softcap(20)", "--dump-after", "parse", NULL);
+    EXPECT(r, 0, out, "# after parse\n");
+    EXPECT(r, 0, out, "scalar w i32 = 64");
+    r = run("emit", "--dump-after=all", "alibi", NULL);
+    EXPECT(r, 0, out, "# after opt_simplify (round 1)");
+    r = run("emit", "causal+sliding_windw(128)", NULL);
+    EXPECT(r, 2, err, "pattern:1:8: error: unknown pattern 'sliding_windw'; did you mean 'sliding_window'?\n"
+                      "  causal+sliding_windw(128)\n         ^");
+    r = run("emit", "--emit", "cuda", "causal", NULL);
+    EXPECT(r, 2, err, "--emit cuda is not available in this build");
+    r = run("emit", "--dump-after", "nope", "causal", NULL);
+    EXPECT(r, 2, err, "unknown stage 'nope'");
+    r = run("emit", "--bogus", "causal", NULL);
+    EXPECT(r, 2, err, "unknown option '--bogus'");
+    r = run("emit", NULL);
+    EXPECT(r, 2, err, "emit needs a PATTERN");
+    r = run("emit", "causal", "full", NULL);
+    EXPECT(r, 2, err, "more than one PATTERN");
+    r = run("emit", "--emit", NULL);
+    EXPECT(r, 2, err, "option '--emit' needs a value");
+}
+
+static void test_check(void **state)
+{
+    (void)state;
+    result *r = run("check", "document+causal+softcap(30)", "--backend", "cpu", "--shape",
+                    "2,4,2,100,100,32", "--seed", "3", NULL);
+    EXPECT(r, 0, out, "B=2 Hq=4 Hkv=2 Sq=100 Skv=100 Dqk=32 Dv=32");
+    EXPECT(r, 0, out, "doc_q i32 [2, 100]: generated: sorted segments of random lengths");
+    EXPECT(r, 0, out, "agrees with the brute-force mask");
+    EXPECT(r, 0, out, "all rows consistent");
+    r = run("check", "sliding_window($w)", "--scalar", "w=16", "--shape", "1,2,1,70,90,16,8",
+            "--dtype", "f16", "--layout", "bshd", "--tile", "16x32", NULL);
+    EXPECT(r, 0, out, "$w = 16 (--scalar)");
+    EXPECT(r, 0, out, "analysis   2 affine atoms, 0 opaque leaves: exact");
+    r = run("check", "causal_bottom_right", "--shape", "1,1,1,50,20,8", NULL);
+    EXPECT(r, 0, out, "30 fully masked rows");
+    /* bad input */
+    r = run("check", "sliding_window($w)", NULL);
+    EXPECT(r, 2, err, "runtime scalar '$w' has no value and no default");
+    r = run("check", "causal", "--shape", "1,3,2,8,8,8", NULL);
+    EXPECT(r, 2, err, "Hq (3) must be a multiple of Hkv (2)");
+    r = run("check", "causal", "--shape", "1,2,x,8,8,8", NULL);
+    EXPECT(r, 2, err, "'x' is not a positive integer");
+    r = run("check", "causal", "--shape", "1,2,2,8", NULL);
+    EXPECT(r, 2, err, "--shape wants B,Hq,Hkv,Sq,Skv,Dqk[,Dv]");
+    r = run("check", "causal", "--dtype", "f8", NULL);
+    EXPECT(r, 2, err, "--dtype 'f8': expected f16, bf16 or f32");
+    r = run("check", "causal", "--backend", "cuda", NULL);
+    EXPECT(r, 2, err, "--backend cuda is not available");
+    r = run("check", "causal", "--scalar", "w=3", NULL);
+    EXPECT(r, 2, err, "unknown runtime scalar '$w'");
+    r = run("check", "document", "--aux", "doc_q=/nonexistent.npy", NULL);
+    EXPECT(r, 2, err, "cannot open '/nonexistent.npy'");
+    r = run("check", "document", "--aux", "nothing=/x.npy", NULL);
+    EXPECT(r, 2, err, "the pattern has no aux tensor 'nothing'");
+    r = run("check", "causal", "--shape", "1000,64,64,16777216,16777216,128", NULL);
+    EXPECT(r, 2, err, "too large for the CPU reference");
+    r = run("check", "causal", "--seed", "-4", NULL);
+    EXPECT(r, 2, err, "--seed '-4' is not a non-negative integer");
+}
+
+static void test_check_aux_file(void **state)
+{
+    (void)state;
+    /* doc ids from a .npy file: two documents of 5 and 3 tokens */
+    char path[] = "/tmp/kpt_test_docXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char header[] = "{'descr': '<i4', 'fortran_order': False, 'shape': (1, 8), }\n";
+    unsigned char buf[256] = "\x93NUMPY\x01\x00";
+    size_t hl = strlen(header);
+    buf[8] = (unsigned char)hl;
+    buf[9] = 0;
+    memcpy(buf + 10, header, hl);
+    int32_t ids[8] = {0, 0, 0, 0, 0, 1, 1, 1};
+    memcpy(buf + 10 + hl, ids, sizeof(ids));
+    assert_true(write(fd, buf, 10 + hl + sizeof(ids)) == (ssize_t)(10 + hl + sizeof(ids)));
+    close(fd);
+    char arg1[128], arg2[128];
+    snprintf(arg1, sizeof(arg1), "doc_q=%s", path);
+    snprintf(arg2, sizeof(arg2), "doc_kv=%s", path);
+    result *r = run("check", "document", "--shape", "1,1,1,8,8,8", "--aux", arg1, "--aux", arg2, NULL);
+    /* kept pairs: 5*5 + 3*3 = 34 of 64 */
+    EXPECT(r, 0, out, "53.12% of (q, k) pairs kept");
+    r = run("check", "document", "--shape", "1,1,1,9,8,8", "--aux", arg1, "--aux", arg2, NULL);
+    EXPECT(r, 2, err, "aux tensor 'doc_q': dimension 1 has size 8, expected 9 (sq)");
+    unlink(path);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_kptc PATH-TO-KPTC\n");
+        return 1;
+    }
+    kptc = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_basics), cmocka_unit_test(test_emit),
+        cmocka_unit_test(test_check), cmocka_unit_test(test_check_aux_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
