@@ -141,30 +141,31 @@ static bool is_known(builder *bd, kpt_ir_ref r)
     return (d & (KPT_DEP_Q | KPT_DEP_K)) == 0 && (d & ~bd->known) == 0;
 }
 
-/* The range of a floor-division term over v in [0, n). */
-static void term_range(const fdterm *t, int64_t n, int64_t *lo, int64_t *hi)
+/* The range of a floor-division term over v in [0, n), in 128 bits (coef * u may exceed 64). */
+static void term_range(const fdterm *t, int64_t n, __int128 *lo, __int128 *hi)
 {
-    int64_t x0 = t->add, x1 = t->mul * (n - 1) + t->add;
+    int64_t x0 = t->add, x1 = t->mul * (n - 1) + t->add; /* |mul| <= 2^20, n <= 2^31 */
     int64_t u0 = x0 >= 0 ? x0 / t->div : -((-x0 + t->div - 1) / t->div);
     int64_t u1 = x1 >= 0 ? x1 / t->div : -((-x1 + t->div - 1) / t->div);
     int64_t umin = u0 < u1 ? u0 : u1, umax = u0 < u1 ? u1 : u0;
-    *lo = t->coef >= 0 ? t->coef * umin : t->coef * umax;
-    *hi = t->coef >= 0 ? t->coef * umax : t->coef * umin;
+    *lo = t->coef >= 0 ? (__int128)t->coef * umin : (__int128)t->coef * umax;
+    *hi = t->coef >= 0 ? (__int128)t->coef * umax : (__int128)t->coef * umin;
 }
 
 /* Whether the form stays inside i32 over the whole [0, sq) x [0, skv) domain (so the IR's
- * wrap-around cannot differ from exact arithmetic) and its numbers inside our limits. */
+ * wrap-around cannot differ from exact arithmetic) and its numbers inside our limits, which keep
+ * every per-row evaluation (atom_row) inside int64. */
 static bool lin_ok(const lin *l, const kpt_mask_env *env)
 {
     if (!in_range(l->c0, CONST_LIMIT) || !in_range(l->cq, COEF_LIMIT) ||
         !in_range(l->ck, COEF_LIMIT))
         return false;
     int64_t nq = env->sq > 0 ? env->sq : 1, nk = env->skv > 0 ? env->skv : 1;
-    int64_t lo = l->c0, hi = l->c0;
-    lo += l->cq < 0 ? l->cq * (nq - 1) : 0;
-    hi += l->cq > 0 ? l->cq * (nq - 1) : 0;
-    lo += l->ck < 0 ? l->ck * (nk - 1) : 0;
-    hi += l->ck > 0 ? l->ck * (nk - 1) : 0;
+    __int128 lo = l->c0, hi = l->c0;
+    lo += l->cq < 0 ? (__int128)l->cq * (nq - 1) : 0;
+    hi += l->cq > 0 ? (__int128)l->cq * (nq - 1) : 0;
+    lo += l->ck < 0 ? (__int128)l->ck * (nk - 1) : 0;
+    hi += l->ck > 0 ? (__int128)l->ck * (nk - 1) : 0;
     for (int side = 0; side < 2; side++) {
         int n = side ? l->nk : l->nq;
         const fdterm *t = side ? l->tk : l->tq;
@@ -172,8 +173,10 @@ static bool lin_ok(const lin *l, const kpt_mask_env *env)
             if (!in_range(t[i].coef, COEF_LIMIT) || !in_range(t[i].mul, COEF_LIMIT) ||
                 !in_range(t[i].add, CONST_LIMIT) || t[i].div <= 0 || t[i].div > INT32_MAX)
                 return false;
-            int64_t tl, th;
+            __int128 tl, th;
             term_range(&t[i], side ? nk : nq, &tl, &th);
+            if (tl < -CONST_LIMIT || th > CONST_LIMIT)
+                return false;
             lo += tl;
             hi += th;
         }
@@ -194,15 +197,17 @@ static bool add_term(fdterm *ts, int *n, fdterm t)
     return true;
 }
 
-static void lin_scale(lin *l, int64_t c)
+/* Scales every coefficient by c; false on int64 overflow (then the caller goes opaque). */
+static bool lin_scale(lin *l, int64_t c)
 {
-    l->c0 *= c;
-    l->cq *= c;
-    l->ck *= c;
+    bool over = __builtin_mul_overflow(l->c0, c, &l->c0);
+    over |= __builtin_mul_overflow(l->cq, c, &l->cq);
+    over |= __builtin_mul_overflow(l->ck, c, &l->ck);
     for (int i = 0; i < l->nq; i++)
-        l->tq[i].coef *= c;
+        over |= __builtin_mul_overflow(l->tq[i].coef, c, &l->tq[i].coef);
     for (int i = 0; i < l->nk; i++)
-        l->tk[i].coef *= c;
+        over |= __builtin_mul_overflow(l->tk[i].coef, c, &l->tk[i].coef);
+    return !over;
 }
 
 static bool lin_add(lin *x, const lin *y)
@@ -244,25 +249,24 @@ static bool linearize(builder *bd, kpt_ir_ref r, lin *out, int depth)
     case KPT_IR_SUB:
         if (!linearize(bd, n->arg[0], &x, depth + 1) || !linearize(bd, n->arg[1], &y, depth + 1))
             return false;
-        if (n->op == KPT_IR_SUB)
-            lin_scale(&y, -1);
-        if (!lin_add(&x, &y))
+        if ((n->op == KPT_IR_SUB && !lin_scale(&y, -1)) || !lin_add(&x, &y))
             return false;
         *out = x;
         break;
     case KPT_IR_NEG:
-        if (!linearize(bd, n->arg[0], out, depth + 1))
+        if (!linearize(bd, n->arg[0], out, depth + 1) || !lin_scale(out, -1))
             return false;
-        lin_scale(out, -1);
         break;
     case KPT_IR_MUL:
         if (!linearize(bd, n->arg[0], &x, depth + 1) || !linearize(bd, n->arg[1], &y, depth + 1))
             return false;
         if (lin_is_const(&y)) {
-            lin_scale(&x, y.c0);
+            if (!lin_scale(&x, y.c0))
+                return false;
             *out = x;
         } else if (lin_is_const(&x)) {
-            lin_scale(&y, x.c0);
+            if (!lin_scale(&y, x.c0))
+                return false;
             *out = y;
         } else {
             return false;
@@ -319,8 +323,7 @@ static int cmp_atom(builder *bd, kpt_ir_ref x, kpt_ir_ref y, int64_t bias)
     lin lx, ly;
     if (!linearize(bd, x, &lx, 0) || !linearize(bd, y, &ly, 0))
         return mk_opaque(bd);
-    lin_scale(&ly, -1);
-    if (!lin_add(&lx, &ly))
+    if (!lin_scale(&ly, -1) || !lin_add(&lx, &ly))
         return mk_opaque(bd);
     lx.c0 += bias;
     if (!in_range(lx.c0, CONST_LIMIT))
@@ -564,6 +567,14 @@ static int64_t ceil_div64(int64_t a, int64_t b) /* b > 0 */
     return -floor_div64(-a, b);
 }
 
+/* Thresholds beyond +-2^62 are as good as infinite for keys below 2^31; clamping keeps the
+ * divisions in solve_linear free of overflow. */
+static int64_t clamp128(__int128 v)
+{
+    const int64_t big = (int64_t)1 << 62;
+    return v > big ? big : v < -big ? -big : (int64_t)v;
+}
+
 static int64_t term_value(const fdterm *t, int64_t v)
 {
     return t->coef * floor_div64(t->mul * v + t->add, t->div);
@@ -616,10 +627,10 @@ static bool atom_row(const lin *l, int64_t q, int64_t lo, int64_t hi, int64_t *a
     }
     if (e > 0) { /* u >= U  <=>  m k + c >= U d */
         int64_t U = ceil_div64(-rest, e);
-        solve_linear(m, U * d - c, true, lo, hi, a, b);
+        solve_linear(m, clamp128((__int128)U * d - c), true, lo, hi, a, b);
     } else { /* u <= U  <=>  m k + c <= U d + d - 1 */
         int64_t U = floor_div64(rest, -e);
-        solve_linear(m, U * d + d - 1 - c, false, lo, hi, a, b);
+        solve_linear(m, clamp128((__int128)U * d + d - 1 - c), false, lo, hi, a, b);
     }
     return true;
 }

@@ -292,12 +292,50 @@ static void test_window_at_scale(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* Large coefficients: forms that would overflow i32 (the IR wraps) or int64 must go opaque, not
+ * mislead; checked for soundness against the wrapping brute force (and UBSan in CI). */
+static void test_large_constants(void **state)
+{
+    (void)state;
+    const char *masks[] = {
+        "%1 = i32 q\n%2 = i32 const 2000000000\n%3 = i32 mul %1 %2\n%4 = i32 k\n%5 = bool lt %3 %4\n",
+        "%1 = i32 k\n%2 = i32 const 1048576\n%3 = i32 mul %1 %2\n%4 = i32 const 3\n"
+        "%5 = i32 idiv %3 %4\n%6 = i32 q\n%7 = i32 const 300000\n%8 = i32 mul %6 %7\n"
+        "%9 = bool ge %5 %8\n",
+        "%1 = i32 q\n%2 = i32 const 2147483647\n%3 = i32 add %1 %2\n%4 = i32 k\n%5 = bool ge %3 %4\n",
+        "%1 = i32 k\n%2 = i32 const -2147483648\n%3 = i32 idiv %1 %2\n%4 = i32 q\n%5 = bool le %3 %4\n",
+        "%1 = i32 q\n%2 = i32 const 1000000\n%3 = i32 mul %1 %2\n%4 = i32 mul %3 %2\n"
+        "%5 = i32 mul %4 %2\n%6 = i32 k\n%7 = bool lt %5 %6\n",
+        "%1 = i32 k\n%2 = i32 const 7\n%3 = i32 idiv %1 %2\n%4 = i32 const 1000000\n"
+        "%5 = i32 mul %3 %4\n%6 = i32 q\n%7 = i32 mul %6 %4\n%8 = bool ge %7 %5\n",
+    };
+    for (size_t i = 0; i < sizeof(masks) / sizeof(masks[0]); i++) {
+        char text[600];
+        int n = snprintf(text, sizeof(text), "kpt-ir 1\n%s", masks[i]);
+        /* the last node is the mask */
+        const char *last = strrchr(masks[i], '%');
+        while (last > masks[i] && last[-1] != '\n')
+            last--;
+        int label = atoi(last + 1);
+        snprintf(text + n, sizeof(text) - (size_t)n, "mask %%%d\n", label);
+        kpt_diag d = {0};
+        kpt_pattern *p = kpt_pattern_read(text, &d);
+        if (!p)
+            fail_msg("%s\n%s", d.message, text);
+        kpt_mask_env me = {.sq = 70, .skv = 90, .hq = 1};
+        for (int t = 0; t < 4; t++)
+            check_grid(p, &me, tiles[t + 2], tiles[t + 3], false);
+        kpt_pattern_destroy(&p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_builtins_exact),    cmocka_unit_test(test_runtime_scalars),
         cmocka_unit_test(test_random_affine),     cmocka_unit_test(test_random_general),
         cmocka_unit_test(test_document_and_constants), cmocka_unit_test(test_window_at_scale),
+        cmocka_unit_test(test_large_constants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -260,13 +260,47 @@ static void test_reader_errors(void **state)
     expect_read_error("kpt-ir 1\npattern \"abc\n", 2, 13, "unterminated string");
 }
 
+/* Mutated IR text never crashes the reader; whatever it accepts validates and round-trips. */
+static void test_reader_fuzz(void **state)
+{
+    (void)state;
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse("document+causal+softcap($c=3)+alibi", &p, &d), KPT_OK);
+    char *text = kpt_pattern_print(p);
+    kpt_pattern_destroy(&p);
+    size_t len = strlen(text);
+    char *buf = malloc(len + 1);
+    static const char alphabet[] = "%0123456789 \n=-.abcdefgiklmnopqrstuvwxyz\"[],#";
+    kpt_rng rng;
+    kpt_rng_seed(&rng, 4);
+    for (int i = 0; i < 5000; i++) {
+        memcpy(buf, text, len + 1);
+        for (int m = (int)kpt_rng_range(&rng, 1, 4); m > 0; m--)
+            buf[kpt_rng_range(&rng, 0, (int64_t)len - 1)] =
+                alphabet[kpt_rng_range(&rng, 0, sizeof(alphabet) - 2)];
+        kpt_pattern *r = kpt_pattern_read(buf, &d);
+        if (!r) {
+            assert_int_equal(d.status, KPT_ERR_PARSE);
+            assert_true(d.line >= 1);
+            continue;
+        }
+        char msg[200];
+        assert_true(kpt_pattern_validate(r, msg, sizeof(msg)));
+        check_round_trip(r);
+        kpt_pattern_destroy(&r);
+    }
+    free(buf);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interning),         cmocka_unit_test(test_type_errors),
         cmocka_unit_test(test_interpreter),       cmocka_unit_test(test_aux_load),
         cmocka_unit_test(test_round_trip_builtins), cmocka_unit_test(test_round_trip_random),
-        cmocka_unit_test(test_reader_errors),
+        cmocka_unit_test(test_reader_errors),     cmocka_unit_test(test_reader_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -214,12 +214,54 @@ static void test_suggest(void **state)
     assert_string_equal(kpt_builtin_get(0)->name, "full");
 }
 
+/* Random strings and mutations of valid patterns: never a crash; an error always has a position
+ * inside the text (or just after it) and a caret line. */
+static void test_fuzz(void **state)
+{
+    (void)state;
+    static const char *seeds[] = {"document+causal+softcap($c=30.5)", "local(3, 4)+alibi",
+                                  "sliding_window($w=1024)+prefix_lm(7)", "chunked(64)"};
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz_$()+,=.-0123456789 e\t\x01\xff";
+    kpt_rng rng;
+    kpt_rng_seed(&rng, 99);
+    char buf[80];
+    for (int i = 0; i < 20000; i++) {
+        size_t len;
+        if (i % 2) {
+            len = (size_t)kpt_rng_range(&rng, 0, 40);
+            for (size_t j = 0; j < len; j++)
+                buf[j] = alphabet[kpt_rng_range(&rng, 0, sizeof(alphabet) - 2)];
+        } else {
+            const char *s = seeds[kpt_rng_range(&rng, 0, 3)];
+            len = strlen(s);
+            memcpy(buf, s, len);
+            for (int m = (int)kpt_rng_range(&rng, 1, 3); m > 0; m--) {
+                size_t at = (size_t)kpt_rng_range(&rng, 0, (int64_t)len - 1);
+                buf[at] = alphabet[kpt_rng_range(&rng, 0, sizeof(alphabet) - 2)];
+            }
+        }
+        buf[len] = 0;
+        kpt_pattern *p = NULL;
+        kpt_diag d = {0};
+        kpt_status st = kpt_pattern_parse(buf, &p, &d);
+        if (st == KPT_OK) {
+            assert_non_null(p);
+            kpt_pattern_destroy(&p);
+            continue;
+        }
+        assert_null(p);
+        assert_int_equal(st, KPT_ERR_PARSE);
+        assert_true(d.line >= 1 && d.column >= 1 && (size_t)d.column <= len + 1);
+        assert_non_null(strchr(d.message, '^'));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_names_and_scalars),
         cmocka_unit_test(test_alibi_slopes),  cmocka_unit_test(test_builtin_meaning),
-        cmocka_unit_test(test_suggest),
+        cmocka_unit_test(test_suggest),       cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
