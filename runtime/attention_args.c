@@ -139,7 +139,7 @@ static kpt_status bind_scalars(const kpt_pattern *p, const kpt_attention_args *a
     return KPT_OK;
 }
 
-static int64_t dim_size(int64_t dim, const kpt_attn_shape *s)
+int64_t kpt_attn_dim_size(int64_t dim, const kpt_attn_shape *s)
 {
     switch (dim) {
     case KPT_DIM_B: return s->B;
@@ -188,7 +188,7 @@ static kpt_status bind_aux(const kpt_pattern *p, const kpt_attention_args *a,
         v->dtype = t->dtype;
         v->rank = t->rank;
         for (int k = 0; k < d->rank; k++) {
-            int64_t want = dim_size(d->dims[k], &out->shape);
+            int64_t want = kpt_attn_dim_size(d->dims[k], &out->shape);
             if (t->shape[k] <= 0 || (want > 0 && t->shape[k] != want))
                 return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                                     "aux tensor '%s': dimension %d has size %lld, expected %lld (%s)",

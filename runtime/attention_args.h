@@ -20,6 +20,10 @@ typedef struct kpt_attn_binding {
     kpt_ir_auxview aux[KPT_MAX_AUX];       /* by the pattern's aux index */
 } kpt_attn_binding;
 
+/* The size an aux dimension must have for this shape: a fixed size, B, Hq, Hkv, Sq or Skv;
+ * -1 for KPT_DIM_ANY. */
+int64_t kpt_attn_dim_size(int64_t dim, const kpt_attn_shape *s);
+
 /* Checks everything and fills `out`. Errors name the tensor, dimension, scalar or aux tensor. */
 kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
                          kpt_attn_binding *out, kpt_diag *diag);

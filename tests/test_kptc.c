@@ -145,6 +145,8 @@ static void test_check(void **state)
     r = run("check", "document", "--aux", "nothing=/x.npy", NULL);
     EXPECT(r, 2, err, "the pattern has no aux tensor 'nothing'");
     r = run("check", "causal", "--shape", "1000,64,64,16777216,16777216,128", NULL);
+    EXPECT(r, 2, err, "Sq x Skv is too large for check's brute-force mask");
+    r = run("check", "causal", "--shape", "1000,64,64,4096,4096,128", NULL);
     EXPECT(r, 2, err, "too large for the CPU reference");
     r = run("check", "causal", "--seed", "-4", NULL);
     EXPECT(r, 2, err, "--seed '-4' is not a non-negative integer");

@@ -282,6 +282,8 @@ static int parse_shape(check_ctx *c)
     if (c->Hq % c->Hkv)
         return usage_error("--shape: Hq (%lld) must be a multiple of Hkv (%lld)", (long long)c->Hq,
                            (long long)c->Hkv);
+    if ((double)c->Sq * (double)c->Skv > (double)(1 << 30))
+        return usage_error("--shape: Sq x Skv is too large for check's brute-force mask (at most 2^30)");
     double work = (double)c->B * c->Hq * c->Sq * c->Skv * (c->Dqk + c->Dv);
     if (work > 4e11)
         return usage_error("--shape: too large for the CPU reference (%.3g multiply-adds)", work);
@@ -340,17 +342,12 @@ static int parse_scalars(check_ctx *c)
     return 0;
 }
 
+/* Generated aux tensors take their declared sizes; a free dimension gets 64 entries. */
 static int64_t dim_value(const check_ctx *c, int64_t dim)
 {
-    switch (dim) {
-    case KPT_DIM_B: return c->B;
-    case KPT_DIM_HQ: return c->Hq;
-    case KPT_DIM_HKV: return c->Hkv;
-    case KPT_DIM_SQ: return c->Sq;
-    case KPT_DIM_SKV: return c->Skv;
-    case KPT_DIM_ANY: return 64;
-    default: return dim;
-    }
+    kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->Dqk, c->Dv};
+    int64_t n = kpt_attn_dim_size(dim, &s);
+    return n > 0 ? n : 64;
 }
 
 /* Sorted segment ids along the last dimension: the same random cut points (as fractions of the
