@@ -244,7 +244,6 @@ static bool argument(parser *ps, const kpt_builtin *b, const kpt_param_spec *spe
     kpt_sb_printf(&ps->name, "$%s", name);
     if (has_def)
         kpt_sb_printf(&ps->name, "=%.9g", def);
-    (void)def_at;
     return true;
 }
 
