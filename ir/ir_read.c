@@ -454,9 +454,11 @@ kpt_pattern *kpt_pattern_read(const char *text, kpt_diag *diag)
         skip_space(&rd);
         const char *vpos = rd.pos;
         int64_t version;
-        if (integer(&rd, 0, 1000, &version) && version != 1 && (rd.pos = vpos))
+        if (integer(&rd, 0, 1000, &version) && version != 1) {
+            rd.pos = vpos; /* the caret goes under the version number */
             error(&rd, "unsupported IR version %lld (this kpt reads version 1)",
                   (long long)version);
+        }
     }
     while (!rd.failed) {
         if (!at_eol(&rd))

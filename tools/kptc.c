@@ -377,6 +377,7 @@ static int make_aux(check_ctx *c)
 {
     kpt_rng rng;
     kpt_rng_seed(&rng, c->seed ^ 0xa5a5a5a5ull);
+    const char *files[KPT_MAX_AUX] = {NULL}; /* by aux index; the last --aux for a name wins */
     for (int i = 0; i < c->o.naux; i++) {
         const char *eq = strchr(c->o.aux[i], '=');
         char name[KPT_NAME_MAX];
@@ -385,17 +386,14 @@ static int make_aux(check_ctx *c)
             return usage_error("--aux wants NAME=FILE.npy, got '%s'", c->o.aux[i]);
         memcpy(name, c->o.aux[i], n);
         name[n] = 0;
-        if (kpt_pattern_find_aux(c->p, name) < 0)
+        int idx = kpt_pattern_find_aux(c->p, name);
+        if (idx < 0)
             return usage_error("--aux %s: the pattern has no aux tensor '%s'", c->o.aux[i], name);
+        files[idx] = eq + 1;
     }
     for (int a = 0; a < c->p->num_aux; a++) {
         const kpt_aux_decl *d = &c->p->aux[a];
-        const char *file = NULL;
-        for (int i = 0; i < c->o.naux; i++) {
-            size_t n = strlen(d->name);
-            if (!strncmp(c->o.aux[i], d->name, n) && c->o.aux[i][n] == '=')
-                file = c->o.aux[i] + n + 1;
-        }
+        const char *file = files[a];
         int64_t shape[3] = {1, 1, 1}, count = 1;
         kpt_npy npy = {0};
         if (file) {
