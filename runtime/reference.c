@@ -1,4 +1,5 @@
-/* The CPU reference attention (DESIGN §2), in double precision, one core.
+/* The CPU reference attention (DESIGN §2), in double precision, one worker thread per core
+ * (each takes whole (batch row, kv head) pairs; see worker_count).
  *
  * For each (b, kv head) the keys and values are converted to contiguous doubles once; each query
  * row then evaluates the mask (skipping the dot product of masked keys), the score mod, and a
@@ -6,9 +7,11 @@
  * pattern's IR run by the interpreter: the same definition every backend is checked against.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <kpt/reference.h>
 
@@ -113,8 +116,6 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
 
 static void free_state(ref_state *st)
 {
-    kpt_ir_prog_free(&st->mask_prog);
-    kpt_ir_prog_free(&st->score_prog);
     free(st->vals);
     free(st->kd);
     free(st->vd);
@@ -124,46 +125,112 @@ static void free_state(ref_state *st)
     free(st->kept);
 }
 
+static bool alloc_state(ref_state *st)
+{
+    const kpt_attn_shape *s = &st->bind.shape;
+    st->vals = calloc(st->p->g.count ? st->p->g.count : 1, sizeof(*st->vals));
+    st->kd = malloc((size_t)(s->Skv * s->Dqk + 1) * sizeof(double));
+    st->vd = malloc((size_t)(s->Skv * s->Dv + 1) * sizeof(double));
+    st->qd = malloc((size_t)s->Dqk * sizeof(double));
+    st->od = malloc((size_t)s->Dv * sizeof(double));
+    st->sc = malloc((size_t)(s->Skv + 1) * sizeof(double));
+    st->kept = malloc((size_t)s->Skv + 1);
+    return st->vals && st->kd && st->vd && st->qd && st->od && st->sc && st->kept;
+}
+
+/* One worker: the (b, kv head) pairs w, w + n, w + 2n, ... */
+typedef struct ref_worker {
+    ref_state st;
+    int index, count;
+    pthread_t thread;
+} ref_worker;
+
+static void *run_worker(void *arg)
+{
+    ref_worker *w = arg;
+    ref_state *st = &w->st;
+    const kpt_attn_shape *s = &st->bind.shape;
+    const kpt_attention_args *args = st->args;
+    kpt_ir_env env = {.sq = (int32_t)s->Sq, .skv = (int32_t)s->Skv, .hq = (int32_t)s->Hq,
+                      .scalars = st->bind.scalars, .aux = st->bind.aux};
+    int64_t group = s->Hq / s->Hkv;
+    for (int64_t pair = w->index; pair < s->B * s->Hkv; pair += w->count) {
+        int64_t b = pair / s->Hkv, hk = pair % s->Hkv;
+        env.b = (int32_t)b;
+        load_rows(&args->k, b, hk, s->Skv, s->Dqk, st->kd);
+        load_rows(&args->v, b, hk, s->Skv, s->Dv, st->vd);
+        for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+            env.h = (int32_t)h;
+            for (int64_t q = 0; q < s->Sq; q++)
+                run_row(st, &env, b, h, q);
+        }
+    }
+    return NULL;
+}
+
+/* Workers: $KPT_REFERENCE_THREADS, else one per online core (at most 64), never more than there
+ * are (b, kv head) pairs. Small problems stay on the calling thread. */
+static int worker_count(const kpt_attn_shape *s)
+{
+    const char *env = getenv("KPT_REFERENCE_THREADS");
+    long n = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        n = 1;
+    if (n > 64)
+        n = 64;
+    double work = (double)s->B * s->Hq * s->Sq * s->Skv * (double)(s->Dqk + s->Dv);
+    if (work < 1e7)
+        n = 1;
+    if (n > s->B * s->Hkv)
+        n = (long)(s->B * s->Hkv);
+    return n < 1 ? 1 : (int)n;
+}
+
 kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_args *args,
                                    kpt_diag *diag)
 {
-    ref_state st;
-    memset(&st, 0, sizeof(st));
-    st.p = p;
-    st.args = args;
-    kpt_status status = kpt_attn_bind(p, args, &st.bind, diag);
+    ref_state base;
+    memset(&base, 0, sizeof(base));
+    base.p = p;
+    base.args = args;
+    kpt_status status = kpt_attn_bind(p, args, &base.bind, diag);
     if (status)
         return status;
-    const kpt_attn_shape *s = &st.bind.shape;
-    st.vals = calloc(p->g.count ? p->g.count : 1, sizeof(*st.vals));
-    st.kd = malloc((size_t)(s->Skv * s->Dqk) * sizeof(double));
-    st.vd = malloc((size_t)(s->Skv * s->Dv) * sizeof(double));
-    st.qd = malloc((size_t)s->Dqk * sizeof(double));
-    st.od = malloc((size_t)s->Dv * sizeof(double));
-    st.sc = malloc((size_t)s->Skv * sizeof(double));
-    st.kept = malloc((size_t)s->Skv);
-    if (!st.vals || !st.kd || !st.vd || !st.qd || !st.od || !st.sc || !st.kept ||
-        !kpt_ir_prog_init(&st.mask_prog, &p->g, &p->mask, 1) ||
-        !kpt_ir_prog_init(&st.score_prog, &p->g, &p->score, 1)) {
-        free_state(&st);
+    const kpt_attn_shape *s = &base.bind.shape;
+    int n = worker_count(s);
+    ref_worker *w = calloc((size_t)n, sizeof(*w));
+    kpt_ir_prog mask_prog = {0}, score_prog = {0};
+    bool ok = w && kpt_ir_prog_init(&mask_prog, &p->g, &p->mask, 1) &&
+              kpt_ir_prog_init(&score_prog, &p->g, &p->score, 1);
+    for (int i = 0; ok && i < n; i++) {
+        w[i].st = base;
+        w[i].st.mask_prog = mask_prog;
+        w[i].st.score_prog = score_prog;
+        w[i].index = i;
+        w[i].count = n;
+        ok = alloc_state(&w[i].st);
+    }
+    if (ok) {
+        int started = 1;
+        for (int i = 1; i < n; i++, started++)
+            if (pthread_create(&w[i].thread, NULL, run_worker, &w[i]) != 0)
+                break;
+        /* Workers that could not start have their pairs done here, after our own. */
+        for (int i = started; i < n; i++) {
+            w[i].index = i;
+            run_worker(&w[i]);
+        }
+        run_worker(&w[0]);
+        for (int i = 1; i < started; i++)
+            pthread_join(w[i].thread, NULL);
+    }
+    for (int i = 0; w && i < n; i++)
+        free_state(&w[i].st);
+    free(w);
+    kpt_ir_prog_free(&mask_prog);
+    kpt_ir_prog_free(&score_prog);
+    if (!ok)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (reference, Skv = %lld)",
                             (long long)s->Skv);
-    }
-    kpt_ir_env env = {.sq = (int32_t)s->Sq, .skv = (int32_t)s->Skv, .hq = (int32_t)s->Hq,
-                      .scalars = st.bind.scalars, .aux = st.bind.aux};
-    int64_t group = s->Hq / s->Hkv;
-    for (int64_t b = 0; b < s->B; b++) {
-        env.b = (int32_t)b;
-        for (int64_t hk = 0; hk < s->Hkv; hk++) {
-            load_rows(&args->k, b, hk, s->Skv, s->Dqk, st.kd);
-            load_rows(&args->v, b, hk, s->Skv, s->Dv, st.vd);
-            for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
-                env.h = (int32_t)h;
-                for (int64_t q = 0; q < s->Sq; q++)
-                    run_row(&st, &env, b, h, q);
-            }
-        }
-    }
-    free_state(&st);
     return KPT_OK;
 }

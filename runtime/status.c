@@ -15,6 +15,9 @@ const char *kpt_status_string(kpt_status status)
     case KPT_ERR_NOT_FOUND: return "not found";
     case KPT_ERR_LIMIT: return "limit exceeded";
     case KPT_ERR_INTERNAL: return "internal error";
+    case KPT_ERR_NO_DEVICE: return "no device";
+    case KPT_ERR_COMPILE: return "kernel compilation failed";
+    case KPT_ERR_DEVICE: return "device error";
     }
     return "unknown status";
 }

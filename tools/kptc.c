@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <kpt/kpt.h>
 
@@ -23,9 +24,12 @@
 #include "compiler/builtins.h"
 #include "compiler/parse_pattern.h"
 #include "compiler/pipeline.h"
+#include "compiler/plan_tiles.h"
+#include "codegen/cuda_source.h"
 #include "ir/numeric.h"
 #include "runtime/attention_args.h"
 #include "runtime/npy.h"
+#include "runtime/nvrtc.h"
 #include "runtime/rng.h"
 
 #define EXIT_USAGE 2
@@ -77,6 +81,9 @@ typedef struct options {
     const char *pattern;
     const char *emit;
     const char *dump_after;
+    const char *target;
+    const char *head_dim;
+    const char *verbose;
     const char *backend;
     const char *shape;
     const char *dtype;
@@ -91,12 +98,16 @@ typedef struct options {
 
 static const char *const check_opts[] = {"--backend", "--shape", "--dtype", "--layout", "--seed",
                                          "--scalar", "--aux", "--tile", NULL};
-static const char *const emit_opts[] = {"--emit", "--dump-after", NULL};
+static const char *const emit_opts[] = {"--emit", "--dump-after", "--target", "--head-dim",
+                                        "--dtype", "--verbose", NULL};
 
 static const char **slot(options *o, const char *name)
 {
     if (!strcmp(name, "--emit")) return &o->emit;
     if (!strcmp(name, "--dump-after")) return &o->dump_after;
+    if (!strcmp(name, "--target")) return &o->target;
+    if (!strcmp(name, "--head-dim")) return &o->head_dim;
+    if (!strcmp(name, "--verbose")) return &o->verbose;
     if (!strcmp(name, "--backend")) return &o->backend;
     if (!strcmp(name, "--shape")) return &o->shape;
     if (!strcmp(name, "--dtype")) return &o->dtype;
@@ -129,7 +140,11 @@ static int parse_options(int argc, char **argv, const char *const *allowed, opti
             known |= strcmp(allowed[k], name) == 0;
         if (!known)
             return usage_error("unknown option '%s' for this command", name);
-        if (value) {
+        if (!strcmp(name, "--verbose")) { /* the one flag: takes no value */
+            if (value)
+                return usage_error("--verbose takes no value");
+            value = "1";
+        } else if (value) {
             value++;
         } else {
             if (i + 1 >= argc)
@@ -187,6 +202,92 @@ static void print_dump(void *ud, const char *pass, int round, const char *text)
         printf("# after %s\n%s", pass, text);
 }
 
+/* "cuda:sm_80" -> 80. */
+static int parse_cuda_target(const char *t)
+{
+    static const int known[] = {80, 86, 89, 90};
+    if (strncmp(t, "cuda:sm_", 8) != 0)
+        return -1;
+    int64_t sm;
+    if (!parse_int(t + 8, 0, 1000, &sm))
+        return -1;
+    for (int i = 0; i < 4; i++)
+        if (known[i] == sm)
+            return (int)sm;
+    return -1;
+}
+
+static int parse_head_dims(const char *s, int *dqk, int *dv)
+{
+    int64_t a = 128, b = -1;
+    if (s) {
+        const char *comma = strchr(s, ',');
+        char buf[16];
+        size_t n = comma ? (size_t)(comma - s) : strlen(s);
+        if (n == 0 || n >= sizeof(buf))
+            return -1;
+        memcpy(buf, s, n);
+        buf[n] = 0;
+        if (!parse_int(buf, 1, 1024, &a) || (comma && !parse_int(comma + 1, 1, 1024, &b)))
+            return -1;
+    }
+    *dqk = (int)a;
+    *dv = (int)(b > 0 ? b : a);
+    return 0;
+}
+
+static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
+{
+    kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .sm = 80};
+    if (o->target && (cfg.sm = parse_cuda_target(o->target)) < 0)
+        return usage_error("--target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89 or cuda:sm_90",
+                           o->target);
+    if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
+        return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
+    if (o->dtype) {
+        cfg.dtype = kpt_dtype_from_name(o->dtype);
+        if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_BF16)
+            return usage_error("--dtype '%s': the CUDA backend takes f16 or bf16", o->dtype);
+    }
+    kpt_diag d = {0};
+    kpt_kernel_plan plan;
+    char *src = NULL;
+    kpt_status st = kpt_plan_tiles(p, &cfg, &plan, &d);
+    if (!st)
+        st = kpt_cuda_source(p, &plan, &src, &d);
+    if (st)
+        return report(&d, st);
+    if (!strcmp(what, "cuda")) {
+        fputs(src, stdout);
+        free(src);
+        return 0;
+    }
+    bool cubin = !strcmp(what, "cubin");
+    kpt_nvrtc_output out;
+    st = kpt_nvrtc_compile(src, cfg.sm, cubin || o->verbose, o->verbose != NULL, &out, &d);
+    free(src);
+    if (st) {
+        kpt_nvrtc_output_free(&out);
+        fprintf(stderr, "kptc: %s\n", d.message);
+        return 1;
+    }
+    if (o->verbose)
+        fprintf(stderr, "kptc: NVRTC %.1f ms for sm_%d\n%s", out.ms, cfg.sm, out.log ? out.log : "");
+    int rc = 0;
+    if (cubin) {
+        if (isatty(fileno(stdout))) {
+            fprintf(stderr, "kptc: not writing a CUBIN to a terminal; redirect stdout to a file\n");
+            rc = EXIT_USAGE;
+        } else if (fwrite(out.cubin, 1, out.cubin_size, stdout) != out.cubin_size) {
+            rc = 1;
+        }
+    } else {
+        fputs(out.ptx, stdout);
+    }
+    kpt_nvrtc_output_free(&out);
+    return rc;
+}
+
 static int cmd_emit(int argc, char **argv)
 {
     options o = {0};
@@ -196,15 +297,19 @@ static int cmd_emit(int argc, char **argv)
     if (!o.pattern)
         return usage_error("emit needs a PATTERN");
     const char *what = o.emit ? o.emit : "ir";
-    if (strcmp(what, "ir") != 0) {
-        static const char *const later[] = {"cuda", "ptx", "cubin", "hip", "hsaco", "glsl", "spirv",
-                                            NULL};
+    bool cuda = !strcmp(what, "cuda") || !strcmp(what, "ptx") || !strcmp(what, "cubin");
+    if (strcmp(what, "ir") != 0 && !cuda) {
+        static const char *const later[] = {"hip", "hsaco", "glsl", "spirv", NULL};
         for (int i = 0; later[i]; i++)
             if (!strcmp(what, later[i]))
                 return usage_error("--emit %s is not available in this build (no %s backend yet)",
                                    what, what);
-        return usage_error("unknown --emit '%s' (expected ir)", what);
+        return usage_error("unknown --emit '%s' (expected ir, cuda, ptx or cubin)", what);
     }
+    if (!cuda && (o.target || o.head_dim || o.dtype || o.verbose))
+        return usage_error("--target, --head-dim, --dtype and --verbose go with --emit cuda|ptx|cubin");
+    if (cuda && o.dump_after)
+        return usage_error("--dump-after goes with --emit ir");
     if (o.dump_after && !kpt_pipeline_is_stage(o.dump_after))
         return usage_error("unknown stage '%s' for --dump-after (parse, opt_fold, opt_simplify, all)",
                            o.dump_after);
@@ -218,7 +323,9 @@ static int cmd_emit(int argc, char **argv)
         kpt_pattern_destroy(&p);
         return report(&d, st);
     }
-    if (!o.dump_after) {
+    if (cuda) {
+        rc = emit_cuda(&o, p, what);
+    } else if (!o.dump_after) {
         char *text = kpt_pattern_ir_text(p);
         if (!text) {
             kpt_pattern_destroy(&p);
@@ -229,7 +336,7 @@ static int cmd_emit(int argc, char **argv)
         kpt_free(text);
     }
     kpt_pattern_destroy(&p);
-    return 0;
+    return rc;
 }
 
 /* ---- check ---------------------------------------------------------------------------------- */

@@ -2,8 +2,8 @@
  *
  * The oracle every backend is checked against: a straightforward attention in double precision
  * that follows DESIGN §2 (docs/architecture.md) exactly, for any pattern, any GQA ratio, Dqk != Dv,
- * any strides, f16/bf16/f32 inputs. Slow by design (one core), but fast enough to check
- * S = 4096, D = 128 in seconds.
+ * any strides, f16/bf16/f32 inputs. Slow by design (plain double loops), but it runs one thread
+ * per core ($KPT_REFERENCE_THREADS overrides), fast enough to check S = 4096, D = 128 in seconds.
  *
  * Thread-safety: reentrant; concurrent calls on one pattern are fine.
  */

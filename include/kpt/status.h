@@ -30,6 +30,9 @@ typedef enum kpt_status {
     KPT_ERR_NOT_FOUND = -7,        /* an unknown name: scalar, aux tensor, pattern */
     KPT_ERR_LIMIT = -8,            /* a size or resource limit was exceeded */
     KPT_ERR_INTERNAL = -9,         /* a bug in kpt: please report it */
+    KPT_ERR_NO_DEVICE = -10,       /* no GPU driver, device or run-time compiler library found */
+    KPT_ERR_COMPILE = -11,         /* the kernel compiler rejected generated code (log attached) */
+    KPT_ERR_DEVICE = -12,          /* a GPU driver call failed (the driver's message attached) */
 } kpt_status;
 
 /* A short, static English description of a status ("invalid argument"). Never NULL. */

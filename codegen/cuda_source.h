@@ -1,0 +1,20 @@
+/* CUDA C for a pattern's fused attention kernel (and its block-map kernel when the mask reads aux
+ * tensors): the sm_80+ template (templates/cuda/attention.cu) filled with the plan's constants
+ * and the pattern's expressions. The source needs no headers and is byte-identical for the same
+ * pattern IR and plan. */
+#ifndef KPT_CODEGEN_CUDA_SOURCE_H
+#define KPT_CODEGEN_CUDA_SOURCE_H
+
+#include <kpt/status.h>
+
+#include "compiler/plan_tiles.h"
+
+/* The kernels' entry points. */
+#define KPT_CUDA_ATTENTION_ENTRY "kpt_attention"
+#define KPT_CUDA_BLOCKMAP_ENTRY "kpt_blockmap"
+
+/* Returns malloc'ed source in *out (caller frees). */
+kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
+                           kpt_diag *diag);
+
+#endif

@@ -1,0 +1,322 @@
+/* The shared C-like expression emitter (see emit_c.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/emit_c.h"
+
+const kpt_c_dialect kpt_dialect_cuda = {"cuda", "__uint_as_float(%su)"};
+const kpt_c_dialect kpt_dialect_hip = {"hip", "__uint_as_float(%su)"};
+
+static const char *type_name(kpt_ir_type t)
+{
+    switch (t) {
+    case KPT_IR_F32: return "float";
+    case KPT_IR_BOOL: return "bool";
+    default: return "int";
+    }
+}
+
+static void emit_float(kpt_strbuf *sb, float f, const kpt_c_dialect *d)
+{
+    if (isfinite(f)) {
+        kpt_sb_printf(sb, "%af", (double)f); /* hex float: exact and locale-free */
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof(bits));
+    char lit[16];
+    snprintf(lit, sizeof(lit), "0x%08x", (unsigned)bits);
+    kpt_sb_printf(sb, d->bits_float, lit);
+}
+
+static void emit_int(kpt_strbuf *sb, int32_t v)
+{
+    if (v == INT32_MIN)
+        kpt_sb_puts(sb, "(-2147483647 - 1)");
+    else
+        kpt_sb_printf(sb, "%d", (int)v);
+}
+
+static const char *aux_loader(kpt_dtype t)
+{
+    switch (t) {
+    case KPT_DTYPE_I32: return "kpt_aux_i32";
+    case KPT_DTYPE_F32: return "kpt_aux_f32";
+    case KPT_DTYPE_F16: return "kpt_aux_f16";
+    case KPT_DTYPE_BF16: return "kpt_aux_bf16";
+    default: return "kpt_aux_bool";
+    }
+}
+
+/* The i32 helper and the f32 form of each arithmetic op. */
+static const char *int_fn(kpt_ir_op op)
+{
+    switch (op) {
+    case KPT_IR_NEG: return "kpt_ineg";
+    case KPT_IR_ABS: return "kpt_iabs";
+    case KPT_IR_ILOG2: return "kpt_ilog2";
+    case KPT_IR_ADD: return "kpt_iadd";
+    case KPT_IR_SUB: return "kpt_isub";
+    case KPT_IR_MUL: return "kpt_imul";
+    case KPT_IR_IDIV: return "kpt_idiv";
+    case KPT_IR_MOD: return "kpt_imod";
+    case KPT_IR_MIN: return "kpt_imin";
+    case KPT_IR_MAX: return "kpt_imax";
+    default: return NULL;
+    }
+}
+
+static const char *float_fn(kpt_ir_op op)
+{
+    switch (op) {
+    case KPT_IR_ABS: return "fabsf";
+    case KPT_IR_EXP: return "kpt_fexp";
+    case KPT_IR_LOG: return "logf";
+    case KPT_IR_TANH: return "kpt_ftanh";
+    case KPT_IR_SQRT: return "sqrtf";
+    case KPT_IR_FLOOR: return "floorf";
+    case KPT_IR_POW: return "powf";
+    case KPT_IR_MIN: return "fminf";
+    case KPT_IR_MAX: return "fmaxf";
+    case KPT_IR_MOD: return "kpt_ffmod";
+    default: return NULL;
+    }
+}
+
+static const char *infix(kpt_ir_op op)
+{
+    switch (op) {
+    case KPT_IR_ADD: return "+";
+    case KPT_IR_SUB: return "-";
+    case KPT_IR_MUL: return "*";
+    case KPT_IR_DIV: return "/";
+    case KPT_IR_LT: return "<";
+    case KPT_IR_LE: return "<=";
+    case KPT_IR_GT: return ">";
+    case KPT_IR_GE: return ">=";
+    case KPT_IR_EQ: return "==";
+    case KPT_IR_NE: return "!=";
+    case KPT_IR_AND: return "&&";
+    case KPT_IR_OR: return "||";
+    default: return NULL;
+    }
+}
+
+/* The right-hand side of node r's value statement. */
+static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const kpt_c_dialect *d)
+{
+    const kpt_ir_graph *g = &p->g;
+    const kpt_ir_node *n = kpt_ir_node_get(g, r);
+    kpt_ir_op op = (kpt_ir_op)n->op;
+    kpt_ir_type at = n->nargs ? kpt_ir_type_of(g, n->arg[0]) : KPT_IR_VOID;
+    const uint32_t *a = n->arg;
+    switch (op) {
+    case KPT_IR_CONST:
+        if (n->type == KPT_IR_F32)
+            emit_float(sb, n->imm.f, d);
+        else if (n->type == KPT_IR_BOOL)
+            kpt_sb_puts(sb, n->imm.i ? "true" : "false");
+        else
+            emit_int(sb, n->imm.i);
+        return;
+    case KPT_IR_S: kpt_sb_puts(sb, "s"); return;
+    case KPT_IR_B: kpt_sb_puts(sb, "b"); return;
+    case KPT_IR_H: kpt_sb_puts(sb, "h"); return;
+    case KPT_IR_Q: kpt_sb_puts(sb, "q"); return;
+    case KPT_IR_K: kpt_sb_puts(sb, "k"); return;
+    case KPT_IR_SQ: kpt_sb_puts(sb, "A.Sq"); return;
+    case KPT_IR_SKV: kpt_sb_puts(sb, "A.Skv"); return;
+    case KPT_IR_HQ: kpt_sb_puts(sb, "A.Hq"); return;
+    case KPT_IR_SCALAR:
+        if (n->type == KPT_IR_F32)
+            kpt_sb_printf(sb, "__uint_as_float(A.scalars[%u])", (unsigned)n->imm.index);
+        else
+            kpt_sb_printf(sb, "(int)A.scalars[%u]", (unsigned)n->imm.index);
+        return;
+    case KPT_IR_LOAD:
+        kpt_sb_printf(sb, "%s(A.aux[%u], %d, v%u, ", aux_loader(p->aux[n->imm.index].dtype),
+                      (unsigned)n->imm.index, n->nargs, (unsigned)a[0]);
+        if (n->nargs > 1) kpt_sb_printf(sb, "v%u, ", (unsigned)a[1]); else kpt_sb_puts(sb, "0, ");
+        if (n->nargs > 2) kpt_sb_printf(sb, "v%u)", (unsigned)a[2]); else kpt_sb_puts(sb, "0)");
+        return;
+    case KPT_IR_NOT: kpt_sb_printf(sb, "!v%u", (unsigned)a[0]); return;
+    case KPT_IR_NEG:
+        if (at == KPT_IR_F32) { kpt_sb_printf(sb, "-v%u", (unsigned)a[0]); return; }
+        break;
+    case KPT_IR_TO_F32:
+        if (at == KPT_IR_BOOL) kpt_sb_printf(sb, "(v%u ? 1.0f : 0.0f)", (unsigned)a[0]);
+        else kpt_sb_printf(sb, "(float)v%u", (unsigned)a[0]);
+        return;
+    case KPT_IR_TO_I32:
+        if (at == KPT_IR_BOOL) kpt_sb_printf(sb, "(int)v%u", (unsigned)a[0]);
+        else kpt_sb_printf(sb, "kpt_f2i(v%u)", (unsigned)a[0]);
+        return;
+    case KPT_IR_IDIV:
+        if (at == KPT_IR_F32) {
+            kpt_sb_printf(sb, "floorf(v%u / v%u)", (unsigned)a[0], (unsigned)a[1]);
+            return;
+        }
+        break;
+    case KPT_IR_SELECT:
+        kpt_sb_printf(sb, "(v%u ? v%u : v%u)", (unsigned)a[0], (unsigned)a[1], (unsigned)a[2]);
+        return;
+    default: break;
+    }
+    const char *fn = at == KPT_IR_F32 ? float_fn(op) : int_fn(op);
+    bool is_cmp_or_logic = op >= KPT_IR_LT && op <= KPT_IR_OR;
+    if (fn && !is_cmp_or_logic) {
+        kpt_sb_printf(sb, "%s(v%u", fn, (unsigned)a[0]);
+        if (n->nargs > 1) kpt_sb_printf(sb, ", v%u", (unsigned)a[1]);
+        kpt_sb_puts(sb, ")");
+        return;
+    }
+    const char *o = infix(op);
+    if (o && n->nargs == 2) {
+        kpt_sb_printf(sb, "(v%u %s v%u)", (unsigned)a[0], o, (unsigned)a[1]);
+        return;
+    }
+    /* Every op is covered above; a new op that is not fails the NVRTC build loudly. */
+    kpt_sb_printf(sb, "KPT_UNSUPPORTED_OP_%s", kpt_ir_op_name(op));
+}
+
+static uint8_t *live_set(const kpt_pattern *p, kpt_ir_ref root)
+{
+    uint8_t *live = calloc(p->g.count ? p->g.count : 1, 1);
+    if (live && root)
+        kpt_ir_mark_live(&p->g, &root, 1, live);
+    return live;
+}
+
+static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref root,
+                        const kpt_c_dialect *d)
+{
+    uint8_t *live = live_set(p, root);
+    if (!live) {
+        sb->failed = true;
+        return;
+    }
+    for (kpt_ir_ref r = 1; r < p->g.count; r++) {
+        if (!live[r])
+            continue;
+        kpt_sb_printf(sb, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
+        emit_value(sb, p, r, d);
+        kpt_sb_puts(sb, ";\n");
+    }
+    free(live);
+}
+
+void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+{
+    if (!p->score) {
+        kpt_sb_puts(sb, "    return s;");
+        return;
+    }
+    emit_values(sb, p, p->score, d);
+    kpt_sb_printf(sb, "    return v%u;", (unsigned)p->score);
+}
+
+void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+{
+    if (!p->mask) {
+        kpt_sb_puts(sb, "    return true;");
+        return;
+    }
+    emit_values(sb, p, p->mask, d);
+    kpt_sb_printf(sb, "    return v%u;", (unsigned)p->mask);
+}
+
+/* ---- intervals ------------------------------------------------------------------------------ */
+
+static const char *iv_fn(kpt_ir_op op)
+{
+    switch (op) {
+    case KPT_IR_NEG: return "kpt_iv_neg";
+    case KPT_IR_ABS: return "kpt_iv_abs";
+    case KPT_IR_ILOG2: return "kpt_iv_ilog2";
+    case KPT_IR_NOT: return "kpt_iv_not";
+    case KPT_IR_ADD: return "kpt_iv_add";
+    case KPT_IR_SUB: return "kpt_iv_sub";
+    case KPT_IR_MUL: return "kpt_iv_mul";
+    case KPT_IR_IDIV: return "kpt_iv_idiv";
+    case KPT_IR_MOD: return "kpt_iv_mod";
+    case KPT_IR_MIN: return "kpt_iv_min";
+    case KPT_IR_MAX: return "kpt_iv_max";
+    case KPT_IR_LT: return "kpt_iv_lt";
+    case KPT_IR_LE: return "kpt_iv_le";
+    case KPT_IR_GT: return "kpt_iv_gt";
+    case KPT_IR_GE: return "kpt_iv_ge";
+    case KPT_IR_EQ: return "kpt_iv_eq";
+    case KPT_IR_NE: return "kpt_iv_ne";
+    case KPT_IR_AND: return "kpt_iv_and";
+    case KPT_IR_OR: return "kpt_iv_or";
+    case KPT_IR_SELECT: return "kpt_iv_select";
+    default: return NULL;
+    }
+}
+
+/* The interval of an i32 or bool node. f32 nodes have none: anything computed from a float is the
+ * whole range of its type. */
+static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r)
+{
+    const kpt_ir_graph *g = &p->g;
+    const kpt_ir_node *n = kpt_ir_node_get(g, r);
+    kpt_ir_op op = (kpt_ir_op)n->op;
+    const char *any = n->type == KPT_IR_BOOL ? "kpt_iv_anyb()" : "kpt_iv_any()";
+    for (int i = 0; i < n->nargs; i++)
+        if (op != KPT_IR_LOAD && kpt_ir_type_of(g, n->arg[i]) == KPT_IR_F32 &&
+            !(op == KPT_IR_SELECT && i == 0)) {
+            kpt_sb_puts(sb, any);
+            return;
+        }
+    switch (op) {
+    case KPT_IR_CONST: kpt_sb_printf(sb, "kpt_iv_pt(%d)", (int)n->imm.i); return;
+    case KPT_IR_B: kpt_sb_puts(sb, "kpt_iv_pt(b)"); return;
+    case KPT_IR_H: kpt_sb_puts(sb, "kpt_iv_pt(h)"); return;
+    case KPT_IR_Q: kpt_sb_puts(sb, "kpt_iv_mk(q0, q1)"); return;
+    case KPT_IR_K: kpt_sb_puts(sb, "kpt_iv_mk(k0, k1)"); return;
+    case KPT_IR_SQ: kpt_sb_puts(sb, "kpt_iv_pt(A.Sq)"); return;
+    case KPT_IR_SKV: kpt_sb_puts(sb, "kpt_iv_pt(A.Skv)"); return;
+    case KPT_IR_HQ: kpt_sb_puts(sb, "kpt_iv_pt(A.Hq)"); return;
+    case KPT_IR_SCALAR:
+        kpt_sb_printf(sb, "kpt_iv_pt((int)A.scalars[%u])", (unsigned)n->imm.index);
+        return;
+    case KPT_IR_LOAD: kpt_sb_puts(sb, any); return; /* data: unknown until the block map */
+    case KPT_IR_TO_I32: kpt_sb_printf(sb, "i%u", (unsigned)n->arg[0]); return; /* from bool */
+    default: break;
+    }
+    const char *fn = iv_fn(op);
+    if (!fn) {
+        kpt_sb_puts(sb, any);
+        return;
+    }
+    kpt_sb_printf(sb, "%s(i%u", fn, (unsigned)n->arg[0]);
+    for (int i = 1; i < n->nargs; i++)
+        kpt_sb_printf(sb, ", i%u", (unsigned)n->arg[i]);
+    kpt_sb_puts(sb, ")");
+}
+
+void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+{
+    (void)d;
+    if (!p->mask) {
+        kpt_sb_puts(sb, "    return 2;");
+        return;
+    }
+    uint8_t *live = live_set(p, p->mask);
+    if (!live) {
+        sb->failed = true;
+        return;
+    }
+    for (kpt_ir_ref r = 1; r < p->g.count; r++) {
+        if (!live[r] || kpt_ir_type_of(&p->g, r) == KPT_IR_F32)
+            continue;
+        kpt_sb_printf(sb, "    const kpt_iv i%u = ", (unsigned)r);
+        emit_interval(sb, p, r);
+        kpt_sb_puts(sb, ";\n");
+    }
+    free(live);
+    kpt_sb_printf(sb, "    return i%u.h == 0 ? 0 : (i%u.l == 1 ? 2 : 1);", (unsigned)p->mask,
+                  (unsigned)p->mask);
+}

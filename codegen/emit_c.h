@@ -1,0 +1,33 @@
+/* The shared C-like expression emitter: turns a pattern's score mod and mask into straight-line
+ * statements for the C-family kernel languages (CUDA, HIP). One statement per live IR node, in
+ * node order, so the text depends only on the IR (deterministic source, stable cache keys).
+ *
+ * The emitted code calls helpers every target's template defines under the same names
+ * (kpt_iadd, kpt_idiv, kpt_fexp, kpt_aux_i32, kpt_iv_add, ...), which carry the IR's semantics:
+ * wrapping i32, floor division, out-of-range aux loads reading 0. A dialect table holds what
+ * differs between the targets. No user text reaches the output: names become indices. */
+#ifndef KPT_CODEGEN_EMIT_C_H
+#define KPT_CODEGEN_EMIT_C_H
+
+#include "ir/pattern.h"
+#include "ir/strbuf.h"
+
+typedef struct kpt_c_dialect {
+    const char *name;       /* "cuda", "hip" */
+    const char *bits_float; /* printf format turning a u32 literal into a float: "__uint_as_float(%su)" */
+} kpt_c_dialect;
+
+extern const kpt_c_dialect kpt_dialect_cuda;
+extern const kpt_c_dialect kpt_dialect_hip;
+
+/* Body of `float kpt_score(const kpt_args &A, float s, int b, int h, int q, int k)`. */
+void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
+/* Body of `bool kpt_mask(const kpt_args &A, int b, int h, int q, int k)`. */
+void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
+/* Body of `int kpt_tile_interval(const kpt_args &A, int b, int h, int q0, int q1, int k0, int k1)`:
+ * interval arithmetic over the box q in [q0, q1], k in [k0, k1]; returns 0 when no pair can be
+ * kept, 2 when every pair is, 1 otherwise. Sound for every mask; exact for box-separable
+ * comparisons (causal, windows, prefixes, chunks). */
+void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
+
+#endif

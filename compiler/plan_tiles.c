@@ -1,0 +1,77 @@
+/* Tile planning for the sm_80+ (mma.sync) path.
+ *
+ * Each warp owns mt m16 row blocks and the whole kv tile, so softmax statistics stay in the warp.
+ * Two row blocks per warp (bm = 128 with 4 warps) halve the shared-memory traffic of K and V per
+ * flop against one, which is what keeps mma.sync fed on sm_80/sm_90 (the loads of one 64-key
+ * tile are reused by 32 rows). The registers bound the rest: the O accumulator takes
+ * mt * dv / 2 registers per thread and the scores mt * bn / 2, so dv = 256 drops to one row
+ * block and 32-key tiles. Q stays in registers only when it is small (dqk <= 64); above that it is
+ * re-read from shared memory with ldmatrix each kv tile, as FlashAttention-2 does.
+ */
+#include <stdlib.h>
+
+#include "compiler/plan_tiles.h"
+#include "ir/diag.h"
+#include "ir/ir.h"
+
+const int kpt_cuda_head_dims[] = {32, 64, 96, 128, 256};
+const int kpt_cuda_num_head_dims = 5;
+
+static bool supported_dim(int d)
+{
+    for (int i = 0; i < kpt_cuda_num_head_dims; i++)
+        if (kpt_cuda_head_dims[i] == d)
+            return true;
+    return false;
+}
+
+kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kpt_kernel_plan *out,
+                          kpt_diag *diag)
+{
+    if (cfg->dtype != KPT_DTYPE_F16 && cfg->dtype != KPT_DTYPE_BF16)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "dtype %s is not supported by the CUDA backend (f16 or bf16)",
+                            kpt_dtype_name(cfg->dtype));
+    if (!supported_dim(cfg->dqk) || !supported_dim(cfg->dv))
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the CUDA backend supports 32, 64, 96, "
+                            "128 and 256", cfg->dqk, cfg->dv);
+    if (cfg->sm < 80)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "sm_%d: the CUDA backend needs sm_80 or newer (mma.sync bf16)", cfg->sm);
+    kpt_kernel_plan pl = {0};
+    pl.cfg = *cfg;
+    int dmax = cfg->dqk > cfg->dv ? cfg->dqk : cfg->dv;
+    pl.warps = 4;
+    pl.stages = 2;
+    if (dmax <= 64) {
+        pl.mt = 2;
+        pl.bn = 64;
+    } else if (dmax <= 128) {
+        pl.mt = 2;
+        pl.bn = 64;
+    } else {
+        pl.mt = 1;
+        pl.bn = 32;
+    }
+    pl.bm = pl.warps * pl.mt * 16;
+    pl.q_in_regs = cfg->dqk <= 64;
+    pl.has_mask = p->mask != 0;
+    pl.has_score = p->score != 0;
+    if (pl.has_mask) {
+        uint16_t *deps = calloc(p->g.count, sizeof(*deps));
+        if (!deps)
+            return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (planning)");
+        kpt_ir_deps(&p->g, deps);
+        uint16_t d = deps[p->mask];
+        free(deps);
+        pl.has_blockmap = (d & KPT_DEP_AUX) != 0;
+        pl.bm_per_b = (d & KPT_DEP_B) != 0;
+        pl.bm_per_h = (d & KPT_DEP_H) != 0;
+    }
+    size_t rows_q = (size_t)pl.bm * (size_t)(cfg->dqk + 8);
+    size_t rows_kv = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
+    pl.smem_bytes = 2 * (rows_q + (size_t)pl.stages * rows_kv);
+    *out = pl;
+    return KPT_OK;
+}

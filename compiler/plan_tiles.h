@@ -1,0 +1,43 @@
+/* The kernel plan: how a pattern's attention kernel is tiled for one shape class and target.
+ * The rules live here, one place, so codegen, the runtime (launch geometry, shared memory) and
+ * kptc agree. */
+#ifndef KPT_COMPILER_PLAN_TILES_H
+#define KPT_COMPILER_PLAN_TILES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <kpt/status.h>
+#include <kpt/tensor.h>
+
+#include "ir/pattern.h"
+
+/* A shape class: what a kernel is specialised for (sequence lengths, batch and head counts are
+ * launch arguments, never part of it). */
+typedef struct kpt_kernel_config {
+    kpt_dtype dtype; /* F16 or BF16 */
+    int dqk, dv;     /* head dims */
+    int sm;          /* target compute capability times ten: 80, 86, 89, 90 */
+} kpt_kernel_config;
+
+typedef struct kpt_kernel_plan {
+    kpt_kernel_config cfg;
+    int bm, bn;        /* q rows and kv rows per tile */
+    int warps, mt;     /* warps per CTA; m16 row blocks per warp (bm = warps * mt * 16) */
+    int stages;        /* kv tiles in flight (cp.async ring) */
+    bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
+    bool has_mask, has_score;
+    bool has_blockmap; /* the mask reads aux tensors: tiles are classified by a block-map kernel */
+    bool bm_per_b, bm_per_h; /* the block map differs per batch row / per head */
+    size_t smem_bytes; /* dynamic shared memory of the attention kernel */
+} kpt_kernel_plan;
+
+/* The head dims kptc and the tests enumerate: every (dqk, dv) the planner accepts is one of
+ * these sizes. */
+extern const int kpt_cuda_head_dims[];
+extern const int kpt_cuda_num_head_dims;
+
+kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kpt_kernel_plan *out,
+                          kpt_diag *diag);
+
+#endif

@@ -1,0 +1,62 @@
+/* The CUDA backend: a device (primary context), kernels compiled for a pattern and shape class
+ * (generated CUDA C -> NVRTC -> CUBIN -> module), the block-map kernel of data-dependent masks,
+ * and launches on a caller's stream. The embeddable runtime ("context", the kernel cache) sits on
+ * top of this; kptc and tests/gpu use it directly.
+ *
+ * Thread-safety: a device and its kernels may be used from several threads (launches only read
+ * them); creating and destroying are not concurrent with use of the same object. */
+#ifndef KPT_RUNTIME_CUDA_BACKEND_H
+#define KPT_RUNTIME_CUDA_BACKEND_H
+
+#include <kpt/reference.h>
+
+#include "compiler/plan_tiles.h"
+#include "runtime/cuda_driver.h"
+
+typedef struct kpt_cuda_device {
+    const kpt_cu_api *cu;
+    CUdevice dev;
+    CUcontext ctx; /* the device's primary context, retained */
+    int ordinal;
+    int sm;        /* compute capability x 10 */
+    int sm_count;
+    int smem_optin;
+    char name[128];
+} kpt_cuda_device;
+
+typedef struct kpt_cuda_kernel {
+    const kpt_cuda_device *dev;
+    const kpt_pattern *pattern; /* not owned: must outlive the kernel */
+    kpt_kernel_plan plan;
+    CUmodule module;
+    CUfunction attention, blockmap;
+    double codegen_ms, nvrtc_ms, load_ms;
+    char ptxas_info[512]; /* ptxas's figures for the attention kernel */
+} kpt_cuda_kernel;
+
+/* Opens device `ordinal`, retaining its primary context and making it current on this thread. */
+kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag);
+void kpt_cuda_device_close(kpt_cuda_device *dev);
+
+/* Generates, compiles and loads the kernels of `p` for `cfg` (cfg->sm = 0: the device's arch). */
+kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern *p,
+                                  const kpt_kernel_config *cfg, kpt_cuda_kernel **out,
+                                  kpt_diag *diag);
+void kpt_cuda_kernel_destroy(kpt_cuda_kernel **k);
+
+/* Bytes of the block map for these arguments (0 when the pattern needs none). */
+kpt_status kpt_cuda_blockmap_size(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                                  size_t *bytes, kpt_diag *diag);
+/* Builds the block map into `map` (device memory of kpt_cuda_blockmap_size bytes) on `stream`.
+ * It depends on the aux tensors' contents, the runtime scalars and the lengths: the caller may
+ * reuse it for calls where those are unchanged. */
+kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                                   CUdeviceptr map, CUstream stream, kpt_diag *diag);
+
+/* Launches attention on `stream`. Tensor data pointers are device addresses. `map`: a block map
+ * built by kpt_cuda_blockmap_build, or 0 to build a temporary one on the stream when the pattern
+ * needs it. Asynchronous: errors of the kernel itself surface at the next synchronisation. */
+kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                              CUdeviceptr map, CUstream stream, kpt_diag *diag);
+
+#endif

@@ -1,0 +1,31 @@
+/* NVRTC, loaded with dlopen: compiles generated CUDA C in memory to PTX and CUBIN. Works on a
+ * machine without a GPU (CI compiles every pattern this way). Thread-safe. */
+#ifndef KPT_RUNTIME_NVRTC_H
+#define KPT_RUNTIME_NVRTC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <kpt/status.h>
+
+typedef struct kpt_nvrtc_output {
+    char *ptx;        /* NUL-terminated */
+    size_t ptx_size;
+    void *cubin;      /* NULL unless asked for */
+    size_t cubin_size;
+    char *log;        /* the compiler's log (warnings; ptxas -v figures when asked); may be "" */
+    double ms;        /* wall time of the compilation */
+} kpt_nvrtc_output;
+
+/* Compiles `src` for sm_`sm` (80, 86, 89, 90). With `cubin` the output holds machine code too;
+ * with `ptxas_verbose` the log holds ptxas's register, spill and shared-memory figures. On a
+ * compilation error the status is KPT_ERR_COMPILE and the diag holds the start of the log. */
+kpt_status kpt_nvrtc_compile(const char *src, int sm, bool cubin, bool ptxas_verbose,
+                             kpt_nvrtc_output *out, kpt_diag *diag);
+void kpt_nvrtc_output_free(kpt_nvrtc_output *out);
+
+/* NVRTC's version as major * 1000 + minor * 10 (13000 for 13.0), or a negative status when the
+ * library cannot be loaded (the diag says where it looked). */
+int kpt_nvrtc_version(kpt_diag *diag);
+
+#endif

@@ -1,0 +1,422 @@
+/* gpu_check: every pattern x dtype x head dims x GQA ratio x lengths on the CUDA backend, against
+ * the CPU reference, on fresh random inputs with poisoned outputs (tests/gpu/README.md).
+ *
+ *   gpu_check [--quick] [--filter TEXT] [--seed N]
+ *
+ * --quick runs a small subset (for compute-sanitizer). Prints one line per case and a summary;
+ * exits 0 when every case passes, 1 when one fails, 77 (skip) when there is no CUDA device.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <kpt/kpt.h>
+
+#include "compiler/parse_pattern.h"
+#include "ir/numeric.h"
+#include "runtime/attention_args.h"
+#include "runtime/cuda_backend.h"
+#include "runtime/rng.h"
+
+typedef struct gcase {
+    const char *pattern;
+    kpt_dtype dtype;
+    int dqk, dv;
+    int B, Hq, Hkv, Sq, Skv;
+    const char *scalar; /* "name=value" or NULL */
+    bool bshd;
+} gcase;
+
+static const char *const all_patterns[] = {
+    "full", "causal", "causal_bottom_right", "sliding_window(100)", "sliding_window($w=256)",
+    "local(64,32)", "chunked(128)", "prefix_lm(200)", "document", "alibi", "softcap(20)",
+    "alibi+causal", "softcap(50)+causal", "document+causal", "document+causal+softcap(30)",
+};
+#define NPAT ((int)(sizeof(all_patterns) / sizeof(all_patterns[0])))
+
+static const int lens[][2] = {{1, 1}, {17, 17}, {1000, 1000}, {1, 300}, {300, 1}, {1000, 777},
+                              {17, 1000}};
+#define NLEN ((int)(sizeof(lens) / sizeof(lens[0])))
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- a small kernel cache, so each (pattern, dtype, dims) compiles once ---------------------- */
+
+typedef struct cached {
+    char key[128];
+    kpt_pattern *p;
+    kpt_cuda_kernel *k;
+} cached;
+
+static cached cache[256];
+static int ncache;
+static double total_compile_ms, max_compile_ms;
+
+static kpt_cuda_kernel *get_kernel(const kpt_cuda_device *dev, const gcase *c, kpt_diag *d)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s|%d|%d|%d", c->pattern, c->dtype, c->dqk, c->dv);
+    for (int i = 0; i < ncache; i++)
+        if (!strcmp(cache[i].key, key))
+            return cache[i].k;
+    if (ncache == 256)
+        return NULL;
+    kpt_pattern *p = NULL;
+    if (kpt_pattern_parse(c->pattern, &p, d))
+        return NULL;
+    kpt_kernel_config cfg = {.dtype = c->dtype, .dqk = c->dqk, .dv = c->dv};
+    kpt_cuda_kernel *k = NULL;
+    double t0 = now();
+    if (kpt_cuda_kernel_create(dev, p, &cfg, &k, d)) {
+        kpt_pattern_destroy(&p);
+        return NULL;
+    }
+    double ms = (now() - t0) * 1e3;
+    total_compile_ms += ms;
+    if (ms > max_compile_ms)
+        max_compile_ms = ms;
+    snprintf(cache[ncache].key, sizeof(cache[ncache].key), "%s", key);
+    cache[ncache].p = p;
+    cache[ncache].k = k;
+    ncache++;
+    return k;
+}
+
+/* ---- inputs ------------------------------------------------------------------------------------ */
+
+typedef struct dbuf {
+    CUdeviceptr d;
+    void *h;
+    size_t bytes;
+} dbuf;
+
+static bool dalloc(const kpt_cu_api *cu, dbuf *b, size_t bytes)
+{
+    b->bytes = bytes ? bytes : 16;
+    b->h = calloc(1, b->bytes);
+    return b->h && cu->MemAlloc(&b->d, b->bytes) == 0;
+}
+
+static void dfree(const kpt_cu_api *cu, dbuf *b)
+{
+    if (b->d)
+        cu->MemFree(b->d);
+    free(b->h);
+    memset(b, 0, sizeof(*b));
+}
+
+/* A [B, H, S, D] tensor, bhsd or bshd. */
+static kpt_tensor tensor4(void *data, kpt_dtype dt, const gcase *c, int H, int S, int D)
+{
+    int64_t shape[4] = {c->B, H, S, D};
+    kpt_tensor t = kpt_tensor_contiguous(data, dt, 4, shape);
+    if (c->bshd) {
+        t.stride[3] = 1;
+        t.stride[1] = D;
+        t.stride[2] = (int64_t)H * D;
+        t.stride[0] = (int64_t)S * H * D;
+    }
+    return t;
+}
+
+/* Sorted document ids: 1 to 5 cut points at random fractions, shared by doc_q and doc_kv so the
+ * documents line up when Sq == Skv. */
+static void fill_docs(kpt_rng *rng, int32_t *ids, int B, int S, const double *cuts, int ncuts)
+{
+    (void)rng;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < S; i++) {
+            int id = 0;
+            for (int k = 0; k < ncuts; k++)
+                id += cuts[k] <= (double)i / (double)S;
+            ids[(int64_t)b * S + i] = id;
+        }
+}
+
+/* ---- one case ---------------------------------------------------------------------------------- */
+
+typedef struct result {
+    double rel, lse_err;
+    int64_t nan, empty_bad;
+    bool pass;
+    char why[160];
+} result;
+
+static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, result *res)
+{
+    memset(res, 0, sizeof(*res));
+    const kpt_cu_api *cu = dev->cu;
+    kpt_diag d = {0};
+    kpt_cuda_kernel *k = get_kernel(dev, c, &d);
+    if (!k) {
+        snprintf(res->why, sizeof(res->why), "compile: %.140s", d.message);
+        return 1;
+    }
+    const kpt_pattern *p = k->pattern;
+    kpt_rng rng;
+    kpt_rng_seed(&rng, seed);
+    size_t es = (size_t)kpt_dtype_size(c->dtype);
+    size_t nq = (size_t)c->B * c->Hq * c->Sq * c->dqk, nk = (size_t)c->B * c->Hkv * c->Skv * c->dqk;
+    size_t nv = (size_t)c->B * c->Hkv * c->Skv * c->dv, no = (size_t)c->B * c->Hq * c->Sq * c->dv;
+    size_t nl = (size_t)c->B * c->Hq * c->Sq;
+    dbuf q = {0}, kk = {0}, v = {0}, o = {0}, lse = {0}, aux[KPT_MAX_AUX] = {{0}};
+    double *ref_o = malloc((no + 1) * sizeof(double)), *ref_l = malloc((nl + 1) * sizeof(double));
+    int rc = 1;
+    if (!ref_o || !ref_l || !dalloc(cu, &q, nq * es) || !dalloc(cu, &kk, nk * es) ||
+        !dalloc(cu, &v, nv * es) || !dalloc(cu, &o, no * es) || !dalloc(cu, &lse, nl * 4)) {
+        snprintf(res->why, sizeof(res->why), "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < nq; i++) kpt_store_double(q.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
+    for (size_t i = 0; i < nk; i++) kpt_store_double(kk.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
+    for (size_t i = 0; i < nv; i++) kpt_store_double(v.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
+
+    kpt_aux_tensor host_aux[KPT_MAX_AUX], dev_aux[KPT_MAX_AUX];
+    double cuts[5];
+    int ncuts = (int)kpt_rng_range(&rng, 1, 5);
+    for (int i = 0; i < ncuts; i++)
+        cuts[i] = kpt_rng_uniform(&rng);
+    for (int a = 0; a < p->num_aux; a++) {
+        const kpt_aux_decl *ad = &p->aux[a];
+        int64_t shape[3] = {1, 1, 1}, count = 1;
+        kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->dqk, c->dv};
+        for (int i = 0; i < ad->rank; i++) {
+            int64_t n = kpt_attn_dim_size(ad->dims[i], &s);
+            shape[i] = n > 0 ? n : 64;
+            count *= shape[i];
+        }
+        if (!dalloc(cu, &aux[a], (size_t)count * (size_t)kpt_dtype_size(ad->dtype))) {
+            snprintf(res->why, sizeof(res->why), "out of memory (aux)");
+            goto out;
+        }
+        if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
+            fill_docs(&rng, aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
+        else
+            for (int64_t i = 0; i < count; i++)
+                kpt_store_double(aux[a].h, ad->dtype, i,
+                                 ad->fill_lo + (ad->fill_hi - ad->fill_lo) * kpt_rng_uniform(&rng));
+        host_aux[a].name = dev_aux[a].name = ad->name;
+        host_aux[a].tensor = kpt_tensor_contiguous(aux[a].h, ad->dtype, ad->rank, shape);
+        dev_aux[a].tensor = host_aux[a].tensor;
+        dev_aux[a].tensor.data = (void *)(uintptr_t)aux[a].d;
+        cu->MemcpyHtoD(aux[a].d, aux[a].h, aux[a].bytes);
+    }
+    kpt_scalar_value sv = {0};
+    char sname[32] = {0};
+    if (c->scalar) {
+        const char *eq = strchr(c->scalar, '=');
+        snprintf(sname, sizeof(sname), "%.*s", (int)(eq - c->scalar), c->scalar);
+        sv.name = sname;
+        sv.value = atof(eq + 1);
+    }
+
+    /* reference */
+    kpt_attention_args ha = {
+        .q = tensor4(q.h, c->dtype, c, c->Hq, c->Sq, c->dqk),
+        .k = tensor4(kk.h, c->dtype, c, c->Hkv, c->Skv, c->dqk),
+        .v = tensor4(v.h, c->dtype, c, c->Hkv, c->Skv, c->dv),
+        .o = tensor4(ref_o, KPT_DTYPE_F64, c, c->Hq, c->Sq, c->dv),
+        .lse = kpt_tensor_contiguous(ref_l, KPT_DTYPE_F64, 3, (int64_t[]){c->B, c->Hq, c->Sq}),
+        .scalars = c->scalar ? &sv : NULL, .num_scalars = c->scalar ? 1 : 0,
+        .aux = host_aux, .num_aux = p->num_aux,
+    };
+    if (kpt_reference_attention(p, &ha, &d)) {
+        snprintf(res->why, sizeof(res->why), "reference: %.140s", d.message);
+        goto out;
+    }
+
+    /* device: inputs up, outputs poisoned (all-ones bits: NaN in f16, bf16 and f32) */
+    kpt_attention_args da = ha;
+    da.q.data = (void *)(uintptr_t)q.d;
+    da.k.data = (void *)(uintptr_t)kk.d;
+    da.v.data = (void *)(uintptr_t)v.d;
+    da.o = tensor4((void *)(uintptr_t)o.d, c->dtype, c, c->Hq, c->Sq, c->dv);
+    da.lse = kpt_tensor_contiguous((void *)(uintptr_t)lse.d, KPT_DTYPE_F32, 3,
+                                   (int64_t[]){c->B, c->Hq, c->Sq});
+    da.aux = dev_aux;
+    if (cu->MemcpyHtoD(q.d, q.h, q.bytes) || cu->MemcpyHtoD(kk.d, kk.h, kk.bytes) ||
+        cu->MemcpyHtoD(v.d, v.h, v.bytes) || cu->MemsetD8(o.d, 0xff, o.bytes) ||
+        cu->MemsetD8(lse.d, 0xff, lse.bytes)) {
+        snprintf(res->why, sizeof(res->why), "upload failed");
+        goto out;
+    }
+    if (kpt_cuda_attention(k, &da, 0, NULL, &d)) {
+        snprintf(res->why, sizeof(res->why), "launch: %.140s", d.message);
+        goto out;
+    }
+    CUresult r = cu->CtxSynchronize();
+    if (r) {
+        kpt_cu_fail(&d, "kernel", r);
+        snprintf(res->why, sizeof(res->why), "%.150s", d.message);
+        goto out;
+    }
+    if (cu->MemcpyDtoH(o.h, o.d, o.bytes) || cu->MemcpyDtoH(lse.h, lse.d, lse.bytes)) {
+        snprintf(res->why, sizeof(res->why), "download failed");
+        goto out;
+    }
+
+    /* compare */
+    double num = 0, den = 0;
+    const float *gl = lse.h;
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->Hq; h++)
+            for (int s = 0; s < c->Sq; s++) {
+                int64_t row = ((int64_t)b * c->Hq + h) * c->Sq + s;
+                double rl = ref_l[row], g = gl[row];
+                bool empty = rl == -INFINITY;
+                if (isnan(g))
+                    res->nan++;
+                else if (empty ? g != -INFINITY : fabs(g - rl) > 1e-3 * fmax(1.0, fabs(rl)))
+                    res->lse_err = fmax(res->lse_err, empty ? INFINITY : fabs(g - rl) / fmax(1.0, fabs(rl)));
+                for (int e = 0; e < c->dv; e++) {
+                    int64_t off = b * da.o.stride[0] + h * da.o.stride[1] + s * da.o.stride[2] + e;
+                    double x = kpt_load_as_double(o.h, c->dtype, off), y = ref_o[off];
+                    if (isnan(x)) {
+                        res->nan++;
+                        continue;
+                    }
+                    if (empty && x != 0)
+                        res->empty_bad++;
+                    num += (x - y) * (x - y);
+                    den += y * y;
+                }
+            }
+    res->rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3;
+    res->pass = res->nan == 0 && res->empty_bad == 0 && res->rel <= tol && res->lse_err <= 1e-3;
+    if (!res->pass)
+        snprintf(res->why, sizeof(res->why), "rel %.3g (tol %.0e), lse %.3g, NaN/unwritten %lld, "
+                 "nonzero empty rows %lld", res->rel, tol, res->lse_err, (long long)res->nan,
+                 (long long)res->empty_bad);
+    rc = 0;
+out:
+    dfree(cu, &q);
+    dfree(cu, &kk);
+    dfree(cu, &v);
+    dfree(cu, &o);
+    dfree(cu, &lse);
+    for (int a = 0; a < KPT_MAX_AUX; a++)
+        dfree(cu, &aux[a]);
+    free(ref_o);
+    free(ref_l);
+    return rc;
+}
+
+/* ---- the matrix --------------------------------------------------------------------------------- */
+
+static int ncases;
+static gcase cases[4096];
+
+static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, int Hkv, int Sq,
+                int Skv, const char *scalar, bool bshd)
+{
+    if (ncases < 4096)
+        cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd};
+}
+
+static void build_matrix(bool quick)
+{
+    static const kpt_dtype dts[] = {KPT_DTYPE_BF16, KPT_DTYPE_F16};
+    if (quick) {
+        static const char *const qp[] = {"causal", "document+causal", "softcap(20)", "alibi"};
+        for (int i = 0; i < 4; i++) {
+            add(qp[i], KPT_DTYPE_BF16, 64, 64, 1, 4, 1, 200, 333, NULL, false);
+            add(qp[i], KPT_DTYPE_F16, 128, 128, 2, 2, 2, 129, 129, NULL, true);
+        }
+        return;
+    }
+    for (int pi = 0; pi < NPAT; pi++)
+        for (int di = 0; di < 2; di++)
+            for (int hd = 0; hd < 2; hd++) {
+                int D = hd ? 128 : 64;
+                for (int g = 0; g < 2; g++)
+                    for (int li = 0; li < NLEN; li++)
+                        add(all_patterns[pi], dts[di], D, D, g ? 1 : 2, g ? 4 : 2, g ? 1 : 2,
+                            lens[li][0], lens[li][1], NULL, (li + g) % 3 == 2);
+                /* a long odd length, MHA */
+                add(all_patterns[pi], dts[di], D, D, 1, 4, 4, 4133, 4133, NULL, false);
+            }
+    /* the other head dims, Dqk != Dv */
+    static const int dims[][2] = {{32, 32}, {96, 96}, {256, 256}, {128, 64}, {64, 128}};
+    static const char *const dp[] = {"full", "causal", "document+causal", "softcap(50)+causal",
+                                     "alibi"};
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++)
+            for (int di = 0; di < 2; di++) {
+                add(dp[j], dts[di], dims[i][0], dims[i][1], 1, 4, 1, 1000, 777, NULL, false);
+                add(dp[j], dts[di], dims[i][0], dims[i][1], 2, 2, 2, 17, 300, NULL, true);
+            }
+    /* runtime scalars: other values, same kernel */
+    add("sliding_window($w=256)", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 1000, 1000, "w=77", false);
+    add("sliding_window($w=256)", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 1000, 1000, "w=1", false);
+    add("sliding_window($w=256)", KPT_DTYPE_F16, 64, 64, 1, 2, 2, 1000, 1000, "w=5000", false);
+}
+
+int main(int argc, char **argv)
+{
+    bool quick = false;
+    const char *filter = NULL;
+    uint64_t seed = (uint64_t)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
+            filter = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--seed N]\n");
+            return 2;
+        }
+    }
+    kpt_diag d = {0};
+    kpt_cuda_device dev;
+    if (kpt_cuda_device_open(0, &dev, &d)) {
+        printf("SKIP: %s\n", d.message);
+        return 77;
+    }
+    printf("device: %s (sm_%d, %d SMs), seed %llu\n", dev.name, dev.sm, dev.sm_count,
+           (unsigned long long)seed);
+    build_matrix(quick);
+    int pass = 0, fail = 0;
+    double t0 = now();
+    printf("%-30s %-4s %-7s %-9s %-11s %-9s %-9s %s\n", "pattern", "type", "Dqk/Dv", "B,Hq,Hkv",
+           "Sq,Skv", "rel err", "lse err", "result");
+    for (int i = 0; i < ncases; i++) {
+        const gcase *c = &cases[i];
+        if (filter && !strstr(c->pattern, filter))
+            continue;
+        result r;
+        int rc = run_case(&dev, c, seed + (uint64_t)i * 7919, &r);
+        char dims[16], heads[24], lens_s[24];
+        snprintf(dims, sizeof(dims), "%d/%d", c->dqk, c->dv);
+        snprintf(heads, sizeof(heads), "%d,%d,%d", c->B, c->Hq, c->Hkv);
+        snprintf(lens_s, sizeof(lens_s), "%d,%d", c->Sq, c->Skv);
+        bool ok = rc == 0 && r.pass;
+        pass += ok;
+        fail += !ok;
+        printf("%-30s %-4s %-7s %-9s %-11s %-9.2e %-9.2e %s%s%s%s%s\n", c->pattern,
+               kpt_dtype_name(c->dtype), dims, heads, lens_s, r.rel, r.lse_err,
+               ok ? "pass" : "FAIL", c->bshd ? " bshd" : "", c->scalar ? " $" : "",
+               c->scalar ? c->scalar : "", ok ? "" : "  ");
+        if (!ok)
+            printf("    %s\n", r.why);
+        fflush(stdout);
+    }
+    printf("\n%d passed, %d failed, %d kernels compiled (NVRTC+load: mean %.0f ms, max %.0f ms), "
+           "%.1f s\n", pass, fail, ncache, ncache ? total_compile_ms / ncache : 0, max_compile_ms,
+           now() - t0);
+    for (int i = 0; i < ncache; i++) {
+        kpt_cuda_kernel_destroy(&cache[i].k);
+        kpt_pattern_destroy(&cache[i].p);
+    }
+    kpt_cuda_device_close(&dev);
+    return fail ? 1 : 0;
+}
