@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-KPT_DTYPE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.int32: 4, torch.bool: 5}
+# kpt_dtype values (include/kpt/tensor.h)
+KPT_DTYPE = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 5, torch.bool: 6}
 
 
 class Kpt:
@@ -273,6 +274,11 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     lib = load_lib(a.lib)
+    # FlexAttention recompiles per shape; keep dynamo from falling back to eager after 8.
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 4096)
     seqs = [int(s) for s in a.seqs.split(",")]
     if a.quick:
         seqs = [seqs[-1]]

@@ -189,22 +189,109 @@ static uint8_t *live_set(const kpt_pattern *p, kpt_ir_ref root)
     return live;
 }
 
+/* Uniform values: nodes that depend on neither the score, q, k nor aux data (ALiBi's slope(h),
+ * a scalar's reciprocal) are computed once per CTA by kpt_uniform_init, not once per element.
+ * "Boundary" nodes are the uniform ones a per-element node reads; only they are stored. */
+typedef struct uniform_info {
+    uint8_t *live;     /* live in score or mask */
+    uint8_t *invariant; /* per node: depends on neither s, q, k nor aux data */
+    uint8_t *uniform;  /* invariant and worth hoisting (not a leaf or constant) */
+    uint8_t *boundary; /* invariant and read by a per-element node (or a root) */
+} uniform_info;
+
+static void uniform_free(uniform_info *u)
+{
+    free(u->live);
+    free(u->invariant);
+    free(u->uniform);
+    free(u->boundary);
+}
+
+static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
+{
+    size_t n = p->g.count ? p->g.count : 1;
+    kpt_ir_ref roots[2] = {p->score, p->mask};
+    u->live = calloc(n, 1);
+    u->invariant = calloc(n, 1);
+    u->uniform = calloc(n, 1);
+    u->boundary = calloc(n, 1);
+    uint16_t *deps = calloc(n, sizeof(*deps));
+    if (!u->live || !u->invariant || !u->uniform || !u->boundary || !deps) {
+        free(deps);
+        return false;
+    }
+    kpt_ir_mark_live(&p->g, roots, 2, u->live);
+    kpt_ir_deps(&p->g, deps);
+    const uint16_t varying = KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K | KPT_DEP_AUX;
+    for (kpt_ir_ref r = 1; r < p->g.count; r++) {
+        const kpt_ir_node *nd = kpt_ir_node_get(&p->g, r);
+        u->invariant[r] = u->live[r] && !(deps[r] & varying);
+        u->uniform[r] = u->invariant[r] && nd->nargs > 0;
+    }
+    /* boundary[r]: an invariant node read by per-element code (or a root) */
+    for (kpt_ir_ref r = 1; r < p->g.count; r++) {
+        const kpt_ir_node *nd = kpt_ir_node_get(&p->g, r);
+        if (!u->live[r] || u->invariant[r])
+            continue;
+        for (int i = 0; i < nd->nargs; i++)
+            if (u->invariant[nd->arg[i]])
+                u->boundary[nd->arg[i]] = 1;
+    }
+    for (int i = 0; i < 2; i++)
+        if (roots[i] && u->invariant[roots[i]])
+            u->boundary[roots[i]] = 1;
+    free(deps);
+    return true;
+}
+
 static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref root,
                         const kpt_c_dialect *d)
 {
     uint8_t *live = live_set(p, root);
-    if (!live) {
+    uniform_info u = {0};
+    if (!live || !uniform_analyse(p, &u)) {
+        free(live);
+        uniform_free(&u);
         sb->failed = true;
         return;
     }
     for (kpt_ir_ref r = 1; r < p->g.count; r++) {
-        if (!live[r])
+        if (!live[r] || (u.invariant[r] && !u.boundary[r]))
             continue;
         kpt_sb_printf(sb, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
-        emit_value(sb, p, r, d);
+        if (u.uniform[r])
+            kpt_sb_printf(sb, "U.u%u", (unsigned)r);
+        else
+            emit_value(sb, p, r, d);
         kpt_sb_puts(sb, ";\n");
     }
     free(live);
+    uniform_free(&u);
+}
+
+void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p,
+                      const kpt_c_dialect *d)
+{
+    uniform_info u = {0};
+    if (!uniform_analyse(p, &u)) {
+        uniform_free(&u);
+        fields->failed = init->failed = true;
+        return;
+    }
+    kpt_sb_puts(fields, "    int unused_;");
+    for (kpt_ir_ref r = 1; r < p->g.count; r++) {
+        if (!u.invariant[r])
+            continue;
+        kpt_sb_printf(init, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
+        emit_value(init, p, r, d);
+        kpt_sb_puts(init, ";\n");
+        if (u.boundary[r] && u.uniform[r]) {
+            kpt_sb_printf(fields, "\n    %s u%u;", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
+            kpt_sb_printf(init, "    U.u%u = v%u;\n", (unsigned)r, (unsigned)r);
+        }
+    }
+    kpt_sb_puts(init, "    U.unused_ = 0;");
+    uniform_free(&u);
 }
 
 void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)

@@ -20,9 +20,15 @@ typedef struct kpt_c_dialect {
 extern const kpt_c_dialect kpt_dialect_cuda;
 extern const kpt_c_dialect kpt_dialect_hip;
 
-/* Body of `float kpt_score(const kpt_args &A, float s, int b, int h, int q, int k)`. */
+/* Values the score mod and mask need that depend only on b, h, lengths and scalars (ALiBi's
+ * slope(h), say), hoisted out of the per-element code: the fields of `struct kpt_uniform` and the
+ * body of `void kpt_uniform_init(const kpt_args &A, int b, int h, kpt_uniform &U)`. The score and
+ * mask bodies read them as U.u<N>. */
+void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p,
+                      const kpt_c_dialect *d);
+/* Body of `float kpt_score(const kpt_args &A, const kpt_uniform &U, float s, int b, int h, int q, int k)`. */
 void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
-/* Body of `bool kpt_mask(const kpt_args &A, int b, int h, int q, int k)`. */
+/* Body of `bool kpt_mask(const kpt_args &A, const kpt_uniform &U, int b, int h, int q, int k)`. */
 void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
 /* Body of `int kpt_tile_interval(const kpt_args &A, int b, int h, int q0, int q1, int k0, int k1)`:
  * interval arithmetic over the box q in [q0, q1], k in [k0, k1]; returns 0 when no pair can be

@@ -12,6 +12,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 
 #define KPT_THREADS (KPT_WARPS * 32)
+#define KPT_CLS_CAP 2048 // kv tiles whose class is cached in shared memory
 #define KPT_QSTR (KPT_DQK + 8) // shared-memory row strides, padded 16 bytes: ldmatrix conflict-free
 #define KPT_KSTR (KPT_DQK + 8)
 #define KPT_VSTR (KPT_DV + 8)
@@ -240,12 +241,23 @@ __device__ __forceinline__ kpt_iv kpt_iv_select(kpt_iv c, kpt_iv a, kpt_iv b)
 
 // ---- the pattern (generated from its IR) -----------------------------------------------------
 
-__device__ __forceinline__ float kpt_score(const kpt_args &A, float s, int b, int h, int q, int k)
+struct kpt_uniform {
+@UNIFORM_FIELDS@
+};
+
+__device__ __forceinline__ void kpt_uniform_init(const kpt_args &A, int b, int h, kpt_uniform &U)
+{
+@UNIFORM_INIT@
+}
+
+__device__ __forceinline__ float kpt_score(const kpt_args &A, const kpt_uniform &U, float s, int b,
+                                           int h, int q, int k)
 {
 @SCORE@
 }
 
-__device__ __forceinline__ bool kpt_mask(const kpt_args &A, int b, int h, int q, int k)
+__device__ __forceinline__ bool kpt_mask(const kpt_args &A, const kpt_uniform &U, int b, int h,
+                                         int q, int k)
 {
 @MASK@
 }
@@ -354,6 +366,8 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int qt = A.n_qt - 1 - (int)blockIdx.x; // heaviest (last) q tiles first under causal masks
     const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
     const int q0 = qt * KPT_BM;
     const int q1 = min(q0 + KPT_BM, A.Sq) - 1;
 
@@ -364,16 +378,22 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
     // The kv tiles that may hold a kept pair lie in [lo, hi]; each thread classifies a share.
     int lo = 0, hi = A.n_kt - 1;
 #if KPT_HAS_MASK
+    // The classes of the first KPT_CLS_CAP kv tiles are kept in shared memory, so the kv loop
+    // reads a byte instead of re-running the interval code while the accumulators hold registers.
     __shared__ int s_lo, s_hi;
+    __shared__ unsigned char s_cls[KPT_CLS_CAP];
     if (tid == 0) { s_lo = A.n_kt; s_hi = -1; }
     __syncthreads();
     {
         int my_lo = A.n_kt, my_hi = -1;
-        for (int t = tid; t < A.n_kt; t += KPT_THREADS)
-            if (kpt_tile_class(A, b, h, qt, q0, q1, t) != 0) {
+        for (int t = tid; t < A.n_kt; t += KPT_THREADS) {
+            const int c = kpt_tile_class(A, b, h, qt, q0, q1, t);
+            if (t < KPT_CLS_CAP) s_cls[t] = (unsigned char)c;
+            if (c != 0) {
                 my_lo = min(my_lo, t);
                 my_hi = t;
             }
+        }
         if (my_hi >= 0) {
             atomicMin(&s_lo, my_lo);
             atomicMax(&s_hi, my_hi);
@@ -419,11 +439,15 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
 #endif
 
     for (int j = lo; j <= hi;) {
-        int cls = kpt_tile_class(A, b, h, qt, q0, q1, j);
+#if KPT_HAS_MASK
+        const int cls = j < KPT_CLS_CAP ? s_cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j);
         // The next tile worth loading.
         int jn = j + 1;
-#if KPT_HAS_MASK
-        while (jn <= hi && kpt_tile_class(A, b, h, qt, q0, q1, jn) == 0) jn++;
+        while (jn <= hi && (jn < KPT_CLS_CAP ? s_cls[jn] : kpt_tile_class(A, b, h, qt, q0, q1, jn)) == 0)
+            jn++;
+#else
+        const int cls = 2;
+        const int jn = j + 1;
 #endif
         if (jn <= hi) {
             int k0n = jn * KPT_BN;
@@ -457,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
                         const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
                         bool kp = ki < A.Skv;
 #if KPT_HAS_MASK
-                        kp = kp && kpt_mask(A, b, h, qi, ki);
+                        kp = kp && kpt_mask(A, U, b, h, qi, ki);
 #endif
                         if (!kp) keep &= ~(1ull << ((mt * (KPT_BN / 8) + n) * 4 + e));
                     }
@@ -507,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
 #if KPT_HAS_SCORE
                     const int qi = q0 + wrow + mt * 16 + (lane >> 2) + (e >> 1) * 8;
                     const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
-                    float t = kpt_score(A, S[mt][n][e] * A.scale, b, h, qi, ki) * KPT_LOG2E;
+                    float t = kpt_score(A, U, S[mt][n][e] * A.scale, b, h, qi, ki) * KPT_LOG2E;
 #else
                     float t = S[mt][n][e] * A.scale_log2;
 #endif
@@ -608,6 +632,8 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
     unsigned char *out = (unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh +
                          (i64)qt * A.bm_sq;
     for (int t = warp; t < A.n_kt; t += 8) {
@@ -617,7 +643,7 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
             bool any_t = false, any_f = false;
             for (int q = q0; q <= q1; q++) {
                 for (int k = k0 + lane; k <= k1; k += 32) {
-                    bool keep = kpt_mask(A, b, h, q, k);
+                    bool keep = kpt_mask(A, U, b, h, q, k);
                     any_t |= keep;
                     any_f |= !keep;
                 }
