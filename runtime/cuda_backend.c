@@ -275,7 +275,11 @@ static kpt_status launch_blockmap(const kpt_cuda_kernel *k, kpt_cuda_args *a, CU
     if (a->n_qt == 0 || a->n_kt == 0)
         return KPT_OK;
     void *params[] = {a};
-    KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap, (unsigned)a->n_qt,
+    int64_t pairs = (int64_t)a->n_qt * a->n_kt, ctas = (pairs + 7) / 8; /* one warp a pair */
+    if (ctas > INT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "block map too large (%lld tile pairs)",
+                            (long long)pairs);
+    KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap, (unsigned)ctas,
                                               k->plan.bm_per_h ? (unsigned)a->Hq : 1,
                                               k->plan.bm_per_b ? (unsigned)a->B : 1, 256, 1, 1, 0,
                                               stream, params, NULL));

@@ -624,37 +624,39 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
 
 #if KPT_HAS_BLOCKMAP
 // The block map of a data-dependent mask: one byte per (q tile, kv tile), 0 empty, 1 partial,
-// 2 full, for each batch row / head the mask depends on (the launch grid's y and z). Tiles the
-// interval classification settles cost nothing; the others are evaluated pair by pair, one warp a
-// tile, lanes across keys, stopping as soon as both a kept and a dropped pair were seen.
+// 2 full, for each batch row / head the mask depends on (the launch grid's y and z). One warp per
+// tile pair (grid.x covers them eight to a CTA, so even short sequences fill the GPU). Pairs the
+// interval classification settles cost nothing; the others are evaluated pair by pair, lanes
+// across keys, stopping as soon as both a kept and a dropped pair were seen.
 extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const long long pair = (long long)blockIdx.x * 8 + warp;
+    if (pair >= (long long)A.n_qt * A.n_kt) return;
+    const int qt = (int)(pair / A.n_kt), t = (int)(pair % A.n_kt);
+    const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    const int k0 = t * KPT_BN, k1 = min(k0 + KPT_BN, A.Skv) - 1;
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
-    unsigned char *out = (unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh +
-                         (i64)qt * A.bm_sq;
-    for (int t = warp; t < A.n_kt; t += 8) {
-        const int k0 = t * KPT_BN, k1 = min(k0 + KPT_BN, A.Skv) - 1;
-        int c = kpt_tile_interval(A, b, h, q0, q1, k0, k1);
-        if (c == 1) {
-            bool any_t = false, any_f = false;
-            for (int q = q0; q <= q1; q++) {
-                for (int k = k0 + lane; k <= k1; k += 32) {
-                    bool keep = kpt_mask(A, U, b, h, q, k);
-                    any_t |= keep;
-                    any_f |= !keep;
-                }
-                if ((q & 7) == 7 && __any_sync(0xffffffffu, any_t) && __any_sync(0xffffffffu, any_f))
-                    break;
+    int c = kpt_tile_interval(A, b, h, q0, q1, k0, k1);
+    if (c == 1) {
+        bool any_t = false, any_f = false;
+        for (int q = q0; q <= q1; q++) {
+            for (int k = k0 + lane; k <= k1; k += 32) {
+                bool keep = kpt_mask(A, U, b, h, q, k);
+                any_t |= keep;
+                any_f |= !keep;
             }
-            any_t = __any_sync(0xffffffffu, any_t);
-            any_f = __any_sync(0xffffffffu, any_f);
-            c = any_t ? (any_f ? 1 : 2) : 0;
+            if ((q & 7) == 7 && __any_sync(0xffffffffu, any_t) && __any_sync(0xffffffffu, any_f))
+                break;
         }
-        if (lane == 0) out[t] = (unsigned char)c;
+        any_t = __any_sync(0xffffffffu, any_t);
+        any_f = __any_sync(0xffffffffu, any_f);
+        c = any_t ? (any_f ? 1 : 2) : 0;
     }
+    if (lane == 0)
+        ((unsigned char *)A.blockmap)[(i64)b * A.bm_sb + (i64)h * A.bm_sh + (i64)qt * A.bm_sq + t] =
+            (unsigned char)c;
 }
 #endif

@@ -1,0 +1,228 @@
+/* CUDA code generation: the template filler, deterministic source with no user text in it, and
+ * (where NVRTC is installed; skipped otherwise) every built-in pattern x dtype x head dims compiled
+ * to PTX and CUBIN for sm_80 and sm_90, the PTX checked for the tensor-core path and ptxas's
+ * spill report read. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <kpt/kpt.h>
+
+#include "codegen/cuda_source.h"
+#include "codegen/template.h"
+#include "compiler/plan_tiles.h"
+#include "runtime/nvrtc.h"
+
+static void test_template_fill(void **state)
+{
+    (void)state;
+    char err[256];
+    kpt_strbuf sb = {0};
+    const kpt_hole h[] = {{"A", "x"}, {"B_2", "yy"}};
+    assert_true(kpt_template_fill(&sb, "1@A@2@B_2@3@A@", h, 2, err, sizeof(err)));
+    char *s = kpt_sb_take(&sb);
+    assert_string_equal(s, "1x2yy3x");
+    free(s);
+    assert_false(kpt_template_fill(&sb, "@C@", h, 2, err, sizeof(err)));
+    assert_non_null(strstr(err, "@C@ is not filled"));
+    kpt_sb_free(&sb);
+    assert_false(kpt_template_fill(&sb, "@A@", h, 2, err, sizeof(err)));
+    assert_non_null(strstr(err, "no hole @B_2@"));
+    kpt_sb_free(&sb);
+    assert_false(kpt_template_fill(&sb, "a@b", h, 0, err, sizeof(err)));
+    assert_non_null(strstr(err, "stray"));
+    kpt_sb_free(&sb);
+}
+
+static char *source_of(const char *pattern, kpt_dtype dt, int dqk, int dv, int sm)
+{
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse(pattern, &p, &d), KPT_OK);
+    kpt_kernel_config cfg = {.dtype = dt, .dqk = dqk, .dv = dv, .sm = sm};
+    kpt_kernel_plan plan;
+    assert_int_equal(kpt_plan_tiles(p, &cfg, &plan, &d), KPT_OK);
+    char *src = NULL;
+    assert_int_equal(kpt_cuda_source(p, &plan, &src, &d), KPT_OK);
+    kpt_pattern_destroy(&p);
+    return src;
+}
+
+static void test_deterministic_no_user_text(void **state)
+{
+    (void)state;
+    const char *pat = "document+sliding_window($zqxsecret=64)+softcap(30)";
+    char *a = source_of(pat, KPT_DTYPE_BF16, 128, 128, 80);
+    char *b = source_of(pat, KPT_DTYPE_BF16, 128, 128, 80);
+    assert_string_equal(a, b);
+    assert_null(strstr(a, "zqxsecret"));  /* scalar names become indices */
+    assert_null(strstr(a, "doc_q"));      /* aux names too */
+    assert_null(strstr(a, "#include"));   /* NVRTC needs no include path */
+    assert_non_null(strstr(a, "#define KPT_HAS_BLOCKMAP 1")); /* aux mask: block-map kernel */
+    free(a);
+    free(b);
+    char *c = source_of("causal", KPT_DTYPE_F16, 64, 64, 90);
+    assert_non_null(strstr(c, "#define KPT_HAS_BLOCKMAP 0"));
+    free(c);
+}
+
+static void test_plan_refuses(void **state)
+{
+    (void)state;
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
+    kpt_kernel_plan plan;
+    kpt_kernel_config bad_dim = {.dtype = KPT_DTYPE_BF16, .dqk = 80, .dv = 80, .sm = 80};
+    assert_int_equal(kpt_plan_tiles(p, &bad_dim, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(d.message, "Dqk = 80"));
+    kpt_kernel_config bad_dt = {.dtype = KPT_DTYPE_F32, .dqk = 64, .dv = 64, .sm = 80};
+    assert_int_equal(kpt_plan_tiles(p, &bad_dt, &plan, &d), KPT_ERR_UNSUPPORTED);
+    kpt_kernel_config old = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 75};
+    assert_int_equal(kpt_plan_tiles(p, &old, &plan, &d), KPT_ERR_UNSUPPORTED);
+    kpt_pattern_destroy(&p);
+}
+
+/* ---- NVRTC over the whole matrix ------------------------------------------------------------- */
+
+static const char *const patterns[] = {
+    "full", "causal", "causal_bottom_right", "sliding_window(1024)", "sliding_window($w=256)",
+    "local(64,32)", "chunked(128)", "prefix_lm($p=100)", "document", "alibi", "softcap(30)",
+    "alibi+causal", "softcap(50)+causal", "document+causal+softcap(30)",
+};
+#define NPAT (sizeof(patterns) / sizeof(patterns[0]))
+static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 256}, {128, 64},
+                              {64, 128}};
+#define NDIM (sizeof(dims) / sizeof(dims[0]))
+#define NJOBS (NPAT * 2 * NDIM * 2)
+
+typedef struct job {
+    int pat, dt, dim, sm;
+    kpt_status st;
+    bool mma, ldmatrix, cp_async, cubin;
+    long spill_bytes;
+    double ms;
+    char msg[1100];
+} job;
+
+static job jobs[NJOBS];
+static int next_job;
+static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static long spills(const char *log)
+{
+    long total = 0;
+    for (const char *s = log; s && (s = strstr(s, "bytes spill stores")); s++) {
+        const char *n = s;
+        while (n > log && n[-1] == ' ')
+            n--;
+        while (n > log && n[-1] >= '0' && n[-1] <= '9')
+            n--;
+        total += strtol(n, NULL, 10);
+    }
+    return total;
+}
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&job_lock);
+        int i = next_job++;
+        pthread_mutex_unlock(&job_lock);
+        if (i >= (int)NJOBS)
+            return NULL;
+        job *j = &jobs[i];
+        kpt_pattern *p = NULL;
+        kpt_diag d = {0};
+        kpt_kernel_plan plan;
+        char *src = NULL;
+        kpt_kernel_config cfg = {.dtype = j->dt ? KPT_DTYPE_F16 : KPT_DTYPE_BF16,
+                                 .dqk = dims[j->dim][0], .dv = dims[j->dim][1], .sm = j->sm};
+        j->st = kpt_pattern_parse(patterns[j->pat], &p, &d);
+        if (!j->st)
+            j->st = kpt_plan_tiles(p, &cfg, &plan, &d);
+        if (!j->st)
+            j->st = kpt_cuda_source(p, &plan, &src, &d);
+        kpt_nvrtc_output out = {0};
+        if (!j->st)
+            j->st = kpt_nvrtc_compile(src, j->sm, true, true, &out, &d);
+        if (!j->st) {
+            j->mma = strstr(out.ptx, "mma.sync.aligned.m16n8k16.row.col.f32") != NULL;
+            j->ldmatrix = strstr(out.ptx, "ldmatrix.sync.aligned") != NULL;
+            j->cp_async = strstr(out.ptx, "cp.async.cg.shared.global") != NULL;
+            j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
+            j->spill_bytes = spills(out.log);
+            j->ms = out.ms;
+        }
+        snprintf(j->msg, sizeof(j->msg), "%s", d.message);
+        kpt_nvrtc_output_free(&out);
+        free(src);
+        kpt_pattern_destroy(&p);
+    }
+}
+
+static void test_nvrtc_matrix(void **state)
+{
+    (void)state;
+    kpt_diag d = {0};
+    int ver = kpt_nvrtc_version(&d);
+    if (ver < 0) {
+        print_message("NVRTC not found, skipping: %s\n", d.message);
+        skip();
+    }
+    int n = 0;
+    for (size_t p = 0; p < NPAT; p++)
+        for (int dt = 0; dt < 2; dt++)
+            for (size_t dim = 0; dim < NDIM; dim++)
+                for (int a = 0; a < 2; a++)
+                    jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = (int)dim, .sm = a ? 90 : 80};
+    const char *env = getenv("KPT_TEST_JOBS");
+    int nthreads = env ? atoi(env) : 4;
+    if (nthreads < 1 || nthreads > 32)
+        nthreads = 4;
+    pthread_t th[32];
+    for (int i = 0; i < nthreads; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, worker, NULL), 0);
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(th[i], NULL);
+    double max_ms = 0;
+    int spilling = 0;
+    for (int i = 0; i < n; i++) {
+        job *j = &jobs[i];
+        const char *what = patterns[j->pat];
+        if (j->st)
+            fail_msg("%s %s %d/%d sm_%d: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
+                     dims[j->dim][1], j->sm, j->msg);
+        assert_true(j->mma);
+        assert_true(j->ldmatrix);
+        assert_true(j->cp_async);
+        assert_true(j->cubin);
+        /* the main configurations of the head dims up to 64 compile without spills */
+        if ((j->pat <= 1) && dims[j->dim][0] <= 64 && dims[j->dim][1] <= 64)
+            assert_int_equal(j->spill_bytes, 0);
+        spilling += j->spill_bytes > 0;
+        if (j->ms > max_ms)
+            max_ms = j->ms;
+    }
+    print_message("NVRTC %d.%d: %d kernels compiled to PTX+CUBIN (slowest %.0f ms); %d with "
+                  "ptxas spills (see docs/architecture.md)\n", ver / 1000, ver % 1000 / 10, n,
+                  max_ms, spilling);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_template_fill),
+        cmocka_unit_test(test_deterministic_no_user_text),
+        cmocka_unit_test(test_plan_refuses),
+        cmocka_unit_test(test_nvrtc_matrix),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
