@@ -96,8 +96,17 @@ static void test_emit(void **state)
     r = run("emit", "causal+sliding_windw(128)", NULL);
     EXPECT(r, 2, err, "pattern:1:8: error: unknown pattern 'sliding_windw'; did you mean 'sliding_window'?\n"
                       "  causal+sliding_windw(128)\n         ^");
-    r = run("emit", "--emit", "cuda", "causal", NULL);
-    EXPECT(r, 2, err, "--emit cuda is not available in this build");
+    r = run("emit", "--emit", "cuda", "--head-dim", "64", "--dtype", "f16", "causal", NULL);
+    EXPECT(r, 0, out, "#define KPT_DQK 64\n");
+    EXPECT(r, 0, out, "extern \"C\" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention");
+    r = run("emit", "--emit", "hip", "causal", NULL);
+    EXPECT(r, 2, err, "--emit hip is not available in this build");
+    r = run("emit", "--emit", "cuda", "--target", "cuda:sm_70", "causal", NULL);
+    EXPECT(r, 2, err, "--target 'cuda:sm_70': expected cuda:sm_80");
+    r = run("emit", "--emit", "cuda", "--head-dim", "80", "causal", NULL);
+    EXPECT(r, 2, err, "the CUDA backend supports 32, 64, 96, 128 and 256");
+    r = run("emit", "--target", "cuda:sm_80", "causal", NULL);
+    EXPECT(r, 2, err, "go with --emit cuda|ptx|cubin");
     r = run("emit", "--dump-after", "nope", "causal", NULL);
     EXPECT(r, 2, err, "unknown stage 'nope'");
     r = run("emit", "--bogus", "causal", NULL);

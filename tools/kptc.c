@@ -2,6 +2,8 @@
  *
  *   kptc patterns                         the built-in pattern terms
  *   kptc emit --emit ir [--dump-after STAGE] PATTERN
+ *   kptc emit --emit cuda|ptx|cubin [--target cuda:sm_XX] [--head-dim D[,Dv]] [--dtype T]
+ *             [--verbose] PATTERN
  *   kptc check PATTERN [--backend cpu] [--shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]] [--dtype T]
  *              [--layout bhsd|bshd] [--seed N] [--scalar NAME=V]... [--aux NAME=FILE.npy]...
  *              [--tile QxK]
@@ -41,8 +43,13 @@ static const char usage_text[] =
     "commands:\n"
     "  patterns            list the built-in pattern terms\n"
     "  emit                compile PATTERN and print it\n"
-    "      --emit ir                 what to print (ir; cuda/ptx/hip/glsl/spirv come with the backends)\n"
+    "      --emit ir|cuda|ptx|cubin  what to print: the IR, or the CUDA kernel as source, PTX or\n"
+    "                                CUBIN (NVRTC; CUBIN only to a file or pipe)\n"
     "      --dump-after STAGE        print the IR after STAGE: parse, opt_fold, opt_simplify, all\n"
+    "      --target cuda:sm_XX       sm_80 (default), sm_86, sm_89 or sm_90\n"
+    "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256\n"
+    "      --dtype f16|bf16          input dtype of the kernel (default bf16)\n"
+    "      --verbose                 print NVRTC's time and ptxas's register/spill report to stderr\n"
     "  check               run PATTERN on random inputs and check the result\n"
     "      --backend cpu             where to run (cpu: the double-precision reference)\n"
     "      --shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]   default 1,4,2,512,512,64\n"
@@ -692,8 +699,8 @@ static int cmd_check(int argc, char **argv)
     if (!c.o.pattern)
         return usage_error("check needs a PATTERN");
     if (c.o.backend && strcmp(c.o.backend, "cpu") != 0)
-        return usage_error("--backend %s is not available in this build (only cpu so far)",
-                           c.o.backend);
+        return usage_error("--backend %s is not available in kptc check yet (only cpu); the CUDA "
+                           "kernels are checked on a GPU by tests/gpu/run.sh", c.o.backend);
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)))
         return rc;
     kpt_diag d = {0};
