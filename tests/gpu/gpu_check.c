@@ -128,9 +128,8 @@ static kpt_tensor tensor4(void *data, kpt_dtype dt, const gcase *c, int H, int S
 
 /* Sorted document ids: 1 to 5 cut points at random fractions, shared by doc_q and doc_kv so the
  * documents line up when Sq == Skv. */
-static void fill_docs(kpt_rng *rng, int32_t *ids, int B, int S, const double *cuts, int ncuts)
+static void fill_docs(int32_t *ids, int B, int S, const double *cuts, int ncuts)
 {
-    (void)rng;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < S; i++) {
             int id = 0;
@@ -197,7 +196,7 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
             goto out;
         }
         if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
-            fill_docs(&rng, aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
+            fill_docs(aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
         else
             for (int64_t i = 0; i < count; i++)
                 kpt_store_double(aux[a].h, ad->dtype, i,
