@@ -294,24 +294,26 @@ void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p
     uniform_free(&u);
 }
 
-void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+/* The body of a per-element function: `fallback` when the pattern has no such root. */
+static void emit_root_body(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref root,
+                           const char *fallback, const kpt_c_dialect *d)
 {
-    if (!p->score) {
-        kpt_sb_puts(sb, "    return s;");
+    if (!root) {
+        kpt_sb_printf(sb, "    return %s;", fallback);
         return;
     }
-    emit_values(sb, p, p->score, d);
-    kpt_sb_printf(sb, "    return v%u;", (unsigned)p->score);
+    emit_values(sb, p, root, d);
+    kpt_sb_printf(sb, "    return v%u;", (unsigned)root);
+}
+
+void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+{
+    emit_root_body(sb, p, p->score, "s", d);
 }
 
 void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
 {
-    if (!p->mask) {
-        kpt_sb_puts(sb, "    return true;");
-        return;
-    }
-    emit_values(sb, p, p->mask, d);
-    kpt_sb_printf(sb, "    return v%u;", (unsigned)p->mask);
+    emit_root_body(sb, p, p->mask, "true", d);
 }
 
 /* ---- intervals ------------------------------------------------------------------------------ */

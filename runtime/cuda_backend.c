@@ -3,21 +3,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "codegen/cuda_source.h"
 #include "ir/diag.h"
+#include "runtime/clock.h"
 #include "runtime/attention_args.h"
 #include "runtime/cuda_args.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/nvrtc.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag)
 {
@@ -90,7 +83,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     kpt_kernel_config c = *cfg;
     if (!c.sm)
         c.sm = dev->sm >= 90 ? 90 : dev->sm;
-    double t0 = now_ms();
+    double t0 = kpt_now_ms();
     char *src = NULL;
     kpt_status st = kpt_plan_tiles(p, &c, &k->plan, diag);
     if (!st && k->plan.smem_bytes > (size_t)dev->smem_optin)
@@ -99,7 +92,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
                           k->plan.smem_bytes, dev->name, dev->smem_optin);
     if (!st)
         st = kpt_cuda_source(p, &k->plan, &src, diag);
-    k->codegen_ms = now_ms() - t0;
+    k->codegen_ms = kpt_now_ms() - t0;
     kpt_nvrtc_output nv = {0};
     if (!st)
         st = kpt_nvrtc_compile(src, c.sm, true, true, &nv, diag);
@@ -108,7 +101,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     keep_ptxas_info(k, nv.log);
     if (!st) {
         const kpt_cu_api *cu = dev->cu;
-        double t1 = now_ms();
+        double t1 = kpt_now_ms();
         CUresult r = cu->ModuleLoadData(&k->module, nv.cubin);
         if (r)
             st = kpt_cu_fail(diag, "cuModuleLoadData", r);
@@ -120,7 +113,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
         if (!st && (r = cu->FuncSetAttribute(k->attention, KPT_CU_FUNC_MAX_DYNAMIC_SMEM,
                                              (int)k->plan.smem_bytes)))
             st = kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
-        k->load_ms = now_ms() - t1;
+        k->load_ms = kpt_now_ms() - t1;
     }
     kpt_nvrtc_output_free(&nv);
     if (st) {
@@ -263,6 +256,9 @@ static size_t map_bytes(const kpt_cuda_kernel *k, const kpt_cuda_args *a)
 kpt_status kpt_cuda_blockmap_size(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                                   size_t *bytes, kpt_diag *diag)
 {
+    *bytes = 0;
+    if (!k)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel is NULL");
     kpt_cuda_args a;
     kpt_status st = pack_args(k, args, &a, diag);
     *bytes = st ? 0 : map_bytes(k, &a);

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ir/diag.h"
+#include "runtime/clock.h"
 #include "runtime/nvrtc.h"
 
 typedef int nvrtcResult;
@@ -116,13 +116,6 @@ int kpt_nvrtc_version(kpt_diag *diag)
     return major * 1000 + minor * 10;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 void kpt_nvrtc_output_free(kpt_nvrtc_output *out)
 {
     free(out->ptx);
@@ -155,7 +148,7 @@ kpt_status kpt_nvrtc_compile(const char *src, int sm, bool cubin, bool ptxas_ver
     const char *opts[] = {arch, "--std=c++17", "--device-as-default-execution-space",
                           "--ptxas-options=-v"};
     int nopts = ptxas_verbose && cubin ? 4 : 3;
-    double t0 = now_ms();
+    double t0 = kpt_now_ms();
     nvrtcProgram prog = NULL;
     nvrtcResult r = nv.CreateProgram(&prog, src, "kpt_kernel.cu", 0, NULL, NULL);
     if (r != 0)
@@ -180,7 +173,7 @@ kpt_status kpt_nvrtc_compile(const char *src, int sm, bool cubin, bool ptxas_ver
             goto done;
         }
     }
-    out->ms = now_ms() - t0;
+    out->ms = kpt_now_ms() - t0;
 done:
     nv.DestroyProgram(&prog);
     if (st) {

@@ -440,11 +440,13 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
 
     for (int j = lo; j <= hi;) {
 #if KPT_HAS_MASK
-        const int cls = j < KPT_CLS_CAP ? s_cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j);
+#define KPT_CLASS_OF(t) ((t) < KPT_CLS_CAP ? (int)s_cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, (t)))
+        const int cls = KPT_CLASS_OF(j);
         // The next tile worth loading.
         int jn = j + 1;
-        while (jn <= hi && (jn < KPT_CLS_CAP ? s_cls[jn] : kpt_tile_class(A, b, h, qt, q0, q1, jn)) == 0)
+        while (jn <= hi && KPT_CLASS_OF(jn) == 0)
             jn++;
+#undef KPT_CLASS_OF
 #else
         const int cls = 2;
         const int jn = j + 1;
