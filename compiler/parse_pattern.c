@@ -327,6 +327,52 @@ static bool term(parser *ps)
     return true;
 }
 
+/* pattern := term ('+' term)* */
+static void terms(parser *ps)
+{
+    const char *text = ps->src;
+    skip_space(ps);
+    if (text[ps->pos] == 0) {
+        error_at(ps, ps->pos, "empty pattern: expected a pattern name such as 'causal' or 'full'");
+        return;
+    }
+    while (term(ps)) {
+        skip_space(ps);
+        if (text[ps->pos] == 0)
+            break;
+        if (text[ps->pos] != '+') {
+            char c[8];
+            error_at(ps, ps->pos, "unexpected %s after '%s'; terms are joined with '+'",
+                     show_char(text[ps->pos], c), ps->name.data ? ps->name.data : "");
+            break;
+        }
+        ps->pos++;
+        kpt_sb_puts(&ps->name, "+");
+    }
+}
+
+bool kpt_parse_pattern_into(kpt_pattern *p, const char *text, kpt_ir_ref score_in,
+                            kpt_ir_ref *score_out, kpt_ir_ref *mask_out, kpt_diag *diag)
+{
+    if (strnlen(text, MAX_PATTERN_LEN + 1) > MAX_PATTERN_LEN) {
+        kpt_diag_set(diag, KPT_ERR_LIMIT, "pattern text is longer than %d characters",
+                     MAX_PATTERN_LEN);
+        return false;
+    }
+    parser ps = {.src = text, .diag = diag, .p = p};
+    ps.ctx.p = p;
+    ps.ctx.score = score_in ? score_in : kpt_ir_var(&p->g, KPT_IR_S);
+    if (!ps.ctx.score) {
+        kpt_diag_set(diag, KPT_ERR_LIMIT, "%s", p->g.error);
+        return false;
+    }
+    terms(&ps);
+    kpt_sb_free(&ps.name);
+    *score_out = ps.ctx.score;
+    *mask_out = ps.ctx.mask;
+    return !ps.failed;
+}
+
 kpt_pattern *kpt_parse_pattern(const char *text, kpt_diag *diag)
 {
     if (!text) {
@@ -348,24 +394,7 @@ kpt_pattern *kpt_parse_pattern(const char *text, kpt_diag *diag)
     ps.ctx.p = ps.p;
     ps.ctx.score = kpt_ir_var(&ps.p->g, KPT_IR_S);
     kpt_ir_ref s_var = ps.ctx.score;
-    skip_space(&ps);
-    if (text[ps.pos] == 0) {
-        error_at(&ps, ps.pos, "empty pattern: expected a pattern name such as 'causal' or 'full'");
-    } else {
-        while (term(&ps)) {
-            skip_space(&ps);
-            if (text[ps.pos] == 0)
-                break;
-            if (text[ps.pos] != '+') {
-                char c[8];
-                error_at(&ps, ps.pos, "unexpected %s after '%s'; terms are joined with '+'",
-                         show_char(text[ps.pos], c), ps.name.data ? ps.name.data : "");
-                break;
-            }
-            ps.pos++;
-            kpt_sb_puts(&ps.name, "+");
-        }
-    }
+    terms(&ps);
     char *name = ps.failed ? NULL : kpt_sb_take(&ps.name);
     kpt_sb_free(&ps.name);
     if (!ps.failed && (!name || !kpt_pattern_set_name(ps.p, name))) {

@@ -44,6 +44,8 @@ static void show_line(kpt_strbuf *sb, const char *src, int line, int column)
         unsigned char c = (unsigned char)s[i];
         kpt_sb_printf(sb, "%c", c == '\t' ? ' ' : (c < 0x20 || c >= 0x7f) ? '?' : (char)c);
     }
+    if (column <= 0)
+        return;
     kpt_sb_puts(sb, "\n  ");
     for (size_t i = start; (int)i + 1 < column; i++)
         kpt_sb_puts(sb, " ");
@@ -61,8 +63,11 @@ kpt_status kpt_diag_at(kpt_diag *diag, kpt_status status, const char *origin, co
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
     kpt_strbuf sb = {0};
-    kpt_sb_printf(&sb, "%s:%d:%d: error: %s", origin, line, column, what);
-    if (src)
+    if (column > 0)
+        kpt_sb_printf(&sb, "%s:%d:%d: error: %s", origin, line, column, what);
+    else /* Lua reports lines only: no column, no caret */
+        kpt_sb_printf(&sb, "%s:%d: error: %s", origin, line, what);
+    if (src && line > 0)
         show_line(&sb, src, line, column);
     diag->status = status;
     diag->line = line;

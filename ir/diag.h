@@ -15,7 +15,8 @@ kpt_status kpt_diag_set(kpt_diag *diag, kpt_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Sets status, position and a message about `src` at 1-based (line, column); `origin` names the
- * source ("pattern", a file name). Returns status. */
+ * source ("pattern", a file name). A column of 0 means "the whole line": no caret (Lua reports
+ * lines only). Returns status. */
 kpt_status kpt_diag_at(kpt_diag *diag, kpt_status status, const char *origin, const char *src,
                        int line, int column, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));

@@ -4,6 +4,7 @@
  *   pattern "sliding_window($w)+alibi"
  *   scalar w i32                       runtime scalar: name, type [= default]
  *   aux doc_q i32 [b, sq] segments     aux tensor: name, dtype, dims, fill rule for kptc check
+ *                                      (segments, range LO HI, or script: the Lua script's)
  *   %1 = i32 q                         nodes: label, type, op, immediate, operands
  *   %2 = f32 const 0.5
  *   %3 = i32 scalar w
@@ -53,6 +54,8 @@ static void print_decls(kpt_strbuf *sb, const kpt_pattern *p)
         }
         if (a->fill == KPT_FILL_SEGMENTS)
             kpt_sb_puts(sb, "] segments\n");
+        else if (a->fill == KPT_FILL_SCRIPT)
+            kpt_sb_puts(sb, "] script\n");
         else
             kpt_sb_printf(sb, "] range %.17g %.17g\n", a->fill_lo, a->fill_hi);
     }

@@ -265,16 +265,18 @@ static bool read_aux(reader *rd)
     if (!expect(rd, ']'))
         return false;
     char fill[10];
-    if (!ident(rd, fill, sizeof(fill), "a fill rule (segments or range LO HI)"))
+    if (!ident(rd, fill, sizeof(fill), "a fill rule (segments, range LO HI or script)"))
         return false;
     if (strcmp(fill, "segments") == 0) {
         a.fill = KPT_FILL_SEGMENTS;
+    } else if (strcmp(fill, "script") == 0) {
+        a.fill = KPT_FILL_SCRIPT;
     } else if (strcmp(fill, "range") == 0) {
         a.fill = KPT_FILL_RANGE;
         if (!number(rd, &a.fill_lo) || !number(rd, &a.fill_hi))
             return false;
     } else {
-        return error(rd, "unknown fill rule '%s' (segments or range LO HI)", fill);
+        return error(rd, "unknown fill rule '%s' (segments, range LO HI or script)", fill);
     }
     char err[160];
     if (kpt_pattern_add_aux(rd->p, &a, err, sizeof(err)) < 0)

@@ -23,6 +23,7 @@ typedef struct kpt_scalar_decl {
 typedef enum kpt_fill_kind {
     KPT_FILL_RANGE,    /* uniform random values in [lo, hi] (integers for i32, 0/1 for bool) */
     KPT_FILL_SEGMENTS, /* sorted ids along the last dimension: segments of random lengths */
+    KPT_FILL_SCRIPT,   /* the Lua script's fill function (kpt_lua_fill_aux) */
 } kpt_fill_kind;
 
 typedef struct kpt_aux_decl {

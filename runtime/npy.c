@@ -190,3 +190,34 @@ void kpt_npy_free(kpt_npy *n)
     free(n->values);
     memset(n, 0, sizeof(*n));
 }
+
+kpt_status kpt_npy_save_f64(const char *path, const double *values, int rank,
+                            const int64_t *shape, kpt_diag *diag)
+{
+    char dict[256];
+    int n = snprintf(dict, sizeof(dict), "{'descr': '<f8', 'fortran_order': False, 'shape': (");
+    int64_t count = 1;
+    for (int i = 0; i < rank; i++) {
+        n += snprintf(dict + n, sizeof(dict) - (size_t)n, "%lld,%s", (long long)shape[i],
+                      i + 1 < rank ? " " : "");
+        count *= shape[i];
+    }
+    n += snprintf(dict + n, sizeof(dict) - (size_t)n, "), }");
+    /* magic (6) + version (2) + length (2) + dict, padded with spaces to 64 bytes, then '\n' */
+    size_t total = ((size_t)10 + (size_t)n + 1 + 63) / 64 * 64;
+    char header[320];
+    memcpy(header, "\x93NUMPY\x01\x00", 8);
+    size_t hl = total - 10;
+    header[8] = (char)(hl & 0xff);
+    header[9] = (char)(hl >> 8);
+    memcpy(header + 10, dict, (size_t)n);
+    memset(header + 10 + n, ' ', total - 10 - (size_t)n - 1);
+    header[total - 1] = '\n';
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return kpt_diag_set(diag, KPT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    bool ok = fwrite(header, 1, total, f) == total &&
+              fwrite(values, sizeof(double), (size_t)count, f) == (size_t)count;
+    ok &= fclose(f) == 0;
+    return ok ? KPT_OK : kpt_diag_set(diag, KPT_ERR_IO, "cannot write %s", path);
+}

@@ -23,4 +23,9 @@ kpt_status kpt_npy_parse(const void *buf, size_t len, kpt_npy *out, kpt_diag *di
 kpt_status kpt_npy_load(const char *path, kpt_npy *out, kpt_diag *diag);
 void kpt_npy_free(kpt_npy *n);
 
+/* Writes values (C order, little-endian doubles) as a version 1.0 .npy file (kptc check --save).
+ * rank is 1 to 4. */
+kpt_status kpt_npy_save_f64(const char *path, const double *values, int rank,
+                            const int64_t *shape, kpt_diag *diag);
+
 #endif

@@ -6,7 +6,10 @@
  *             [--verbose] PATTERN
  *   kptc check PATTERN [--backend cpu] [--shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]] [--dtype T]
  *              [--layout bhsd|bshd] [--seed N] [--scalar NAME=V]... [--aux NAME=FILE.npy]...
- *              [--tile QxK]
+ *              [--tile QxK] [--save DIR]
+ *
+ * PATTERN is a built-in pattern string or a Lua script (a path ending in .lua); scripts take
+ * --param NAME=VALUE (repeatable) in every command.
  *
  * Exit status: 0 success, 2 bad input (usage, pattern, files), 1 anything else.
  * See docs/kptc.md.
@@ -24,10 +27,12 @@
 
 #include "compiler/analyze_mask.h"
 #include "compiler/builtins.h"
+#include "compiler/parse_lua.h"
 #include "compiler/parse_pattern.h"
 #include "compiler/pipeline.h"
 #include "compiler/plan_tiles.h"
 #include "codegen/cuda_source.h"
+#include "ir/diag.h"
 #include "ir/numeric.h"
 #include "runtime/attention_args.h"
 #include "runtime/npy.h"
@@ -59,11 +64,15 @@ static const char usage_text[] =
     "      --scalar NAME=VALUE       value of a runtime scalar $NAME (repeatable)\n"
     "      --aux NAME=FILE.npy       data of an aux tensor (repeatable; default: generated)\n"
     "      --tile QxK                tile size for the mask-analysis report (default 64x64)\n"
+    "      --save DIR                write q, k, v, o, lse and the aux tensors there as .npy\n"
+    "                                (f64, [B, H, S, D] order whatever the layout)\n"
+    "  --param NAME=VALUE  (emit, check) set a param of a Lua script (repeatable)\n"
     "\n"
     "  --help, -h          this text        --version   kpt's version\n"
     "\n"
     "PATTERN is a built-in pattern string, e.g. 'causal', 'sliding_window(1024)',\n"
-    "'document+causal+softcap(30)', 'sliding_window($w=256)'. See docs/patterns.md.\n";
+    "'document+causal+softcap(30)', 'sliding_window($w=256)' (docs/patterns.md), or a Lua\n"
+    "pattern script: a path ending in .lua (docs/lua.md, examples/patterns/).\n";
 
 __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
 {
@@ -97,6 +106,9 @@ typedef struct options {
     const char *layout;
     const char *seed;
     const char *tile;
+    const char *save;
+    const char *params[MAX_KV];
+    int nparams;
     const char *scalars[MAX_KV];
     int nscalars;
     const char *aux[MAX_KV];
@@ -104,9 +116,10 @@ typedef struct options {
 } options;
 
 static const char *const check_opts[] = {"--backend", "--shape", "--dtype", "--layout", "--seed",
-                                         "--scalar", "--aux", "--tile", NULL};
+                                         "--scalar", "--aux", "--tile", "--save", "--param",
+                                         NULL};
 static const char *const emit_opts[] = {"--emit", "--dump-after", "--target", "--head-dim",
-                                        "--dtype", "--verbose", NULL};
+                                        "--dtype", "--verbose", "--param", NULL};
 
 static const char **slot(options *o, const char *name)
 {
@@ -121,6 +134,7 @@ static const char **slot(options *o, const char *name)
     if (!strcmp(name, "--layout")) return &o->layout;
     if (!strcmp(name, "--seed")) return &o->seed;
     if (!strcmp(name, "--tile")) return &o->tile;
+    if (!strcmp(name, "--save")) return &o->save;
     return NULL;
 }
 
@@ -158,12 +172,12 @@ static int parse_options(int argc, char **argv, const char *const *allowed, opti
                 return usage_error("option '%s' needs a value", name);
             value = argv[++i];
         }
-        if (!strcmp(name, "--scalar") || !strcmp(name, "--aux")) {
-            bool sc = name[2] == 's';
-            int *count = sc ? &o->nscalars : &o->naux;
+        if (!strcmp(name, "--scalar") || !strcmp(name, "--aux") || !strcmp(name, "--param")) {
+            int *count = name[2] == 's' ? &o->nscalars : name[2] == 'a' ? &o->naux : &o->nparams;
+            const char **list = name[2] == 's' ? o->scalars : name[2] == 'a' ? o->aux : o->params;
             if (*count == MAX_KV)
                 return usage_error("too many %s options", name);
-            (sc ? o->scalars : o->aux)[(*count)++] = value;
+            list[(*count)++] = value;
             continue;
         }
         const char **s = slot(o, name);
@@ -196,6 +210,76 @@ static int cmd_patterns(void)
     printf("\nCompose with '+' (masks AND, score mods apply left to right); write $name (or\n"
            "$name=default) for a runtime scalar argument. Example: document+causal+softcap(30)\n");
     return 0;
+}
+
+/* ---- loading patterns: built-in strings and Lua scripts ------------------------------------ */
+
+typedef struct script {
+    char *src; /* the script's text; NULL for a pattern string */
+    size_t len;
+    kpt_lua_params prm;
+    kpt_param_value values[MAX_KV];
+    char names[MAX_KV][KPT_NAME_MAX];
+} script;
+
+static bool is_script(const char *pattern)
+{
+    size_t n = strlen(pattern);
+    return n > 4 && !strcmp(pattern + n - 4, ".lua");
+}
+
+static void print_from_script(void *ud, const char *text)
+{
+    fprintf(stderr, "%s: %s\n", (const char *)ud, text);
+}
+
+static int parse_params(const options *o, script *sc)
+{
+    for (int i = 0; i < o->nparams; i++) {
+        const char *arg = o->params[i], *eq = strchr(arg, '=');
+        size_t n = eq ? (size_t)(eq - arg) : 0;
+        if (!eq || n == 0 || n >= KPT_NAME_MAX)
+            return usage_error("--param wants NAME=VALUE, got '%s'", arg);
+        double v;
+        if (!strcmp(eq + 1, "true") || !strcmp(eq + 1, "false")) {
+            v = eq[1] == 't';
+        } else {
+            char *end;
+            v = strtod(eq + 1, &end);
+            if (end == eq + 1 || *end || !isfinite(v))
+                return usage_error("--param %s: '%s' is not a number", arg, eq + 1);
+        }
+        memcpy(sc->names[i], arg, n);
+        sc->names[i][n] = 0;
+        sc->values[i] = (kpt_param_value){sc->names[i], v};
+    }
+    return 0;
+}
+
+/* The pattern before any pass runs: a pattern string, or a script (its text kept in sc). */
+static int load_pattern(const options *o, script *sc, kpt_pattern **out)
+{
+    memset(sc, 0, sizeof(*sc));
+    *out = NULL;
+    kpt_diag d = {0};
+    if (!is_script(o->pattern)) {
+        if (o->nparams)
+            return usage_error("--param goes with Lua scripts (.lua); a pattern string takes its "
+                               "values in the text, e.g. sliding_window(256)");
+        *out = kpt_parse_pattern(o->pattern, &d);
+        return *out ? 0 : report(&d, d.status);
+    }
+    int rc = parse_params(o, sc);
+    if (rc)
+        return rc;
+    sc->src = kpt_lua_read_file(o->pattern, &sc->len, &d);
+    if (!sc->src)
+        return report(&d, d.status);
+    sc->prm = (kpt_lua_params){.name = o->pattern, .params = sc->values,
+                               .num_params = o->nparams, .print = print_from_script,
+                               .print_user = (void *)o->pattern};
+    *out = kpt_parse_lua(sc->src, sc->len, &sc->prm, &d);
+    return *out ? 0 : report(&d, d.status);
 }
 
 /* ---- emit ----------------------------------------------------------------------------------- */
@@ -321,9 +405,12 @@ static int cmd_emit(int argc, char **argv)
         return usage_error("unknown stage '%s' for --dump-after (parse, opt_fold, opt_simplify, all)",
                            o.dump_after);
     kpt_diag d = {0};
-    kpt_pattern *p = kpt_parse_pattern(o.pattern, &d);
-    if (!p)
-        return report(&d, d.status);
+    script sc;
+    kpt_pattern *p;
+    rc = load_pattern(&o, &sc, &p);
+    free(sc.src);
+    if (rc)
+        return rc;
     kpt_pipeline_opts popts = {.dump_after = o.dump_after, .dump = print_dump};
     kpt_status st = kpt_pipeline_run(p, &popts, &d);
     if (st) {
@@ -358,6 +445,7 @@ typedef struct check_ctx {
     int64_t tile_q, tile_k;
     kpt_scalar_value scalars[KPT_MAX_SCALARS];
     int nscalars;
+    script sc;
     kpt_aux_tensor aux[KPT_MAX_AUX];
     void *aux_data[KPT_MAX_AUX];
     char aux_desc[KPT_MAX_AUX][96];
@@ -544,6 +632,20 @@ static int make_aux(check_ctx *c)
                 kpt_store_double(data, d->dtype, i, npy.values[i]);
             snprintf(c->aux_desc[a], sizeof(c->aux_desc[a]), "from %.60s (%s)", file, npy.descr);
             kpt_npy_free(&npy);
+        } else if (d->fill == KPT_FILL_SCRIPT) {
+            double *vals = malloc((size_t)(count ? count : 1) * sizeof(double));
+            kpt_diag diag = {0};
+            kpt_status st = vals ? kpt_lua_fill_aux(c->sc.src, c->sc.len, &c->sc.prm, d->name,
+                                                    d->rank, shape, c->seed, vals, &diag)
+                                 : kpt_diag_set(&diag, KPT_ERR_NO_MEMORY, "out of memory");
+            if (st) {
+                free(vals);
+                return report(&diag, st);
+            }
+            for (int64_t i = 0; i < count; i++)
+                kpt_store_double(data, d->dtype, i, vals[i]);
+            free(vals);
+            snprintf(c->aux_desc[a], sizeof(c->aux_desc[a]), "generated by the script's fill");
         } else if (d->fill == KPT_FILL_SEGMENTS) {
             fill_segments(c, d, shape, data);
             snprintf(c->aux_desc[a], sizeof(c->aux_desc[a]),
@@ -680,6 +782,52 @@ static int mask_stats_compute(check_ctx *c, const kpt_ir_value *scalars,
     return analysed ? 0 : 1;
 }
 
+/* Writes t (rank 3 or 4, any strides and dtype) in logical order as f64 .npy. */
+static int save_tensor(const char *dir, const char *name, const kpt_tensor *t)
+{
+    int64_t count = 1, idx[4] = {0};
+    for (int d = 0; d < t->rank; d++)
+        count *= t->shape[d];
+    double *v = malloc((size_t)count * sizeof(double));
+    if (!v) {
+        fprintf(stderr, "kptc: out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->rank; d++)
+            off += idx[d] * t->stride[d];
+        v[i] = kpt_load_as_double(t->data, t->dtype, off);
+        for (int d = t->rank - 1; d >= 0 && ++idx[d] == t->shape[d]; d--)
+            idx[d] = 0;
+    }
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/%s.npy", dir, name);
+    kpt_diag d = {0};
+    kpt_status st = kpt_npy_save_f64(path, v, t->rank, t->shape, &d);
+    free(v);
+    return st ? report(&d, st) : 0;
+}
+
+static int save_all(const check_ctx *c, const kpt_attention_args *args)
+{
+    const struct {
+        const char *name;
+        const kpt_tensor *t;
+    } list[] = {{"q", &args->q}, {"k", &args->k}, {"v", &args->v}, {"o", &args->o},
+                {"lse", &args->lse}};
+    for (size_t i = 0; i < sizeof(list) / sizeof(list[0]); i++)
+        if (save_tensor(c->o.save, list[i].name, list[i].t))
+            return 1;
+    for (int a = 0; a < c->naux; a++) {
+        char name[KPT_NAME_MAX + 8];
+        snprintf(name, sizeof(name), "aux_%s", c->aux[a].name);
+        if (save_tensor(c->o.save, name, &c->aux[a].tensor))
+            return 1;
+    }
+    return 0;
+}
+
 static void free_check(check_ctx *c, void **bufs, int nbufs)
 {
     for (int i = 0; i < nbufs; i++)
@@ -687,6 +835,8 @@ static void free_check(check_ctx *c, void **bufs, int nbufs)
     for (int a = 0; a < KPT_MAX_AUX; a++)
         free(c->aux_data[a]);
     kpt_pattern_destroy(&c->p);
+    free(c->sc.src);
+    c->sc.src = NULL;
 }
 
 static int cmd_check(int argc, char **argv)
@@ -704,9 +854,13 @@ static int cmd_check(int argc, char **argv)
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)))
         return rc;
     kpt_diag d = {0};
-    kpt_status st = kpt_pattern_parse(c.o.pattern, &c.p, &d);
-    if (st)
+    if ((rc = load_pattern(&c.o, &c.sc, &c.p)))
+        return rc;
+    kpt_status st = kpt_pipeline_run(c.p, NULL, &d);
+    if (st) {
+        free_check(&c, NULL, 0);
         return report(&d, st);
+    }
     void *bufs[5] = {0};
     if ((rc = make_aux(&c))) {
         free_check(&c, bufs, 0);
@@ -778,6 +932,10 @@ static int cmd_check(int argc, char **argv)
         }
     }
     bad += masked != ms.empty_rows;
+    if (c.o.save && save_all(&c, &args)) {
+        free_check(&c, bufs, 5);
+        return 1;
+    }
     printf("kptc check: pattern '%s' on the cpu reference (double precision)\n", c.p->name);
     printf("  shape      B=%lld Hq=%lld Hkv=%lld Sq=%lld Skv=%lld Dqk=%lld Dv=%lld\n",
            (long long)c.B, (long long)c.Hq, (long long)c.Hkv, (long long)c.Sq, (long long)c.Skv,

@@ -2,7 +2,7 @@
  *
  * A pattern is the mask and score modification of an attention, compiled to kpt's expression IR
  * (see docs/patterns.md). Patterns are created from built-in pattern strings such as
- * "document+causal+softcap(30)" or "sliding_window($w)"; Lua scripts join later.
+ * "document+causal+softcap(30)" or "sliding_window($w)", or from Lua pattern scripts.
  *
  * Thread-safety: a kpt_pattern is immutable once created; any number of threads may use one
  * concurrently. kpt_pattern_destroy must not race with other uses of the same pattern.
@@ -24,6 +24,38 @@ typedef struct kpt_pattern kpt_pattern;
 /* Compiles a built-in pattern string (terms joined with '+'). On success *out owns a new
  * pattern; on failure *out is NULL and `diag` (may be NULL) says what and where, with a caret. */
 KPT_API kpt_status kpt_pattern_parse(const char *text, kpt_pattern **out, kpt_diag *diag);
+
+/* ---- Lua pattern scripts (docs/lua.md) ---------------------------------------------------- */
+
+/* A value for one of a script's params (`params = {W = 256}`), overriding the script's own. */
+typedef struct kpt_param_value {
+    const char *name;
+    double value; /* integral for integer params; 0/1 for booleans; a runtime param's default */
+} kpt_param_value;
+
+/* How a Lua script is run. Zero or NULL fields take the documented defaults. */
+typedef struct kpt_lua_params {
+    /* The script's name in messages and the pattern's default name. NULL: "script" for
+     * kpt_pattern_from_lua, the path for kpt_pattern_from_lua_file. */
+    const char *name;
+    const kpt_param_value *params; /* overrides; an unknown name is an error */
+    int num_params;
+    size_t max_memory;         /* bytes the script may hold; 0: 64 MiB */
+    uint64_t max_instructions; /* Lua VM instructions; 0: 200 million (about a second) */
+    /* Receives what the script print()s, one call per print. NULL: discarded. */
+    void (*print)(void *user, const char *text);
+    void *print_user;
+} kpt_lua_params;
+
+/* Runs a Lua pattern script (the source text, `length` bytes; bytecode is refused) in a sandbox
+ * and compiles what it returns (kpt.pattern{...}). params may be NULL. On failure *out is NULL
+ * and diag names the script and line. Thread-safe: each call runs its own Lua state. */
+KPT_API kpt_status kpt_pattern_from_lua(const char *source, size_t length,
+                                        const kpt_lua_params *params, kpt_pattern **out,
+                                        kpt_diag *diag);
+/* The same for a script file (at most 1 MiB). */
+KPT_API kpt_status kpt_pattern_from_lua_file(const char *path, const kpt_lua_params *params,
+                                             kpt_pattern **out, kpt_diag *diag);
 
 /* Frees a pattern and sets *p to NULL. NULL and *p == NULL are fine. */
 KPT_API void kpt_pattern_destroy(kpt_pattern **p);
