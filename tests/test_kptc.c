@@ -1,29 +1,13 @@
 /* kptc end to end: every subcommand, and bad input exits 2 with a message saying what and where. */
 #include "tests/testutil.h"
 
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "tests/runtool.h"
 
 static const char *kptc;
 
-typedef struct result {
-    int status;
-    char out[65536];
-    char err[8192];
-} result;
+typedef tool_result result;
 
-static void drain(int fd, char *buf, size_t cap)
-{
-    size_t n = 0;
-    ssize_t r;
-    while ((r = read(fd, buf + n, cap - 1 - n)) > 0 && n + (size_t)r < cap - 1)
-        n += (size_t)r;
-    buf[n] = 0;
-}
-
-/* Runs kptc with the arguments (NULL-terminated); stdout and stderr go to files to avoid pipe
- * deadlocks. */
+/* Runs kptc with the arguments (NULL-terminated). */
 static result *run(const char *arg0, ...)
 {
     static result res;
@@ -35,28 +19,7 @@ static result *run(const char *arg0, ...)
         argv[argc++] = a;
     va_end(ap);
     argv[argc] = NULL;
-    char out_path[] = "/tmp/kpt_test_outXXXXXX", err_path[] = "/tmp/kpt_test_errXXXXXX";
-    int out = mkstemp(out_path), err = mkstemp(err_path);
-    assert_true(out >= 0 && err >= 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(out, 1);
-        dup2(err, 2);
-        execv(kptc, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    res.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    lseek(out, 0, SEEK_SET);
-    lseek(err, 0, SEEK_SET);
-    drain(out, res.out, sizeof(res.out));
-    drain(err, res.err, sizeof(res.err));
-    close(out);
-    close(err);
-    unlink(out_path);
-    unlink(err_path);
+    assert_true(tool_run(&res, argv));
     return &res;
 }
 
