@@ -43,7 +43,6 @@ static void hook(lua_State *L, lua_Debug *ar)
     sb->steps += HOOK_EVERY;
     if (sb->steps <= sb->budget && !sb->budget_hit)
         return;
-    sb->budget_hit = true; /* from here on, every check fails: the script cannot catch it */
     kpt_sandbox_raise(L, 0, KPT_ERR_LIMIT,
                       "instruction budget exhausted (%llu instructions): the script runs too long "
                       "or loops forever",
@@ -88,6 +87,12 @@ int kpt_sandbox_raise(lua_State *L, int level, kpt_status status, const char *fm
     kpt_sandbox *sb = kpt_sandbox_of(L);
     sb->raised_status = status;
     snprintf(sb->raised_text, sizeof(sb->raised_text), "%s", lua_tostring(L, -1));
+    if (status == KPT_ERR_LIMIT && !sb->budget_hit && sb->steps > sb->budget) {
+        /* the first time the budget runs out: this message is the one reported, whatever the
+         * script does with the error (from here on every hook call fails again) */
+        sb->budget_hit = true;
+        snprintf(sb->budget_text, sizeof(sb->budget_text), "%s", sb->raised_text);
+    }
     return lua_error(L);
 }
 
@@ -166,12 +171,27 @@ static int safe_xpcall(lua_State *L)
     return finish_pcall(L, status, 2);
 }
 
+/* setmetatable without finalizers: Lua runs __gc metamethods with hooks off, so a finalizer
+ * could loop forever out of the budget's reach. Lua marks an object for finalization only if its
+ * metatable has __gc when it is set, so checking here is enough. */
+static int safe_setmetatable(lua_State *L)
+{
+    if (lua_type(L, 2) == LUA_TTABLE && lua_getfield(L, 2, "__gc") != LUA_TNIL)
+        return kpt_sandbox_raise(L, 1, KPT_ERR_INVALID_ARGUMENT,
+                                 "finalizers (__gc) are not allowed in pattern scripts");
+    lua_settop(L, 2);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
 static int sandbox_print(lua_State *L)
 {
     kpt_sandbox *sb = kpt_sandbox_of(L);
+    int n = lua_gettop(L); /* before the buffer takes a stack slot */
     luaL_Buffer b;
     luaL_buffinit(L, &b);
-    int n = lua_gettop(L);
     for (int i = 1; i <= n; i++) {
         if (i > 1)
             luaL_addchar(&b, '\t');
@@ -213,6 +233,9 @@ static void open_libs(lua_State *L)
     lua_setfield(L, -2, "xpcall");
     lua_pushcfunction(L, sandbox_print);
     lua_setfield(L, -2, "print");
+    lua_getfield(L, -1, "setmetatable");
+    lua_pushcclosure(L, safe_setmetatable, 1);
+    lua_setfield(L, -2, "setmetatable");
     /* package.loaded would hand out the real libraries' tables; there is no package library,
      * but luaL_requiref keeps LOADED in the registry only, out of the script's reach. */
     lua_getfield(L, -1, "string");
@@ -275,7 +298,7 @@ kpt_status kpt_sandbox_run(kpt_sandbox *sb, lua_CFunction fn)
                                                           : KPT_ERR_INVALID_ARGUMENT;
         if (sb->status == KPT_OK)
             sb->status = KPT_ERR_INVALID_ARGUMENT;
-        snprintf(sb->message, sizeof(sb->message), "%s", msg);
+        snprintf(sb->message, sizeof(sb->message), "%s", sb->budget_hit ? sb->budget_text : msg);
     }
     lua_pop(L, 1);
     return sb->status;

@@ -8,7 +8,8 @@
  *   - text chunks only (precompiled bytecode is refused: it can crash the VM);
  *   - a memory limit enforced by the allocator and an instruction budget enforced by a count
  *     hook. Once either is exhausted the error cannot be caught: pcall and xpcall re-raise it;
- *   - protected metatables for strings and for kpt's own values;
+ *   - protected metatables for strings and for kpt's own values, and no finalizers (__gc):
+ *     Lua runs them with hooks off, out of the budget's reach;
  *   - math.random seeded with a constant, so scripts are deterministic.
  *
  * All Lua API calls that can raise an error run inside kpt_sandbox_run's protected call, so a
@@ -42,6 +43,7 @@ typedef struct kpt_sandbox {
     lua_CFunction main; /* what kpt_sandbox_run runs */
     kpt_status raised_status; /* the last error kpt raised, to classify the final one */
     char raised_text[900];
+    char budget_text[900]; /* the message of the budget's end */
     /* The outcome of the last error: a status and a message ("script.lua:12: ..."). */
     kpt_status status;
     char message[900];
