@@ -299,7 +299,7 @@ static void print_to(void *ud, const char *text)
 }
 
 /* Turns the sandbox's message into a diag, with the line when it names one of the script. */
-static kpt_status report(const kpt_sandbox *sb, const char *src, kpt_diag *diag)
+static kpt_status report(const kpt_sandbox *sb, const char *src, size_t len, kpt_diag *diag)
 {
     const char *msg = sb->message;
     size_t n = strlen(sb->display);
@@ -310,7 +310,8 @@ static kpt_status report(const kpt_sandbox *sb, const char *src, kpt_diag *diag)
             const char *rest = end + 1;
             while (*rest == ' ')
                 rest++;
-            return kpt_diag_at(diag, sb->status, sb->display, src, (int)line, 0, "%s", rest);
+            return kpt_diag_at_len(diag, sb->status, sb->display, src, len, (int)line, 0, "%s",
+                                   rest);
         }
     }
     return kpt_diag_set(diag, sb->status, "%s", msg);
@@ -332,7 +333,7 @@ static kpt_status run(run_ctx *c, kpt_diag *diag)
     kpt_status st = kpt_sandbox_run(&sb, run_script);
     sb.user = NULL; /* finalizers that run while the state closes find no kpt to call */
     kpt_sandbox_close(&sb);
-    return st ? report(&sb, c->src, diag) : KPT_OK;
+    return st ? report(&sb, c->src, c->len, diag) : KPT_OK;
 }
 
 static const char *display_name(const kpt_lua_params *prm)

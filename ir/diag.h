@@ -21,4 +21,9 @@ kpt_status kpt_diag_at(kpt_diag *diag, kpt_status status, const char *origin, co
                        int line, int column, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
+/* The same for a source of src_len bytes that need not end in a NUL (a Lua script's text). */
+kpt_status kpt_diag_at_len(kpt_diag *diag, kpt_status status, const char *origin,
+                           const char *src, size_t src_len, int line, int column, const char *fmt,
+                           ...) __attribute__((format(printf, 8, 9)));
+
 #endif
