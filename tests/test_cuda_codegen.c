@@ -2,6 +2,7 @@
  * (where NVRTC is installed; skipped otherwise) every built-in pattern x dtype x head dims compiled
  * to PTX and CUBIN for sm_80 and sm_90, the PTX checked for the tensor-core path and ptxas's
  * spill report read. */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,11 +41,9 @@ static void test_template_fill(void **state)
     kpt_sb_free(&sb);
 }
 
-static char *source_of(const char *pattern, kpt_dtype dt, int dqk, int dv, int sm)
+static char *source_of_pattern(kpt_pattern *p, kpt_dtype dt, int dqk, int dv, int sm)
 {
-    kpt_pattern *p = NULL;
     kpt_diag d = {0};
-    assert_int_equal(kpt_pattern_parse(pattern, &p, &d), KPT_OK);
     kpt_kernel_config cfg = {.dtype = dt, .dqk = dqk, .dv = dv, .sm = sm};
     kpt_kernel_plan plan;
     assert_int_equal(kpt_plan_tiles(p, &cfg, &plan, &d), KPT_OK);
@@ -52,6 +51,14 @@ static char *source_of(const char *pattern, kpt_dtype dt, int dqk, int dv, int s
     assert_int_equal(kpt_cuda_source(p, &plan, &src, &d), KPT_OK);
     kpt_pattern_destroy(&p);
     return src;
+}
+
+static char *source_of(const char *pattern, kpt_dtype dt, int dqk, int dv, int sm)
+{
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse(pattern, &p, &d), KPT_OK);
+    return source_of_pattern(p, dt, dqk, dv, sm);
 }
 
 static void test_deterministic_no_user_text(void **state)
@@ -70,6 +77,27 @@ static void test_deterministic_no_user_text(void **state)
     char *c = source_of("causal", KPT_DTYPE_F16, 64, 64, 90);
     assert_non_null(strstr(c, "#define KPT_HAS_BLOCKMAP 0"));
     free(c);
+    /* nor from Lua scripts: names, params, aux tensors and strings stay out */
+    const char *script =
+        "return kpt.pattern{ name = 'zqxname', params = { zqxparam = kpt.runtime('zqxrt', 3) },\n"
+        "  aux = { zqxaux = { dtype = 'float32', shape = {'hq', 'skv'} } },\n"
+        "  score = function(s, b, h, q, k, p) return s + p.zqxaux[h][k] * p.zqxparam end,\n"
+        "  mask = function(b, h, q, k, p) return kpt.builtin('causal') end }";
+    for (int i = 0; i < 2; i++) {
+        kpt_pattern *p = NULL;
+        kpt_diag d = {0};
+        assert_int_equal(kpt_pattern_from_lua(script, strlen(script), NULL, &p, &d), KPT_OK);
+        char *src = source_of_pattern(p, KPT_DTYPE_BF16, 128, 128, 80);
+        assert_null(strstr(src, "zqx"));
+        if (i == 0)
+            a = src;
+        else
+            assert_string_equal(a, src);
+        if (i == 1) {
+            free(a);
+            free(src);
+        }
+    }
 }
 
 static void test_plan_refuses(void **state)
@@ -102,8 +130,15 @@ static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 25
 #define NDIM (sizeof(dims) / sizeof(dims[0]))
 #define NJOBS (NPAT * 2 * NDIM * 2)
 
+/* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
+#define MAX_SCRIPTS 32
+static char scripts[MAX_SCRIPTS][512];
+static int nscripts;
+static const int script_dims[] = {1 /* 64 */, 3 /* 128 */};
+
 typedef struct job {
     int pat, dt, dim, sm;
+    int script; /* index into scripts, or -1 */
     kpt_status st;
     bool mma, ldmatrix, cp_async, cubin;
     long spill_bytes;
@@ -111,8 +146,8 @@ typedef struct job {
     char msg[1100];
 } job;
 
-static job jobs[NJOBS];
-static int next_job;
+static job jobs[NJOBS + MAX_SCRIPTS * 4];
+static int next_job, njobs;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static long spills(const char *log)
@@ -136,7 +171,7 @@ static void *worker(void *arg)
         pthread_mutex_lock(&job_lock);
         int i = next_job++;
         pthread_mutex_unlock(&job_lock);
-        if (i >= (int)NJOBS)
+        if (i >= njobs)
             return NULL;
         job *j = &jobs[i];
         kpt_pattern *p = NULL;
@@ -145,7 +180,10 @@ static void *worker(void *arg)
         char *src = NULL;
         kpt_kernel_config cfg = {.dtype = j->dt ? KPT_DTYPE_F16 : KPT_DTYPE_BF16,
                                  .dqk = dims[j->dim][0], .dv = dims[j->dim][1], .sm = j->sm};
-        j->st = kpt_pattern_parse(patterns[j->pat], &p, &d);
+        if (j->script >= 0)
+            j->st = kpt_pattern_from_lua_file(scripts[j->script], NULL, &p, &d);
+        else
+            j->st = kpt_pattern_parse(patterns[j->pat], &p, &d);
         if (!j->st)
             j->st = kpt_plan_tiles(p, &cfg, &plan, &d);
         if (!j->st)
@@ -182,7 +220,13 @@ static void test_nvrtc_matrix(void **state)
         for (int dt = 0; dt < 2; dt++)
             for (size_t dim = 0; dim < NDIM; dim++)
                 for (int a = 0; a < 2; a++)
-                    jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = (int)dim, .sm = a ? 90 : 80};
+                    jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = (int)dim, .sm = a ? 90 : 80,
+                                      .script = -1};
+    for (int sc = 0; sc < nscripts; sc++)
+        for (int dim = 0; dim < 2; dim++)
+            for (int a = 0; a < 2; a++)
+                jobs[n++] = (job){.dim = script_dims[dim], .sm = a ? 90 : 80, .script = sc};
+    njobs = n;
     const char *env = getenv("KPT_TEST_JOBS");
     int nthreads = env ? atoi(env) : 4;
     if (nthreads < 1 || nthreads > 32)
@@ -196,7 +240,7 @@ static void test_nvrtc_matrix(void **state)
     int spilling = 0;
     for (int i = 0; i < n; i++) {
         job *j = &jobs[i];
-        const char *what = patterns[j->pat];
+        const char *what = j->script >= 0 ? scripts[j->script] : patterns[j->pat];
         if (j->st)
             fail_msg("%s %s %d/%d sm_%d: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
                      dims[j->dim][1], j->sm, j->msg);
@@ -205,19 +249,41 @@ static void test_nvrtc_matrix(void **state)
         assert_true(j->cp_async);
         assert_true(j->cubin);
         /* the main configurations of the head dims up to 64 compile without spills */
-        if ((j->pat <= 1) && dims[j->dim][0] <= 64 && dims[j->dim][1] <= 64)
+        if (j->script < 0 && j->pat <= 1 && dims[j->dim][0] <= 64 && dims[j->dim][1] <= 64)
             assert_int_equal(j->spill_bytes, 0);
         spilling += j->spill_bytes > 0;
         if (j->ms > max_ms)
             max_ms = j->ms;
     }
-    print_message("NVRTC %d.%d: %d kernels compiled to PTX+CUBIN (slowest %.0f ms); %d with "
-                  "ptxas spills (see docs/architecture.md)\n", ver / 1000, ver % 1000 / 10, n,
-                  max_ms, spilling);
+    print_message("NVRTC %d.%d: %d kernels compiled to PTX+CUBIN, %d scripts' among them "
+                  "(slowest %.0f ms); %d with ptxas spills (see docs/architecture.md)\n",
+                  ver / 1000, ver % 1000 / 10, n, nscripts * 4, max_ms, spilling);
 }
 
-int main(void)
+static int compare_paths(const void *a, const void *b)
 {
+    return strcmp(a, b);
+}
+
+/* Lists the example scripts of `dir`, sorted. */
+static void find_scripts(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) && nscripts < MAX_SCRIPTS) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && !strcmp(e->d_name + n - 4, ".lua"))
+            snprintf(scripts[nscripts++], sizeof(scripts[0]), "%s/%s", dir, e->d_name);
+    }
+    if (d)
+        closedir(d);
+    qsort(scripts, (size_t)nscripts, sizeof(scripts[0]), compare_paths);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        find_scripts(argv[1]); /* the examples' directory */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_template_fill),
         cmocka_unit_test(test_deterministic_no_user_text),
