@@ -1,19 +1,22 @@
 /* gpu_check: every pattern x dtype x head dims x GQA ratio x lengths on the CUDA backend, against
  * the CPU reference, on fresh random inputs with poisoned outputs (tests/gpu/README.md).
  *
- *   gpu_check [--quick] [--filter TEXT] [--seed N]
+ *   gpu_check [--quick] [--filter TEXT] [--seed N] [--scripts DIR]
  *
- * --quick runs a small subset (for compute-sanitizer). Prints one line per case and a summary;
+ * --quick runs a small subset (for compute-sanitizer). --scripts adds every Lua pattern script
+ * of DIR (examples/patterns) with its default params; a build without Lua skips them. Prints one line per case and a summary;
  * exits 0 when every case passes, 1 when one fails, 77 (skip) when there is no CUDA device.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <time.h>
 
 #include <kpt/kpt.h>
 
+#include "compiler/parse_lua.h"
 #include "compiler/parse_pattern.h"
 #include "ir/numeric.h"
 #include "runtime/attention_args.h"
@@ -69,7 +72,10 @@ static kpt_cuda_kernel *get_kernel(const kpt_cuda_device *dev, const gcase *c, k
     if (ncache == 256)
         return NULL;
     kpt_pattern *p = NULL;
-    if (kpt_pattern_parse(c->pattern, &p, d))
+    size_t n = strlen(c->pattern);
+    bool script = n > 4 && !strcmp(c->pattern + n - 4, ".lua");
+    if (script ? kpt_pattern_from_lua_file(c->pattern, NULL, &p, d)
+               : kpt_pattern_parse(c->pattern, &p, d))
         return NULL;
     kpt_kernel_config cfg = {.dtype = c->dtype, .dqk = c->dqk, .dv = c->dv};
     kpt_cuda_kernel *k = NULL;
@@ -148,6 +154,27 @@ typedef struct result {
     char why[160];
 } result;
 
+/* An aux tensor filled by the script's own fill function (run again in a fresh sandbox). */
+static int fill_from_script(const char *path, const kpt_aux_decl *ad, const int64_t *shape,
+                            int64_t count, uint64_t seed, void *out, result *res)
+{
+    kpt_diag d = {0};
+    size_t len;
+    char *src = kpt_lua_read_file(path, &len, &d);
+    double *vals = malloc((size_t)count * sizeof(double));
+    kpt_lua_params prm = {.name = path};
+    kpt_status st = src && vals ? kpt_lua_fill_aux(src, len, &prm, ad->name, ad->rank, shape,
+                                                   seed, vals, &d)
+                                : KPT_ERR_NO_MEMORY;
+    for (int64_t i = 0; st == KPT_OK && i < count; i++)
+        kpt_store_double(out, ad->dtype, i, vals[i]);
+    if (st)
+        snprintf(res->why, sizeof(res->why), "aux fill: %.140s", d.message);
+    free(src);
+    free(vals);
+    return st != KPT_OK;
+}
+
 static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, result *res)
 {
     memset(res, 0, sizeof(*res));
@@ -156,7 +183,7 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
     kpt_cuda_kernel *k = get_kernel(dev, c, &d);
     if (!k) {
         snprintf(res->why, sizeof(res->why), "compile: %.140s", d.message);
-        return 1;
+        return d.status == KPT_ERR_UNSUPPORTED && strstr(d.message, "no Lua") ? 77 : 1;
     }
     const kpt_pattern *p = k->pattern;
     kpt_rng rng;
@@ -197,7 +224,10 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
         }
         if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
             fill_docs(aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
-        else
+        else if (ad->fill == KPT_FILL_SCRIPT) {
+            if (fill_from_script(c->pattern, ad, shape, count, seed, aux[a].h, res))
+                goto out;
+        } else
             for (int64_t i = 0; i < count; i++)
                 kpt_store_double(aux[a].h, ad->dtype, i,
                                  ad->fill_lo + (ad->fill_hi - ad->fill_lo) * kpt_rng_uniform(&rng));
@@ -320,6 +350,30 @@ static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, i
         cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd};
 }
 
+/* Every .lua of dir, over dtypes, head dims 64/128, GQA and MHA, odd and unequal lengths. */
+static void add_scripts(const char *dir)
+{
+    static char paths[32][512];
+    int n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 32) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && !strcmp(e->d_name + len - 4, ".lua"))
+            snprintf(paths[n++], sizeof(paths[0]), "%s/%s", dir, e->d_name);
+    }
+    if (d)
+        closedir(d);
+    static const int slens[][2] = {{17, 17}, {1000, 1000}, {300, 777}};
+    static const kpt_dtype dts[] = {KPT_DTYPE_BF16, KPT_DTYPE_F16};
+    for (int i = 0; i < n; i++)
+        for (int di = 0; di < 2; di++)
+            for (int hd = 0; hd < 2; hd++)
+                for (int li = 0; li < 3; li++)
+                    add(paths[i], dts[di], hd ? 128 : 64, hd ? 128 : 64, li ? 1 : 2, 4,
+                        (li + di) % 2 ? 1 : 4, slens[li][0], slens[li][1], NULL, li == 2);
+}
+
 static void build_matrix(bool quick)
 {
     static const kpt_dtype dts[] = {KPT_DTYPE_BF16, KPT_DTYPE_F16};
@@ -361,7 +415,7 @@ static void build_matrix(bool quick)
 int main(int argc, char **argv)
 {
     bool quick = false;
-    const char *filter = NULL;
+    const char *filter = NULL, *scripts = NULL;
     uint64_t seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
@@ -370,8 +424,11 @@ int main(int argc, char **argv)
             filter = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--scripts") && i + 1 < argc)
+            scripts = argv[++i];
         else {
-            fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--seed N]\n");
+            fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--seed N] "
+                            "[--scripts DIR]\n");
             return 2;
         }
     }
@@ -384,7 +441,9 @@ int main(int argc, char **argv)
     printf("device: %s (sm_%d, %d SMs), seed %llu\n", dev.name, dev.sm, dev.sm_count,
            (unsigned long long)seed);
     build_matrix(quick);
-    int pass = 0, fail = 0;
+    if (scripts)
+        add_scripts(scripts);
+    int pass = 0, fail = 0, skipped = 0;
     double t0 = now();
     printf("%-30s %-4s %-7s %-9s %-11s %-9s %-9s %s\n", "pattern", "type", "Dqk/Dv", "B,Hq,Hkv",
            "Sq,Skv", "rel err", "lse err", "result");
@@ -398,6 +457,10 @@ int main(int argc, char **argv)
         snprintf(dims, sizeof(dims), "%d/%d", c->dqk, c->dv);
         snprintf(heads, sizeof(heads), "%d,%d,%d", c->B, c->Hq, c->Hkv);
         snprintf(lens_s, sizeof(lens_s), "%d,%d", c->Sq, c->Skv);
+        if (rc == 77) {
+            skipped++;
+            continue;
+        }
         bool ok = rc == 0 && r.pass;
         pass += ok;
         fail += !ok;
@@ -409,6 +472,8 @@ int main(int argc, char **argv)
             printf("    %s\n", r.why);
         fflush(stdout);
     }
+    if (skipped)
+        printf("\n%d cases skipped: this build has no Lua\n", skipped);
     printf("\n%d passed, %d failed, %d kernels compiled (NVRTC+load: mean %.0f ms, max %.0f ms), "
            "%.1f s\n", pass, fail, ncache, ncache ? total_compile_ms / ncache : 0, max_compile_ms,
            now() - t0);

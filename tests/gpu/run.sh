@@ -1,9 +1,15 @@
 #!/bin/sh
 # The whole GPU check, on a machine with an NVIDIA GPU (sm_80+): builds kpt (release, no cmocka
-# needed), runs the full pattern matrix against the CPU reference, then compute-sanitizer memcheck
-# and racecheck on a representative subset. Logs go to $OUT (default ./gpu-logs).
+# needed), runs the full pattern matrix and the example Lua scripts against the CPU reference,
+# then compute-sanitizer memcheck and racecheck on a representative subset. Logs go to $OUT
+# (default ./gpu-logs).
 #
 #   tests/gpu/run.sh [--quick-only] [gpu_check options...]
+#
+# A GPU machine without Lua builds without the Lua front end (the scripts are then skipped);
+# KPT_GPU_BIN=DIR uses a gpu_check built elsewhere (with Lua linked statically) and builds nothing:
+#   here:  meson setup build-gpu -Dtests=false --buildtype=release && ninja -C build-gpu
+#   there: KPT_GPU_BIN=build-gpu/tests/gpu sh tests/gpu/run.sh
 set -u
 OUT=${OUT:-$PWD/gpu-logs}
 mkdir -p "$OUT"
@@ -11,23 +17,28 @@ BUILD=${KPT_GPU_BUILD:-build-gpu}
 QUICK_ONLY=0
 if [ "${1:-}" = "--quick-only" ]; then QUICK_ONLY=1; shift; fi
 
-if [ ! -f "$BUILD/build.ninja" ]; then
-    meson setup "$BUILD" -Dtests=false --buildtype=release >"$OUT/meson.log" 2>&1 ||
-        { cat "$OUT/meson.log"; exit 1; }
+if [ -n "${KPT_GPU_BIN:-}" ]; then
+    CHECK="$KPT_GPU_BIN/gpu_check"
+else
+    if [ ! -f "$BUILD/build.ninja" ]; then
+        meson setup "$BUILD" -Dtests=false --buildtype=release >"$OUT/meson.log" 2>&1 ||
+            { cat "$OUT/meson.log"; exit 1; }
+    fi
+    ninja -C "$BUILD" >"$OUT/ninja.log" 2>&1 || { tail -50 "$OUT/ninja.log"; exit 1; }
+    CHECK="$BUILD/tests/gpu/gpu_check"
 fi
-ninja -C "$BUILD" >"$OUT/ninja.log" 2>&1 || { tail -50 "$OUT/ninja.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
 status=0
 if [ $QUICK_ONLY = 0 ]; then
-    "$BUILD/tests/gpu/gpu_check" "$@" >"$OUT/gpu_check.log" 2>&1 || status=1
-    grep -E "FAIL|^    |passed|device:|SKIP" "$OUT/gpu_check.log" | head -60
+    "$CHECK" --scripts examples/patterns "$@" >"$OUT/gpu_check.log" 2>&1 || status=1
+    grep -E "FAIL|^    |passed|skipped|device:|SKIP" "$OUT/gpu_check.log" | head -60
 fi
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD/tests/gpu/gpu_check" --quick \
+        compute-sanitizer --tool $tool --error-exitcode 3 "$CHECK" --quick \
             >"$OUT/sanitizer-$tool.log" 2>&1
         rc=$?
         echo "compute-sanitizer $tool: exit $rc ($(grep -c pass "$OUT/sanitizer-$tool.log") cases passed)"
