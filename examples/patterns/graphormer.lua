@@ -16,14 +16,14 @@ local MAX_DIST = 15
 -- random chord per graph are real shortest paths and cheap to compute.
 local function fill_dist(shape, seed)
   math.randomseed(seed)
-  local graphs, n, out = shape[1], shape[2], {}
+  local graphs, nq, nk, out = shape[1], shape[2], shape[3], {}
+  local n = math.max(nq, nk) -- the ring's size (queries and keys are the same nodes)
+  local function ring(x, y) local d = math.abs(x - y) return math.min(d, n - d) end
   for _ = 1, graphs do
     local a, c = math.random(0, n - 1), math.random(0, n - 1)
-    for i = 0, n - 1 do
-      for j = 0, n - 1 do
-        local function ring(x, y) local d = math.abs(x - y) return math.min(d, n - d) end
-        local d = math.min(ring(i, j), ring(i, a) + 1 + ring(c, j), ring(i, c) + 1 + ring(a, j))
-        out[#out + 1] = d
+    for i = 0, nq - 1 do
+      for j = 0, nk - 1 do
+        out[#out + 1] = math.min(ring(i, j), ring(i, a) + 1 + ring(c, j), ring(i, c) + 1 + ring(a, j))
       end
     end
   end
