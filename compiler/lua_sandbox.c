@@ -1,4 +1,5 @@
 /* The Lua sandbox (lua_sandbox.h says what it allows and why). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,18 +36,82 @@ kpt_sandbox *kpt_sandbox_of(lua_State *L)
     return *(kpt_sandbox **)lua_getextraspace(L);
 }
 
+/* Adds `steps` to the budget's count; raises once it is exhausted. `level` names the script's
+ * line (as luaL_where). */
+static void charge(lua_State *L, uint64_t steps, int level)
+{
+    kpt_sandbox *sb = kpt_sandbox_of(L);
+    sb->steps = steps > UINT64_MAX - sb->steps ? UINT64_MAX : sb->steps + steps;
+    if (sb->steps <= sb->budget && !sb->budget_hit)
+        return;
+    kpt_sandbox_raise(L, level, KPT_ERR_LIMIT,
+                      "instruction budget exhausted (%llu instructions): the script runs too long "
+                      "or loops forever",
+                      (unsigned long long)sb->budget);
+}
+
 static void hook(lua_State *L, lua_Debug *ar)
 {
     kpt_sandbox *sb = kpt_sandbox_of(L);
     if (lua_getinfo(L, "l", ar) && ar->currentline > 0)
         sb->last_line = ar->currentline;
-    sb->steps += HOOK_EVERY;
-    if (sb->steps <= sb->budget && !sb->budget_hit)
-        return;
-    kpt_sandbox_raise(L, 0, KPT_ERR_LIMIT,
-                      "instruction budget exhausted (%llu instructions): the script runs too long "
-                      "or loops forever",
-                      (unsigned long long)sb->budget);
+    charge(L, HOOK_EVERY, 0);
+}
+
+/* The library functions of string and table work in C, where the hook does not count: a loop
+ * of a few instructions could make them repeat a long job (string.rep("", 1e15), sorting a
+ * large table again and again). Each is wrapped to charge its work to the budget first, before
+ * it starts: one instruction per 32 bytes of its string arguments, per element of its table
+ * arguments, per repetition of string.rep and per comparison of table.sort. */
+enum { COST_PLAIN, COST_REP, COST_SORT };
+
+static int metered(lua_State *L)
+{
+    int n = lua_gettop(L), kind = (int)lua_tointeger(L, lua_upvalueindex(2));
+    double bytes = 0, items = 1;
+    for (int i = 1; i <= n; i++) {
+        if (lua_type(L, i) == LUA_TSTRING)
+            bytes += (double)lua_rawlen(L, i);
+        else if (lua_type(L, i) == LUA_TTABLE)
+            items += (double)lua_rawlen(L, i);
+    }
+    if (kind == COST_REP && lua_type(L, 2) == LUA_TNUMBER && lua_tonumber(L, 2) > 0) {
+        double reps = (double)lua_tonumber(L, 2);
+        double each = (double)(lua_type(L, 1) == LUA_TSTRING ? lua_rawlen(L, 1) : 0) +
+                      (double)(lua_type(L, 3) == LUA_TSTRING ? lua_rawlen(L, 3) : 0);
+        items += reps;
+        bytes += reps * each;
+    }
+    if (kind == COST_SORT && lua_type(L, 1) == LUA_TTABLE) {
+        double m = (double)lua_rawlen(L, 1);
+        items += m * log2(m + 2);
+    }
+    double steps = items + bytes / 32;
+    charge(L, steps > 1e18 ? UINT64_MAX : (uint64_t)steps, 1);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* Wraps every function of the library table at the stack top. */
+static void meter_library(lua_State *L)
+{
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_iscfunction(L, -1)) {
+            const char *name = lua_tostring(L, -2);
+            int kind = !strcmp(name, "rep") ? COST_REP : !strcmp(name, "sort") ? COST_SORT
+                                                                              : COST_PLAIN;
+            lua_pushinteger(L, kind);
+            lua_pushcclosure(L, metered, 2); /* the original function and the kind */
+            lua_pushvalue(L, -2);            /* the key */
+            lua_insert(L, -2);
+            lua_rawset(L, -4);
+        } else {
+            lua_pop(L, 1);
+        }
+    }
 }
 
 bool kpt_sandbox_open(kpt_sandbox *sb, const char *display, size_t max_memory,
@@ -242,6 +307,10 @@ static void open_libs(lua_State *L)
     static const char *const str_banned[] = {"dump", "find", "match", "gmatch", "gsub"};
     for (size_t i = 0; i < sizeof(str_banned) / sizeof(str_banned[0]); i++)
         remove_field(L, str_banned[i]);
+    meter_library(L); /* also what s:rep(n) finds: the string metatable's __index is this table */
+    lua_pop(L, 1);
+    lua_getfield(L, -1, "table");
+    meter_library(L);
     lua_pop(L, 1);
     lua_getfield(L, -1, "math");
     lua_getfield(L, -1, "randomseed");

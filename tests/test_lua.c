@@ -424,7 +424,17 @@ static void test_sandbox_limits(void **state)
                  "instruction budget");
     expect_limit("while true do xpcall(function() while true do end end, function() end) end",
                  &prm, "instruction budget");
-    expect_limit("local s = string.rep('x', 1 << 28)", &prm, "memory limit");
+    expect_limit("local s = string.rep(string.rep('x', 1 << 16), 1 << 12)", &prm, "memory limit");
+    /* work done in C functions counts too (found by fuzzing: the first was a timeout) */
+    expect_limit("for i = 1, 1/0 do string.rep('x', i) end", &prm, "instruction budget");
+    expect_limit("local s = string.rep('', 1e15)", &prm, "instruction budget");
+    expect_limit("local s = ('ab'):rep(1e6):upper()\nwhile true do s:upper() end", &prm,
+                 "instruction budget");
+    expect_limit("local t = {}\nfor i = 1, 1e5 do t[i] = -i end\nwhile true do table.sort(t) end",
+                 &prm, "instruction budget");
+    expect_limit("local t = {}\nfor i = 1, 1e5 do t[i] = 'x' end\n"
+                 "while true do table.concat(t) table.insert(t, 1, 'y') table.remove(t, 1) end",
+                 &prm, "instruction budget");
     kpt_pattern *p;
     kpt_diag d;
     assert_int_equal(compile("local s = string.rep('x', 1 << 62)", &prm, &p, &d),
