@@ -22,9 +22,8 @@ typedef struct kpt_lua_spec {
 
 enum { SPEC_PARAMS = 1, SPEC_SCORE, SPEC_MASK, SPEC_FILLS, SPEC_NVALUES = SPEC_FILLS };
 
-/* What the module needs from its host: the pattern being built. */
+/* What the module needs from its host (the sandbox's user pointer): the pattern being built. */
 typedef struct kpt_lua_host {
-    kpt_sandbox *sb;
     kpt_pattern *p;
     const char *display;
 } kpt_lua_host;

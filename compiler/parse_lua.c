@@ -325,7 +325,6 @@ static kpt_status run(run_ctx *c, kpt_diag *diag)
                           prm ? prm->max_instructions : 0))
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     sb.user = c;
-    c->h.sb = &sb;
     if (prm && prm->print) {
         sb.print = print_to;
         sb.print_ud = (void *)prm;
@@ -413,19 +412,6 @@ char *kpt_lua_read_file(const char *path, size_t *length, kpt_diag *diag)
     return buf;
 }
 
-static kpt_status finish(kpt_pattern *p, kpt_pattern **out, kpt_diag *diag)
-{
-    if (!p)
-        return diag->status;
-    kpt_status st = kpt_pipeline_run(p, NULL, diag);
-    if (st != KPT_OK) {
-        kpt_pattern_destroy(&p);
-        return st;
-    }
-    *out = p;
-    return KPT_OK;
-}
-
 kpt_status kpt_pattern_from_lua(const char *source, size_t length, const kpt_lua_params *params,
                                 kpt_pattern **out, kpt_diag *diag)
 {
@@ -435,7 +421,7 @@ kpt_status kpt_pattern_from_lua(const char *source, size_t length, const kpt_lua
     if (!out)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kpt_pattern_from_lua: out is NULL");
     *out = NULL;
-    return finish(kpt_parse_lua(source, length, params, diag), out, diag);
+    return kpt_pipeline_finish(kpt_parse_lua(source, length, params, diag), out, diag);
 }
 
 kpt_status kpt_pattern_from_lua_file(const char *path, const kpt_lua_params *params,
@@ -455,7 +441,7 @@ kpt_status kpt_pattern_from_lua_file(const char *path, const kpt_lua_params *par
     kpt_lua_params prm = params ? *params : (kpt_lua_params){0};
     if (!prm.name)
         prm.name = path;
-    kpt_status st = finish(kpt_parse_lua(src, len, &prm, diag), out, diag);
+    kpt_status st = kpt_pipeline_finish(kpt_parse_lua(src, len, &prm, diag), out, diag);
     free(src);
     return st;
 }

@@ -419,14 +419,5 @@ kpt_status kpt_pattern_parse(const char *text, kpt_pattern **out, kpt_diag *diag
     if (!out)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kpt_pattern_parse: out is NULL");
     *out = NULL;
-    kpt_pattern *p = kpt_parse_pattern(text, diag);
-    if (!p)
-        return diag->status;
-    kpt_status st = kpt_pipeline_run(p, NULL, diag);
-    if (st != KPT_OK) {
-        kpt_pattern_destroy(&p);
-        return st;
-    }
-    *out = p;
-    return KPT_OK;
+    return kpt_pipeline_finish(kpt_parse_pattern(text, diag), out, diag);
 }

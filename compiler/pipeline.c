@@ -91,3 +91,16 @@ kpt_status kpt_pipeline_run(kpt_pattern *p, const kpt_pipeline_opts *opts, kpt_d
     }
     return st;
 }
+
+kpt_status kpt_pipeline_finish(kpt_pattern *p, kpt_pattern **out, kpt_diag *diag)
+{
+    if (!p)
+        return diag->status;
+    kpt_status st = kpt_pipeline_run(p, NULL, diag);
+    if (st != KPT_OK) {
+        kpt_pattern_destroy(&p);
+        return st;
+    }
+    *out = p;
+    return KPT_OK;
+}

@@ -16,6 +16,11 @@ typedef struct kpt_pipeline_opts {
 /* Runs the passes over p. opts may be NULL. */
 kpt_status kpt_pipeline_run(kpt_pattern *p, const kpt_pipeline_opts *opts, kpt_diag *diag);
 
+/* What the public entry points do with a front end's result: p NULL (the front end failed, diag
+ * says why) returns diag's status; otherwise runs the passes and gives p to *out, or destroys it
+ * when a pass fails. */
+kpt_status kpt_pipeline_finish(kpt_pattern *p, kpt_pattern **out, kpt_diag *diag);
+
 /* The names accepted by dump_after, in pipeline order, NULL-terminated. */
 extern const char *const kpt_pipeline_stage_names[];
 bool kpt_pipeline_is_stage(const char *name);
