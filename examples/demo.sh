@@ -7,3 +7,4 @@ run "$build/examples/kpt-demo"
 run "$build/kptc" patterns
 run "$build/kptc" emit --emit ir 'sliding_window($w=256)+softcap(30)'
 run "$build/kptc" check 'document+causal+softcap(30)' --backend cpu --shape 2,8,2,1024,1024,128
+run "$build/kptc" check examples/patterns/longformer.lua --shape 1,4,2,512,512,64 --param window=32
