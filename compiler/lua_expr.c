@@ -972,9 +972,20 @@ static int spec_tostring(lua_State *L)
 
 /* ---- registration ------------------------------------------------------------------------- */
 
-static void new_metatable(lua_State *L, const char *name, const luaL_Reg *fns)
+/* The operators of symbolic values. Aux handles have them too, so `doc + 1` says how many
+ * indices are missing instead of Lua's "arithmetic on a userdata value". */
+static const luaL_Reg operators[] = {
+    {"__add", m_add},   {"__sub", m_sub}, {"__mul", m_mul},   {"__div", m_div},
+    {"__idiv", m_idiv}, {"__mod", m_mod}, {"__pow", m_pow},   {"__unm", m_unm},
+    {"__band", m_band}, {"__bor", m_bor}, {"__bxor", m_bxor}, {"__bnot", m_bnot},
+    {NULL, NULL},
+};
+
+static void new_metatable(lua_State *L, const char *name, const luaL_Reg *fns, bool with_operators)
 {
     luaL_newmetatable(L, name);
+    if (with_operators)
+        luaL_setfuncs(L, operators, 0);
     luaL_setfuncs(L, fns, 0);
     lua_pushboolean(L, 0);
     lua_setfield(L, -2, "__metatable"); /* scripts can neither read nor change it */
@@ -984,18 +995,12 @@ static void new_metatable(lua_State *L, const char *name, const luaL_Reg *fns)
 void kpt_lua_open(lua_State *L)
 {
     static const luaL_Reg expr_mt[] = {
-        {"__add", m_add},   {"__sub", m_sub},       {"__mul", m_mul},       {"__div", m_div},
-        {"__idiv", m_idiv}, {"__mod", m_mod},       {"__pow", m_pow},       {"__unm", m_unm},
-        {"__band", m_band}, {"__bor", m_bor},       {"__bxor", m_bxor},     {"__bnot", m_bnot},
-        {"__eq", m_no_eq},  {"__lt", m_no_lt},      {"__le", m_no_le},      {"__concat", m_no_concat},
-        {"__len", m_no_len}, {"__call", m_no_call}, {"__index", m_index},   {"__newindex", m_no_newindex},
-        {"__tostring", m_tostring}, {NULL, NULL},
+        {"__eq", m_no_eq},     {"__lt", m_no_lt},     {"__le", m_no_le},
+        {"__concat", m_no_concat}, {"__len", m_no_len}, {"__call", m_no_call},
+        {"__index", m_index},  {"__newindex", m_no_newindex}, {"__tostring", m_tostring},
+        {NULL, NULL},
     };
-    /* aux handles share the operators, so `doc + 1` says how many indices are missing */
     static const luaL_Reg aux_mt[] = {
-        {"__add", m_add},   {"__sub", m_sub},       {"__mul", m_mul},       {"__div", m_div},
-        {"__idiv", m_idiv}, {"__mod", m_mod},       {"__pow", m_pow},       {"__unm", m_unm},
-        {"__band", m_band}, {"__bor", m_bor},       {"__bxor", m_bxor},     {"__bnot", m_bnot},
         {"__index", aux_index}, {"__newindex", m_no_newindex}, {"__tostring", aux_tostring},
         {NULL, NULL},
     };
@@ -1003,10 +1008,10 @@ void kpt_lua_open(lua_State *L)
         {"__index", env_index}, {"__newindex", m_no_newindex}, {NULL, NULL},
     };
     static const luaL_Reg spec_mt[] = {{"__tostring", spec_tostring}, {NULL, NULL}};
-    new_metatable(L, EXPR_MT, expr_mt);
-    new_metatable(L, AUX_MT, aux_mt);
-    new_metatable(L, ENV_MT, env_mt);
-    new_metatable(L, SPEC_MT, spec_mt);
+    new_metatable(L, EXPR_MT, expr_mt, true);
+    new_metatable(L, AUX_MT, aux_mt, true);
+    new_metatable(L, ENV_MT, env_mt, false);
+    new_metatable(L, SPEC_MT, spec_mt, false);
 
     static const luaL_Reg fns[] = {
         {"pattern", f_pattern}, {"runtime", f_runtime}, {"builtin", f_builtin},

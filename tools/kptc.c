@@ -199,6 +199,29 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
     return true;
 }
 
+/* NAME=VALUE of --scalar and --param: a name of 1 to KPT_NAME_MAX-1 characters and a finite
+ * number (or true/false when `booleans`). */
+static int parse_assignment(const char *opt, const char *arg, bool booleans,
+                            char name[KPT_NAME_MAX], double *value)
+{
+    const char *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg) : 0;
+    if (!eq || n == 0 || n >= KPT_NAME_MAX)
+        return usage_error("%s wants NAME=VALUE (a name of at most %d characters), got '%s'", opt,
+                           KPT_NAME_MAX - 1, arg);
+    if (booleans && (!strcmp(eq + 1, "true") || !strcmp(eq + 1, "false"))) {
+        *value = eq[1] == 't';
+    } else {
+        char *end;
+        *value = strtod(eq + 1, &end);
+        if (end == eq + 1 || *end || !isfinite(*value))
+            return usage_error("%s %s: '%s' is not a number", opt, arg, eq + 1);
+    }
+    memcpy(name, arg, n);
+    name[n] = 0;
+    return 0;
+}
+
 /* ---- patterns ------------------------------------------------------------------------------- */
 
 static int cmd_patterns(void)
@@ -236,22 +259,10 @@ static void print_from_script(void *ud, const char *text)
 static int parse_params(const options *o, script *sc)
 {
     for (int i = 0; i < o->nparams; i++) {
-        const char *arg = o->params[i], *eq = strchr(arg, '=');
-        size_t n = eq ? (size_t)(eq - arg) : 0;
-        if (!eq || n == 0 || n >= KPT_NAME_MAX)
-            return usage_error("--param wants NAME=VALUE, got '%s'", arg);
-        double v;
-        if (!strcmp(eq + 1, "true") || !strcmp(eq + 1, "false")) {
-            v = eq[1] == 't';
-        } else {
-            char *end;
-            v = strtod(eq + 1, &end);
-            if (end == eq + 1 || *end || !isfinite(v))
-                return usage_error("--param %s: '%s' is not a number", arg, eq + 1);
-        }
-        memcpy(sc->names[i], arg, n);
-        sc->names[i][n] = 0;
-        sc->values[i] = (kpt_param_value){sc->names[i], v};
+        int rc = parse_assignment("--param", o->params[i], true, sc->names[i], &sc->values[i].value);
+        if (rc)
+            return rc;
+        sc->values[i].name = sc->names[i];
     }
     return 0;
 }
@@ -520,25 +531,16 @@ static int parse_shape(check_ctx *c)
 
 static int parse_scalars(check_ctx *c)
 {
+    static char names[KPT_MAX_SCALARS][KPT_NAME_MAX];
     for (int i = 0; i < c->o.nscalars; i++) {
+        if (c->nscalars == KPT_MAX_SCALARS)
+            return usage_error("--scalar '%s': too many scalars", c->o.scalars[i]);
         const char *arg = c->o.scalars[i];
-        const char *eq = strchr(arg, '=');
-        if (!eq || eq == arg)
-            return usage_error("--scalar wants NAME=VALUE, got '%s'", arg);
-        char *end;
-        double v = strtod(eq + 1, &end);
-        if (end == eq + 1 || *end || !isfinite(v))
-            return usage_error("--scalar %s: '%s' is not a number", arg, eq + 1);
-        static char names[KPT_MAX_SCALARS][KPT_NAME_MAX];
-        size_t n = (size_t)(eq - arg);
-        if (arg[0] == '$')
-            arg++, n--;
-        if (n >= KPT_NAME_MAX || c->nscalars == KPT_MAX_SCALARS)
-            return usage_error("--scalar '%s': name too long or too many scalars", c->o.scalars[i]);
-        memcpy(names[c->nscalars], arg, n);
-        names[c->nscalars][n] = 0;
+        int rc = parse_assignment("--scalar", arg[0] == '$' ? arg + 1 : arg, false,
+                                  names[c->nscalars], &c->scalars[c->nscalars].value);
+        if (rc)
+            return rc;
         c->scalars[c->nscalars].name = names[c->nscalars];
-        c->scalars[c->nscalars].value = v;
         c->nscalars++;
     }
     return 0;
