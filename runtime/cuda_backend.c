@@ -12,6 +12,16 @@
 #include "runtime/cuda_backend.h"
 #include "runtime/nvrtc.h"
 
+int kpt_cuda_target_sm(const char *t)
+{
+    static const char *const known[] = {"cuda:sm_80", "cuda:sm_86", "cuda:sm_89", "cuda:sm_90"};
+    static const int sms[] = {80, 86, 89, 90};
+    for (int i = 0; i < 4; i++)
+        if (t && !strcmp(t, known[i]))
+            return sms[i];
+    return -1;
+}
+
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag)
 {
     memset(dev, 0, sizeof(*dev));
@@ -68,54 +78,57 @@ static void keep_ptxas_info(kpt_cuda_kernel *k, const char *log)
     k->ptxas_info[n] = 0;
 }
 
-kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern *p,
-                                  const kpt_kernel_config *cfg, kpt_cuda_kernel **out,
-                                  kpt_diag *diag)
+kpt_status kpt_cuda_make_current(const kpt_cuda_device *dev, kpt_diag *diag)
+{
+    CUcontext cur = NULL;
+    KPT_CU_TRY(diag, dev->cu->CtxGetCurrent(&cur));
+    if (cur != dev->ctx)
+        KPT_CU_TRY(diag, dev->cu->CtxSetCurrent(dev->ctx));
+    return KPT_OK;
+}
+
+kpt_status kpt_cuda_generate(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
+                             kpt_kernel_plan *plan, char **source, kpt_diag *diag)
+{
+    *source = NULL;
+    kpt_status st = kpt_plan_tiles(p, cfg, plan, diag);
+    if (st)
+        return st;
+    if (smem_limit > 0 && plan->smem_bytes > (size_t)smem_limit)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "the kernel needs %zu bytes of shared memory; the device allows %d",
+                            plan->smem_bytes, smem_limit);
+    return kpt_cuda_source(p, plan, source, diag);
+}
+
+kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p,
+                                const kpt_kernel_plan *plan, const void *cubin,
+                                kpt_cuda_kernel **out, kpt_diag *diag)
 {
     *out = NULL;
-    if (!dev || !dev->cu || !p || !cfg)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel_create: NULL argument");
+    kpt_status st = kpt_cuda_make_current(dev, diag);
+    if (st)
+        return st;
     kpt_cuda_kernel *k = calloc(1, sizeof(*k));
     if (!k)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     k->dev = dev;
     k->pattern = p;
-    kpt_kernel_config c = *cfg;
-    if (!c.sm)
-        c.sm = dev->sm >= 90 ? 90 : dev->sm;
+    k->plan = *plan;
+    const kpt_cu_api *cu = dev->cu;
     double t0 = kpt_now_ms();
-    char *src = NULL;
-    kpt_status st = kpt_plan_tiles(p, &c, &k->plan, diag);
-    if (!st && k->plan.smem_bytes > (size_t)dev->smem_optin)
-        st = kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                          "the kernel needs %zu bytes of shared memory; %s allows %d",
-                          k->plan.smem_bytes, dev->name, dev->smem_optin);
-    if (!st)
-        st = kpt_cuda_source(p, &k->plan, &src, diag);
-    k->codegen_ms = kpt_now_ms() - t0;
-    kpt_nvrtc_output nv = {0};
-    if (!st)
-        st = kpt_nvrtc_compile(src, c.sm, true, true, &nv, diag);
-    free(src);
-    k->nvrtc_ms = nv.ms;
-    keep_ptxas_info(k, nv.log);
-    if (!st) {
-        const kpt_cu_api *cu = dev->cu;
-        double t1 = kpt_now_ms();
-        CUresult r = cu->ModuleLoadData(&k->module, nv.cubin);
-        if (r)
-            st = kpt_cu_fail(diag, "cuModuleLoadData", r);
-        if (!st && (r = cu->ModuleGetFunction(&k->attention, k->module, KPT_CUDA_ATTENTION_ENTRY)))
-            st = kpt_cu_fail(diag, "cuModuleGetFunction(attention)", r);
-        if (!st && k->plan.has_blockmap &&
-            (r = cu->ModuleGetFunction(&k->blockmap, k->module, KPT_CUDA_BLOCKMAP_ENTRY)))
-            st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap)", r);
-        if (!st && (r = cu->FuncSetAttribute(k->attention, KPT_CU_FUNC_MAX_DYNAMIC_SMEM,
-                                             (int)k->plan.smem_bytes)))
-            st = kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
-        k->load_ms = kpt_now_ms() - t1;
-    }
-    kpt_nvrtc_output_free(&nv);
+    CUresult r = cu->ModuleLoadData(&k->module, cubin);
+    if (r)
+        st = kpt_cu_fail(diag, "cuModuleLoadData", r);
+    if (!st && (r = cu->ModuleGetFunction(&k->attention, k->module, KPT_CUDA_ATTENTION_ENTRY)))
+        st = kpt_cu_fail(diag, "cuModuleGetFunction(attention)", r);
+    if (!st && plan->has_blockmap &&
+        (r = cu->ModuleGetFunction(&k->blockmap, k->module, KPT_CUDA_BLOCKMAP_ENTRY)))
+        st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap)", r);
+    if (!st && (r = cu->FuncSetAttribute(k->attention, KPT_CU_FUNC_MAX_DYNAMIC_SMEM,
+                                         (int)plan->smem_bytes)))
+        st = kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
+    k->load_ms = kpt_now_ms() - t0;
     if (st) {
         kpt_cuda_kernel_destroy(&k);
         return st;
@@ -124,12 +137,42 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     return KPT_OK;
 }
 
+kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern *p,
+                                  const kpt_kernel_config *cfg, kpt_cuda_kernel **out,
+                                  kpt_diag *diag)
+{
+    *out = NULL;
+    if (!dev || !dev->cu || !p || !cfg)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel_create: NULL argument");
+    kpt_kernel_config c = *cfg;
+    if (!c.sm)
+        c.sm = dev->sm >= 90 ? 90 : dev->sm;
+    double t0 = kpt_now_ms();
+    kpt_kernel_plan plan;
+    char *src = NULL;
+    kpt_status st = kpt_cuda_generate(p, &c, dev->smem_optin, &plan, &src, diag);
+    double codegen_ms = kpt_now_ms() - t0;
+    kpt_nvrtc_output nv = {0};
+    if (!st)
+        st = kpt_nvrtc_compile(src, c.sm, true, true, &nv, diag);
+    free(src);
+    if (!st)
+        st = kpt_cuda_kernel_load(dev, p, &plan, nv.cubin, out, diag);
+    if (!st) {
+        (*out)->codegen_ms = codegen_ms;
+        (*out)->nvrtc_ms = nv.ms;
+        keep_ptxas_info(*out, nv.log);
+    }
+    kpt_nvrtc_output_free(&nv);
+    return st;
+}
+
 void kpt_cuda_kernel_destroy(kpt_cuda_kernel **kp)
 {
     kpt_cuda_kernel *k = *kp;
     if (!k)
         return;
-    if (k->module)
+    if (k->module && !kpt_cuda_make_current(k->dev, NULL))
         k->dev->cu->ModuleUnload(k->module);
     free(k);
     *kp = NULL;
@@ -298,6 +341,8 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
     if (st)
         return st;
     a.blockmap = map;
+    if ((st = kpt_cuda_make_current(k->dev, diag)))
+        return st;
     return launch_blockmap(k, &a, stream, diag);
 }
 
@@ -312,6 +357,8 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
         return st;
     if (a.Sq == 0 || a.B == 0 || a.Hq == 0)
         return KPT_OK;
+    if ((st = kpt_cuda_make_current(k->dev, diag)))
+        return st;
     const kpt_cu_api *cu = k->dev->cu;
     CUdeviceptr tmp = 0;
     if (k->plan.has_blockmap && !map) {

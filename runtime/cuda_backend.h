@@ -34,9 +34,25 @@ typedef struct kpt_cuda_kernel {
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
 } kpt_cuda_kernel;
 
+/* "cuda:sm_80" -> 80: the targets kpt compiles for (80, 86, 89, 90); -1 for anything else. */
+int kpt_cuda_target_sm(const char *target);
+
 /* Opens device `ordinal`, retaining its primary context and making it current on this thread. */
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag);
 void kpt_cuda_device_close(kpt_cuda_device *dev);
+
+/* Plans the kernels of `p` for `cfg` (cfg->sm must be set) and generates their source (malloc'ed,
+ * the caller frees). `smem_limit` > 0 refuses plans needing more shared memory than that. */
+kpt_status kpt_cuda_generate(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
+                             kpt_kernel_plan *plan, char **source, kpt_diag *diag);
+
+/* Loads compiled kernels (a CUBIN made from kpt_cuda_generate's source for `plan`). */
+kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p,
+                                const kpt_kernel_plan *plan, const void *cubin,
+                                kpt_cuda_kernel **out, kpt_diag *diag);
+
+/* Makes the device's context current on the calling thread when it is not (no synchronisation). */
+kpt_status kpt_cuda_make_current(const kpt_cuda_device *dev, kpt_diag *diag);
 
 /* Generates, compiles and loads the kernels of `p` for `cfg` (cfg->sm = 0: the device's arch). */
 kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern *p,

@@ -33,6 +33,7 @@ static bool bind(void *lib)
     SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
     SYM(CtxSetCurrent, "cuCtxSetCurrent");
+    SYM(CtxGetCurrent, "cuCtxGetCurrent");
     SYM(CtxSynchronize, "cuCtxSynchronize");
     SYM(ModuleLoadData, "cuModuleLoadData");
     SYM(ModuleUnload, "cuModuleUnload");

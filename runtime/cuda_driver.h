@@ -37,6 +37,7 @@ typedef struct kpt_cu_api {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxRelease)(CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*CtxSynchronize)(void);
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleUnload)(CUmodule);

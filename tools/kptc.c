@@ -35,6 +35,7 @@
 #include "ir/diag.h"
 #include "ir/numeric.h"
 #include "runtime/attention_args.h"
+#include "runtime/cuda_backend.h"
 #include "runtime/npy.h"
 #include "runtime/nvrtc.h"
 #include "runtime/rng.h"
@@ -304,21 +305,6 @@ static void print_dump(void *ud, const char *pass, int round, const char *text)
         printf("# after %s\n%s", pass, text);
 }
 
-/* "cuda:sm_80" -> 80. */
-static int parse_cuda_target(const char *t)
-{
-    static const int known[] = {80, 86, 89, 90};
-    if (strncmp(t, "cuda:sm_", 8) != 0)
-        return -1;
-    int64_t sm;
-    if (!parse_int(t + 8, 0, 1000, &sm))
-        return -1;
-    for (int i = 0; i < 4; i++)
-        if (known[i] == sm)
-            return (int)sm;
-    return -1;
-}
-
 static int parse_head_dims(const char *s, int *dqk, int *dv)
 {
     int64_t a = 128, b = -1;
@@ -341,7 +327,7 @@ static int parse_head_dims(const char *s, int *dqk, int *dv)
 static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
 {
     kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .sm = 80};
-    if (o->target && (cfg.sm = parse_cuda_target(o->target)) < 0)
+    if (o->target && (cfg.sm = kpt_cuda_target_sm(o->target)) < 0)
         return usage_error("--target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89 or cuda:sm_90",
                            o->target);
     if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))

@@ -6,6 +6,7 @@
 #include <kpt/tensor.h>
 #include <kpt/pattern.h>
 #include <kpt/reference.h>
+#include <kpt/runtime.h>
 
 #ifdef __cplusplus
 extern "C" {

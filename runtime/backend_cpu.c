@@ -1,0 +1,112 @@
+/* The CPU backend: the double-precision reference (reference.c) behind the backend interface.
+ * It compiles nothing and runs synchronously on host memory; it exists so that applications and
+ * tests can use one API everywhere, and check GPU backends against it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/backend.h"
+
+typedef struct cpu_kernel {
+    const kpt_pattern *pattern;
+    kpt_kernel_config cfg;
+} cpu_kernel;
+
+static void cpu_destroy(kpt_backend *b)
+{
+    free(b);
+}
+
+static kpt_status cpu_generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
+                               kpt_kernel_plan *plan, char **source, kpt_diag *diag)
+{
+    *source = NULL;
+    if (d->dtype != KPT_DTYPE_F16 && d->dtype != KPT_DTYPE_BF16 && d->dtype != KPT_DTYPE_F32)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "dtype %s is not supported by the CPU backend (f16, bf16 or f32)",
+                            kpt_dtype_name(d->dtype));
+    memset(plan, 0, sizeof(*plan));
+    plan->cfg = (kpt_kernel_config){.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v};
+    plan->has_mask = p->mask != 0;
+    plan->has_score = p->score != 0;
+    return KPT_OK;
+}
+
+static kpt_status cpu_load(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_plan *plan,
+                           const void *binary, size_t size, void **kernel, kpt_diag *diag)
+{
+    cpu_kernel *k = calloc(1, sizeof(*k));
+    if (!k)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    k->pattern = p;
+    k->cfg = plan->cfg;
+    *kernel = k;
+    return KPT_OK;
+}
+
+static void cpu_unload(kpt_backend *b, void *kernel)
+{
+    free(kernel);
+}
+
+static kpt_status check(const kpt_tensor *t, const char *name, kpt_dtype dt, int64_t d,
+                        kpt_diag *diag)
+{
+    if (t->dtype != dt)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s is %s; this kernel was made for %s", name,
+                            kpt_dtype_name(t->dtype), kpt_dtype_name(dt));
+    if (t->rank == 4 && t->shape[3] != d)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s has head dim %lld; this kernel was made for %lld", name,
+                            (long long)t->shape[3], (long long)d);
+    return KPT_OK;
+}
+
+static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_args *a,
+                             uint64_t blockmap, void *stream, kpt_diag *diag)
+{
+    const cpu_kernel *k = kernel;
+    kpt_status st;
+    if ((st = check(&a->q, "q", k->cfg.dtype, k->cfg.dqk, diag)) ||
+        (st = check(&a->k, "k", k->cfg.dtype, k->cfg.dqk, diag)) ||
+        (st = check(&a->v, "v", k->cfg.dtype, k->cfg.dv, diag)))
+        return st;
+    if (a->o.rank == 4 && a->o.shape[3] != k->cfg.dv)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor o has head dim %lld; this kernel was made for %d",
+                            (long long)a->o.shape[3], k->cfg.dv);
+    return kpt_reference_attention(k->pattern, a, diag);
+}
+
+static const kpt_backend_ops cpu_ops = {
+    .kind = KPT_BACKEND_CPU,
+    .destroy = cpu_destroy,
+    .generate = cpu_generate,
+    .load = cpu_load,
+    .unload = cpu_unload,
+    .launch = cpu_launch,
+};
+
+kpt_status kpt_backend_cpu_open(const kpt_context_params *p, kpt_backend **out, kpt_diag *diag)
+{
+    *out = NULL;
+    if (p->flags & KPT_CONTEXT_OFFLINE)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the CPU backend compiles nothing: KPT_CONTEXT_OFFLINE needs CUDA");
+    if (p->target && strcmp(p->target, "cpu"))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "target '%s' is not the CPU backend's ('cpu')", p->target);
+    if (p->device != 0)
+        return kpt_diag_set(diag, KPT_ERR_NO_DEVICE, "the CPU backend has one device (0), not %d",
+                            p->device);
+    kpt_backend *b = calloc(1, sizeof(*b));
+    if (!b)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    b->ops = &cpu_ops;
+    strcpy(b->target, "cpu");
+    strcpy(b->driver, "none");
+    strcpy(b->device_name, "CPU (reference)");
+    *out = b;
+    return KPT_OK;
+}

@@ -1,0 +1,176 @@
+/* The CUDA backend behind the backend interface (backend.h): NVRTC compiles generated CUDA C to
+ * CUBIN, the driver API loads and launches it (cuda_backend.c does the work). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/backend.h"
+#include "runtime/cuda_backend.h"
+#include "runtime/nvrtc.h"
+
+typedef struct cuda_backend {
+    kpt_backend base;
+    kpt_cuda_device dev; /* unopened when offline */
+    int sm;              /* the compile target */
+} cuda_backend;
+
+static cuda_backend *cb(kpt_backend *b)
+{
+    return (cuda_backend *)b;
+}
+
+static void cuda_destroy(kpt_backend *b)
+{
+    if (!b)
+        return;
+    kpt_cuda_device_close(&cb(b)->dev);
+    free(b);
+}
+
+static kpt_status cuda_generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
+                                kpt_kernel_plan *plan, char **source, kpt_diag *diag)
+{
+    kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
+                             .sm = cb(b)->sm};
+    return kpt_cuda_generate(p, &cfg, b->offline ? 0 : cb(b)->dev.smem_optin, plan, source, diag);
+}
+
+static kpt_status cuda_compile(kpt_backend *b, const char *source, const kpt_kernel_plan *plan,
+                               void **binary, size_t *size, kpt_diag *diag)
+{
+    kpt_nvrtc_output nv = {0};
+    kpt_status st = kpt_nvrtc_compile(source, plan->cfg.sm, true, false, &nv, diag);
+    if (!st) {
+        *binary = nv.cubin;
+        *size = nv.cubin_size;
+        nv.cubin = NULL;
+    }
+    kpt_nvrtc_output_free(&nv);
+    return st;
+}
+
+static kpt_status cuda_load(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_plan *plan,
+                            const void *binary, size_t size, void **kernel, kpt_diag *diag)
+{
+    if (b->offline)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "this context compiles offline for %s: it cannot load kernels",
+                            b->target);
+    return kpt_cuda_kernel_load(&cb(b)->dev, p, plan, binary, (kpt_cuda_kernel **)kernel, diag);
+}
+
+static void cuda_unload(kpt_backend *b, void *kernel)
+{
+    kpt_cuda_kernel *k = kernel;
+    kpt_cuda_kernel_destroy(&k);
+}
+
+static kpt_status cuda_launch(kpt_backend *b, void *kernel, const kpt_attention_args *args,
+                              uint64_t blockmap, void *stream, kpt_diag *diag)
+{
+    return kpt_cuda_attention(kernel, args, blockmap, stream, diag);
+}
+
+static kpt_status cuda_blockmap_size(kpt_backend *b, void *kernel, const kpt_attention_args *args,
+                                     size_t *bytes, kpt_diag *diag)
+{
+    return kpt_cuda_blockmap_size(kernel, args, bytes, diag);
+}
+
+static kpt_status cuda_blockmap_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
+{
+    const kpt_cuda_device *dev = &cb(b)->dev;
+    kpt_status st = kpt_cuda_make_current(dev, diag);
+    if (st)
+        return st;
+    CUdeviceptr p = 0;
+    KPT_CU_TRY(diag, dev->cu->MemAlloc(&p, bytes ? bytes : 1));
+    *mem = p;
+    return KPT_OK;
+}
+
+static void cuda_blockmap_free(kpt_backend *b, uint64_t mem)
+{
+    const kpt_cuda_device *dev = &cb(b)->dev;
+    if (mem && !kpt_cuda_make_current(dev, NULL))
+        dev->cu->MemFree(mem);
+}
+
+static kpt_status cuda_blockmap_build(kpt_backend *b, void *kernel, const kpt_attention_args *args,
+                                      uint64_t mem, void *stream, kpt_diag *diag)
+{
+    return kpt_cuda_blockmap_build(kernel, args, mem, stream, diag);
+}
+
+static const kpt_backend_ops cuda_ops = {
+    .kind = KPT_BACKEND_CUDA,
+    .destroy = cuda_destroy,
+    .generate = cuda_generate,
+    .compile = cuda_compile,
+    .load = cuda_load,
+    .unload = cuda_unload,
+    .launch = cuda_launch,
+    .blockmap_size = cuda_blockmap_size,
+    .blockmap_alloc = cuda_blockmap_alloc,
+    .blockmap_free = cuda_blockmap_free,
+    .blockmap_build = cuda_blockmap_build,
+};
+
+/* The target a device runs: its own arch, or a requested one of the same major version and no
+ * newer minor (an sm_86 device runs sm_80 code). */
+static kpt_status pick_target(cuda_backend *c, const char *target, kpt_diag *diag)
+{
+    int dev_sm = c->dev.sm >= 90 ? 90 : c->dev.sm;
+    if (!target) {
+        c->sm = dev_sm;
+        return KPT_OK;
+    }
+    int sm = kpt_cuda_target_sm(target);
+    if (sm < 0)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89 or "
+                            "cuda:sm_90", target);
+    if (sm / 10 != c->dev.sm / 10 || sm > c->dev.sm)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "target %s cannot run on %s (sm_%d)", target, c->dev.name, c->dev.sm);
+    c->sm = sm;
+    return KPT_OK;
+}
+
+kpt_status kpt_backend_cuda_open(const kpt_context_params *p, kpt_backend **out, kpt_diag *diag)
+{
+    *out = NULL;
+    cuda_backend *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    c->base.ops = &cuda_ops;
+    c->base.offline = p->flags & KPT_CONTEXT_OFFLINE;
+    kpt_status st = KPT_OK;
+    if (c->base.offline) {
+        if ((c->sm = kpt_cuda_target_sm(p->target)) < 0)
+            st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                              "an offline CUDA context needs a target: cuda:sm_80, cuda:sm_86, "
+                              "cuda:sm_89 or cuda:sm_90 (not '%s')", p->target ? p->target : "");
+        snprintf(c->base.driver, sizeof(c->base.driver), "none");
+    } else {
+        st = kpt_cuda_device_open(p->device, &c->dev, diag);
+        if (!st)
+            st = pick_target(c, p->target, diag);
+        int v = 0;
+        if (!st && !c->dev.cu->DriverGetVersion(&v))
+            snprintf(c->base.driver, sizeof(c->base.driver), "cuda driver %d", v);
+        snprintf(c->base.device_name, sizeof(c->base.device_name), "%s", c->dev.name);
+    }
+    if (st) {
+        cuda_destroy(&c->base);
+        return st;
+    }
+    snprintf(c->base.target, sizeof(c->base.target), "cuda:sm_%d", c->sm);
+    int nv = kpt_nvrtc_version(NULL);
+    if (nv > 0)
+        snprintf(c->base.compiler, sizeof(c->base.compiler), "nvrtc %d.%d", nv / 1000,
+                 nv % 1000 / 10);
+    *out = &c->base;
+    return KPT_OK;
+}
