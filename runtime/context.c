@@ -260,7 +260,7 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, void **
         {b->driver, strlen(b->driver)},
     };
     m->bundle_key = kpt_key_of(parts, 4);
-    const kpt_bundle_entry *be = b->offline ? NULL : find_in_bundles(ctx, &m->bundle_key);
+    const kpt_bundle_entry *be = find_in_bundles(ctx, &m->bundle_key);
     if (be) {
         *bin = (void *)be->payload;
         *size = be->size;

@@ -39,12 +39,11 @@
 #include "runtime/npy.h"
 #include "runtime/nvrtc.h"
 #include "runtime/rng.h"
+#include "tools/kptc.h"
 
-#define EXIT_USAGE 2
-#define MAX_KV 32
 
 static const char usage_text[] =
-    "usage: kptc <command> [options] PATTERN\n"
+    "usage: kptc <command> [options] PATTERN...\n"
     "\n"
     "commands:\n"
     "  patterns            list the built-in pattern terms\n"
@@ -67,7 +66,14 @@ static const char usage_text[] =
     "      --tile QxK                tile size for the mask-analysis report (default 64x64)\n"
     "      --save DIR                write q, k, v, o, lse and the aux tensors there as .npy\n"
     "                                (f64, [B, H, S, D] order whatever the layout)\n"
-    "  --param NAME=VALUE  (emit, check) set a param of a Lua script (repeatable)\n"
+    "  bundle              pregenerate kernels into one file the runtime preloads\n"
+    "      -o FILE                   the bundle to write (required)\n"
+    "      --target T[,T...]         cuda:sm_80, cuda:sm_86, cuda:sm_89, cuda:sm_90 (required)\n"
+    "      --head-dim D[:Dv][,...]   head dims (default 64,128); 128:64 is Dqk 128, Dv 64\n"
+    "      --dtype T[,T...]          f16, bf16 (default bf16,f16)\n"
+    "      -j N                      compile with N threads (default: the CPUs online)\n"
+    "      (several PATTERNs may be given)\n"
+    "  --param NAME=VALUE  (emit, check, bundle) set a param of a Lua script (repeatable)\n"
     "\n"
     "  --help, -h          this text        --version   kpt's version\n"
     "\n"
@@ -75,7 +81,7 @@ static const char usage_text[] =
     "'document+causal+softcap(30)', 'sliding_window($w=256)' (docs/patterns.md), or a Lua\n"
     "pattern script: a path ending in .lua (docs/lua.md, examples/patterns/).\n";
 
-__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+int usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -86,7 +92,7 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return EXIT_USAGE;
 }
 
-static int report(const kpt_diag *d, kpt_status st)
+int report(const kpt_diag *d, kpt_status st)
 {
     fprintf(stderr, "kptc: %s\n", d->message[0] ? d->message : kpt_status_string(st));
     return st == KPT_ERR_NO_MEMORY || st == KPT_ERR_INTERNAL ? 1 : EXIT_USAGE;
@@ -189,7 +195,7 @@ static int parse_options(int argc, char **argv, const char *const *allowed, opti
     return 0;
 }
 
-static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;
     errno = 0;
@@ -202,7 +208,7 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 
 /* NAME=VALUE of --scalar and --param: a name of 1 to KPT_NAME_MAX-1 characters and a finite
  * number (or true/false when `booleans`). */
-static int parse_assignment(const char *opt, const char *arg, bool booleans,
+int parse_assignment(const char *opt, const char *arg, bool booleans,
                             char name[KPT_NAME_MAX], double *value)
 {
     const char *eq = strchr(arg, '=');
@@ -989,5 +995,7 @@ int main(int argc, char **argv)
         return cmd_emit(argc - 2, argv + 2);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc - 2, argv + 2);
-    return usage_error("unknown command '%s' (patterns, emit, check)", cmd);
+    if (!strcmp(cmd, "bundle"))
+        return kptc_bundle(argc - 2, argv + 2);
+    return usage_error("unknown command '%s' (patterns, emit, check, bundle)", cmd);
 }
