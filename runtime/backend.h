@@ -36,11 +36,17 @@ typedef struct kpt_backend_ops {
     void (*unload)(kpt_backend *b, void *kernel);
     kpt_status (*launch)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                          uint64_t blockmap, void *stream, kpt_diag *diag);
+    /* Device memory (host memory for the CPU backend), for kpt_buffer and block maps. Reads
+     * and writes are synchronous; synchronize waits for all work of the device. */
+    kpt_status (*mem_alloc)(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag);
+    void (*mem_free)(kpt_backend *b, uint64_t mem);
+    kpt_status (*mem_write)(kpt_backend *b, uint64_t mem, const void *src, size_t n,
+                            kpt_diag *diag);
+    kpt_status (*mem_read)(kpt_backend *b, void *dst, uint64_t mem, size_t n, kpt_diag *diag);
+    kpt_status (*synchronize)(kpt_backend *b, kpt_diag *diag);
     /* Block maps (NULL when the backend never needs them). */
     kpt_status (*blockmap_size)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                                 size_t *bytes, kpt_diag *diag);
-    kpt_status (*blockmap_alloc)(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag);
-    void (*blockmap_free)(kpt_backend *b, uint64_t mem);
     kpt_status (*blockmap_build)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                                  uint64_t mem, void *stream, kpt_diag *diag);
 } kpt_backend_ops;

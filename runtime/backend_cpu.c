@@ -79,6 +79,39 @@ static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_a
     return kpt_reference_attention(k->pattern, a, diag);
 }
 
+static kpt_status cpu_mem_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
+{
+    /* 64-byte aligned, like device allocations, so alignment rules are the same everywhere */
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%zu bytes)", bytes);
+    *mem = (uint64_t)(uintptr_t)p;
+    return KPT_OK;
+}
+
+static void cpu_mem_free(kpt_backend *b, uint64_t mem)
+{
+    free((void *)(uintptr_t)mem);
+}
+
+static kpt_status cpu_mem_write(kpt_backend *b, uint64_t mem, const void *src, size_t n,
+                                kpt_diag *diag)
+{
+    memcpy((void *)(uintptr_t)mem, src, n);
+    return KPT_OK;
+}
+
+static kpt_status cpu_mem_read(kpt_backend *b, void *dst, uint64_t mem, size_t n, kpt_diag *diag)
+{
+    memcpy(dst, (const void *)(uintptr_t)mem, n);
+    return KPT_OK;
+}
+
+static kpt_status cpu_synchronize(kpt_backend *b, kpt_diag *diag)
+{
+    return KPT_OK; /* launches run synchronously */
+}
+
 static const kpt_backend_ops cpu_ops = {
     .kind = KPT_BACKEND_CPU,
     .destroy = cpu_destroy,
@@ -86,6 +119,11 @@ static const kpt_backend_ops cpu_ops = {
     .load = cpu_load,
     .unload = cpu_unload,
     .launch = cpu_launch,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .mem_write = cpu_mem_write,
+    .mem_read = cpu_mem_read,
+    .synchronize = cpu_synchronize,
 };
 
 kpt_status kpt_backend_cpu_open(const kpt_context_params *p, kpt_backend **out, kpt_diag *diag)

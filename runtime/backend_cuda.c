@@ -78,8 +78,16 @@ static kpt_status cuda_blockmap_size(kpt_backend *b, void *kernel, const kpt_att
     return kpt_cuda_blockmap_size(kernel, args, bytes, diag);
 }
 
-static kpt_status cuda_blockmap_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
+static kpt_status offline_error(kpt_backend *b, kpt_diag *diag)
 {
+    return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                        "this context compiles offline for %s: it has no device", b->target);
+}
+
+static kpt_status cuda_mem_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
+{
+    if (b->offline)
+        return offline_error(b, diag);
     const kpt_cuda_device *dev = &cb(b)->dev;
     kpt_status st = kpt_cuda_make_current(dev, diag);
     if (st)
@@ -90,11 +98,42 @@ static kpt_status cuda_blockmap_alloc(kpt_backend *b, size_t bytes, uint64_t *me
     return KPT_OK;
 }
 
-static void cuda_blockmap_free(kpt_backend *b, uint64_t mem)
+static void cuda_mem_free(kpt_backend *b, uint64_t mem)
 {
     const kpt_cuda_device *dev = &cb(b)->dev;
-    if (mem && !kpt_cuda_make_current(dev, NULL))
+    if (mem && !b->offline && !kpt_cuda_make_current(dev, NULL))
         dev->cu->MemFree(mem);
+}
+
+static kpt_status cuda_mem_write(kpt_backend *b, uint64_t mem, const void *src, size_t n,
+                                 kpt_diag *diag)
+{
+    const kpt_cuda_device *dev = &cb(b)->dev;
+    kpt_status st = b->offline ? offline_error(b, diag) : kpt_cuda_make_current(dev, diag);
+    if (st)
+        return st;
+    KPT_CU_TRY(diag, dev->cu->MemcpyHtoD(mem, src, n));
+    return KPT_OK;
+}
+
+static kpt_status cuda_mem_read(kpt_backend *b, void *dst, uint64_t mem, size_t n, kpt_diag *diag)
+{
+    const kpt_cuda_device *dev = &cb(b)->dev;
+    kpt_status st = b->offline ? offline_error(b, diag) : kpt_cuda_make_current(dev, diag);
+    if (st)
+        return st;
+    KPT_CU_TRY(diag, dev->cu->MemcpyDtoH(dst, mem, n));
+    return KPT_OK;
+}
+
+static kpt_status cuda_synchronize(kpt_backend *b, kpt_diag *diag)
+{
+    const kpt_cuda_device *dev = &cb(b)->dev;
+    kpt_status st = b->offline ? KPT_OK : kpt_cuda_make_current(dev, diag);
+    if (st || b->offline)
+        return st;
+    KPT_CU_TRY(diag, dev->cu->CtxSynchronize());
+    return KPT_OK;
 }
 
 static kpt_status cuda_blockmap_build(kpt_backend *b, void *kernel, const kpt_attention_args *args,
@@ -111,9 +150,12 @@ static const kpt_backend_ops cuda_ops = {
     .load = cuda_load,
     .unload = cuda_unload,
     .launch = cuda_launch,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_write = cuda_mem_write,
+    .mem_read = cuda_mem_read,
+    .synchronize = cuda_synchronize,
     .blockmap_size = cuda_blockmap_size,
-    .blockmap_alloc = cuda_blockmap_alloc,
-    .blockmap_free = cuda_blockmap_free,
     .blockmap_build = cuda_blockmap_build,
 };
 

@@ -550,7 +550,7 @@ kpt_status kpt_blockmap_create(const kpt_kernel *k, const kpt_attention_args *ar
     m->mod = k->mod;
     st = b->ops->blockmap_size(b, k->mod->impl, args, &m->bytes, diag);
     if (!st)
-        st = b->ops->blockmap_alloc(b, m->bytes, &m->mem, diag);
+        st = b->ops->mem_alloc(b, m->bytes, &m->mem, diag);
     if (!st) {
         int64_t d[4];
         map_dims(args, d);
@@ -591,9 +591,91 @@ void kpt_blockmap_destroy(kpt_blockmap **mp)
     if (!m)
         return;
     if (m->mem)
-        m->mod->ctx->backend->ops->blockmap_free(m->mod->ctx->backend, m->mem);
+        m->mod->ctx->backend->ops->mem_free(m->mod->ctx->backend, m->mem);
     free(m);
     *mp = NULL;
+}
+
+/* ---- buffers -------------------------------------------------------------------------------- */
+
+struct kpt_buffer {
+    kpt_context *ctx;
+    uint64_t mem;
+    size_t size;
+};
+
+kpt_status kpt_buffer_create(kpt_context *ctx, size_t bytes, kpt_buffer **out, kpt_diag *diag)
+{
+    if (out)
+        *out = NULL;
+    if (!ctx || !out)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kpt_buffer_create: %s is NULL",
+                            !ctx ? "ctx" : "out");
+    kpt_buffer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    kpt_status st = ctx->backend->ops->mem_alloc(ctx->backend, bytes, &b->mem, diag);
+    if (st) {
+        free(b);
+        return st;
+    }
+    b->ctx = ctx;
+    b->size = bytes;
+    *out = b;
+    return KPT_OK;
+}
+
+void kpt_buffer_destroy(kpt_buffer **bp)
+{
+    kpt_buffer *b = bp ? *bp : NULL;
+    if (!b)
+        return;
+    b->ctx->backend->ops->mem_free(b->ctx->backend, b->mem);
+    free(b);
+    *bp = NULL;
+}
+
+void *kpt_buffer_data(const kpt_buffer *b)
+{
+    return b ? (void *)(uintptr_t)b->mem : NULL;
+}
+
+static kpt_status check_range(const kpt_buffer *b, size_t offset, const void *p, size_t n,
+                              kpt_diag *diag)
+{
+    if (!b || (!p && n))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "%s is NULL",
+                            !b ? "buffer" : "host pointer");
+    if (offset > b->size || n > b->size - offset)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "bytes %zu..%zu are outside the buffer of %zu bytes", offset,
+                            offset + n, b->size);
+    return KPT_OK;
+}
+
+kpt_status kpt_buffer_write(kpt_buffer *b, size_t offset, const void *src, size_t n,
+                            kpt_diag *diag)
+{
+    kpt_status st = check_range(b, offset, src, n, diag);
+    if (st || !n)
+        return st;
+    return b->ctx->backend->ops->mem_write(b->ctx->backend, b->mem + offset, src, n, diag);
+}
+
+kpt_status kpt_buffer_read(const kpt_buffer *b, size_t offset, void *dst, size_t n,
+                           kpt_diag *diag)
+{
+    kpt_status st = check_range(b, offset, dst, n, diag);
+    if (st || !n)
+        return st;
+    return b->ctx->backend->ops->mem_read(b->ctx->backend, dst, b->mem + offset, n, diag);
+}
+
+kpt_status kpt_context_synchronize(kpt_context *ctx, kpt_diag *diag)
+{
+    if (!ctx)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    return ctx->backend->ops->synchronize(ctx->backend, diag);
 }
 
 /* ---- bundles and statistics ------------------------------------------------------------------- */

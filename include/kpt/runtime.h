@@ -22,7 +22,9 @@
  * one kernel compile it once; the others wait for it). A kpt_kernel is immutable; launches from
  * many threads at once are safe. A kpt_blockmap is built and read on streams: it may be used by
  * many launches at once, but rebuilding it must not race with launches that read it (order them
- * on one stream or with events). Destroying any object must not race with its other uses.
+ * on one stream or with events). A kpt_buffer's copies may run from any thread; ordering them
+ * with launches that use the buffer is the caller's job. Destroying any object must not race
+ * with its other uses.
  */
 #ifndef KPT_RUNTIME_H
 #define KPT_RUNTIME_H
@@ -164,6 +166,28 @@ typedef struct kpt_kernel_info {
 } kpt_kernel_info;
 
 KPT_API kpt_status kpt_kernel_get_info(const kpt_kernel *k, kpt_kernel_info *out);
+
+/* ---- buffers ------------------------------------------------------------------------------ */
+
+/* Memory of the context's device (host memory on the CPU backend), for applications that have no
+ * allocator of their own (examples, tests, tools). Applications that do (PyTorch, a CUDA app)
+ * pass their own device pointers to launches instead. */
+typedef struct kpt_buffer kpt_buffer;
+
+KPT_API kpt_status kpt_buffer_create(kpt_context *ctx, size_t bytes, kpt_buffer **out,
+                                     kpt_diag *diag);
+/* Frees the buffer (no launch may still use it) and sets *buf to NULL. NULL is fine. */
+KPT_API void kpt_buffer_destroy(kpt_buffer **buf);
+/* The address to put in a kpt_tensor's data: 256-byte aligned on CUDA, 64 on the CPU. */
+KPT_API void *kpt_buffer_data(const kpt_buffer *buf);
+/* Copies between host memory and the buffer. Synchronous: they return when the copy is done,
+ * ordered after earlier work on the default stream. */
+KPT_API kpt_status kpt_buffer_write(kpt_buffer *buf, size_t offset, const void *src, size_t n,
+                                    kpt_diag *diag);
+KPT_API kpt_status kpt_buffer_read(const kpt_buffer *buf, size_t offset, void *dst, size_t n,
+                                   kpt_diag *diag);
+/* Waits until all work the context's device was given is done. */
+KPT_API kpt_status kpt_context_synchronize(kpt_context *ctx, kpt_diag *diag);
 
 /* ---- bundles ------------------------------------------------------------------------------ */
 
