@@ -36,6 +36,18 @@ if [ $QUICK_ONLY = 0 ]; then
     grep -E "FAIL|^    |passed|skipped|device:|SKIP" "$OUT/gpu_check.log" | head -60
 fi
 
+# the runtime API end to end: caches, bundles, block maps, threads
+RTCHECK="$(dirname "$CHECK")/runtime_check"
+"$RTCHECK" >"$OUT/runtime_check.log" 2>&1 || status=1
+cat "$OUT/runtime_check.log" | tail -20
+# the embedding example (a Lua script when Lua is built in, else a pattern string)
+EMBED="$(dirname "$CHECK")/../../examples/kpt-embedding"
+if [ -x "$EMBED" ]; then
+    "$EMBED" examples/patterns/longformer.lua window=64 >"$OUT/embed.log" 2>&1 ||
+        "$EMBED" 'document+causal' >>"$OUT/embed.log" 2>&1 || status=1
+    tail -4 "$OUT/embed.log"
+fi
+
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
         compute-sanitizer --tool $tool --error-exitcode 3 "$CHECK" --quick \
