@@ -56,7 +56,8 @@ static const char usage_text[] =
     "      --dtype f16|bf16          input dtype of the kernel (default bf16)\n"
     "      --verbose                 print NVRTC's time and ptxas's register/spill report to stderr\n"
     "  check               run PATTERN on random inputs and check the result\n"
-    "      --backend cpu             where to run (cpu: the double-precision reference)\n"
+    "      --backend cpu|cuda        cpu: the double-precision reference only (default); cuda:\n"
+    "                                also the CUDA kernel on this GPU, compared with it\n"
     "      --shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]   default 1,4,2,512,512,64\n"
     "      --dtype f16|bf16|f32      input dtype (default bf16)\n"
     "      --layout bhsd|bshd        memory layout of q, k, v, o (default bhsd)\n"
@@ -842,9 +843,8 @@ static int cmd_check(int argc, char **argv)
         return rc;
     if (!c.o.pattern)
         return usage_error("check needs a PATTERN");
-    if (c.o.backend && strcmp(c.o.backend, "cpu") != 0)
-        return usage_error("--backend %s is not available in kptc check yet (only cpu); the CUDA "
-                           "kernels are checked on a GPU by tests/gpu/run.sh", c.o.backend);
+    if (c.o.backend && strcmp(c.o.backend, "cpu") && strcmp(c.o.backend, "cuda"))
+        return usage_error("--backend %s: expected cpu or cuda", c.o.backend);
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)))
         return rc;
     kpt_diag d = {0};
@@ -963,7 +963,12 @@ static int cmd_check(int argc, char **argv)
            sum_abs / (double)(rows * c.Dv), lse_lo, lse_hi,
            bad ? "INCONSISTENT rows found" : "all rows consistent");
     printf("  time       %.3f s for the reference attention\n", t1 - t0);
+    fflush(stdout);
+    if (c.o.backend && !strcmp(c.o.backend, "cuda") && !bad && ms.agrees)
+        rc = kptc_check_device(c.o.backend, c.p, &args, c.dtype);
     free_check(&c, bufs, 5);
+    if (rc)
+        return rc;
     if (bad || !ms.agrees) {
         fprintf(stderr, "kptc: check failed\n");
         return 1;

@@ -21,6 +21,11 @@ bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int parse_assignment(const char *opt, const char *arg, bool booleans, char name[KPT_NAME_MAX],
                      double *value);
 
+/* kptc check --backend cuda (kptc_device.c): runs p on the device on ref's inputs (q, k, v, aux,
+ * scalars; host memory) and compares with ref's o and lse (f64). Returns the exit status. */
+int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
+                      kpt_dtype dtype);
+
 /* kptc bundle (kptc_bundle.c). */
 int kptc_bundle(int argc, char **argv);
 

@@ -1,0 +1,160 @@
+/* kptc check --backend cuda: the pattern's kernel, through the runtime API, on this machine's
+ * GPU, on the same inputs as the CPU reference, compared with it (outputs poisoned first). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/kptc.h"
+
+/* Bytes spanned by a tensor (its largest offset + 1 element). */
+static size_t span(const kpt_tensor *t)
+{
+    int64_t last = 0;
+    for (int i = 0; i < t->rank; i++)
+        last += (t->shape[i] - 1) * t->stride[i];
+    return (size_t)(last + 1) * (size_t)kpt_dtype_size(t->dtype);
+}
+
+typedef struct device_run {
+    kpt_context *ctx;
+    kpt_buffer *bufs[8 + KPT_MAX_AUX];
+    int nbufs;
+    kpt_aux_tensor aux[KPT_MAX_AUX];
+} device_run;
+
+static kpt_status upload(device_run *r, kpt_tensor *t, bool copy, kpt_diag *d)
+{
+    kpt_buffer **b = &r->bufs[r->nbufs++];
+    size_t n = span(t);
+    kpt_status st = kpt_buffer_create(r->ctx, n, b, d);
+    if (!st && copy)
+        st = kpt_buffer_write(*b, 0, t->data, n, d);
+    if (!st && !copy) { /* outputs: NaN everywhere (0xff bytes) so unwritten elements show */
+        void *poison = malloc(n);
+        if (!poison)
+            return KPT_ERR_NO_MEMORY;
+        memset(poison, 0xff, n);
+        st = kpt_buffer_write(*b, 0, poison, n, d);
+        free(poison);
+    }
+    if (!st)
+        t->data = kpt_buffer_data(*b);
+    return st;
+}
+
+static double element(const kpt_tensor *t, const void *data, int64_t i0, int64_t i1, int64_t i2,
+                      int64_t i3)
+{
+    int64_t off = i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] +
+                  (t->rank > 3 ? i3 * t->stride[3] : 0);
+    if (t->dtype == KPT_DTYPE_F64)
+        return ((const double *)data)[off];
+    if (t->dtype == KPT_DTYPE_F32)
+        return ((const float *)data)[off];
+    uint16_t h = ((const uint16_t *)data)[off];
+    if (t->dtype == KPT_DTYPE_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        return f;
+    }
+    int e = h >> 10 & 31, m = h & 1023; /* f16 */
+    double v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return h >> 15 ? -v : v;
+}
+
+/* Compares the device's o and lse with the reference's; returns the relative error of o. */
+static double compare(const kpt_attention_args *ref, const kpt_tensor *o, const void *od,
+                      const float *lse, double *lse_err)
+{
+    const kpt_tensor *ro = &ref->o;
+    double err = 0, scale = 1e-30;
+    *lse_err = 0;
+    for (int64_t b = 0; b < ro->shape[0]; b++)
+        for (int64_t h = 0; h < ro->shape[1]; h++)
+            for (int64_t q = 0; q < ro->shape[2]; q++) {
+                for (int64_t e = 0; e < ro->shape[3]; e++) {
+                    double want = element(ro, ref->o.data, b, h, q, e);
+                    double got = element(o, od, b, h, q, e);
+                    if (isnan(got))
+                        return INFINITY;
+                    err = fmax(err, fabs(got - want));
+                    scale = fmax(scale, fabs(want));
+                }
+                double wl = element(&ref->lse, ref->lse.data, b, h, q, 0);
+                double gl = lse[(b * ro->shape[1] + h) * ro->shape[2] + q];
+                if (isinf(wl) ? gl != wl : !(fabs(gl - wl) <= 1e30))
+                    *lse_err = INFINITY;
+                else if (!isinf(wl))
+                    *lse_err = fmax(*lse_err, fabs(gl - wl));
+            }
+    return err / scale;
+}
+
+int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
+                      kpt_dtype dtype)
+{
+    if (strcmp(backend, "cuda"))
+        return usage_error("--backend %s: expected cpu or cuda", backend);
+    device_run r = {0};
+    kpt_diag d = {0};
+    kpt_context_params cp = {.backend = KPT_BACKEND_CUDA, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
+    if (st)
+        return report(&d, st);
+    kpt_kernel_desc desc = {.dtype = dtype, .head_dim = (int)ref->q.shape[3],
+                            .head_dim_v = (int)ref->v.shape[3]};
+    kpt_kernel *k = NULL;
+    st = kpt_kernel_get(r.ctx, p, &desc, &k, &d);
+    kpt_attention_args a = *ref;
+    a.o.dtype = dtype;
+    a.o.data = NULL;
+    a.lse = kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 3,
+                                  (int64_t[]){ref->o.shape[0], ref->o.shape[1], ref->o.shape[2]});
+    memcpy(r.aux, ref->aux, (size_t)ref->num_aux * sizeof(*r.aux));
+    a.aux = r.aux;
+    for (int i = 0; !st && i < 3; i++)
+        st = upload(&r, i == 0 ? &a.q : i == 1 ? &a.k : &a.v, true, &d);
+    for (int i = 0; !st && i < a.num_aux; i++)
+        st = upload(&r, &r.aux[i].tensor, true, &d);
+    if (!st)
+        st = upload(&r, &a.o, false, &d);
+    if (!st)
+        st = upload(&r, &a.lse, false, &d);
+    if (!st)
+        st = kpt_kernel_launch(k, &a, NULL, NULL, &d);
+    if (!st)
+        st = kpt_context_synchronize(r.ctx, &d);
+    size_t on = span(&a.o), ln = span(&a.lse);
+    void *o = malloc(on);
+    float *lse = malloc(ln);
+    if (!st && (!o || !lse))
+        st = KPT_ERR_NO_MEMORY;
+    if (!st)
+        st = kpt_buffer_read(r.bufs[r.nbufs - 2], 0, o, on, &d);
+    if (!st)
+        st = kpt_buffer_read(r.bufs[r.nbufs - 1], 0, lse, ln, &d);
+    int rc = 0;
+    if (st) {
+        rc = report(&d, st);
+    } else {
+        double lse_err, rel = compare(ref, &a.o, o, lse, &lse_err);
+        double tol = dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3;
+        kpt_stats s;
+        kpt_context_get_stats(r.ctx, &s);
+        printf("  cuda       %s on %s: max relative error %.3g (tolerance %g), LSE max error "
+               "%.3g; compiled in %.0f ms\n", kpt_context_target(r.ctx),
+               kpt_context_device_name(r.ctx), rel, tol, lse_err, s.compile_ms_total);
+        if (!(rel <= tol) || !(lse_err <= 1e-2)) {
+            fprintf(stderr, "kptc: the CUDA kernel disagrees with the reference\n");
+            rc = 1;
+        }
+    }
+    free(o);
+    free(lse);
+    for (int i = 0; i < r.nbufs; i++)
+        kpt_buffer_destroy(&r.bufs[i]);
+    kpt_context_destroy(&r.ctx);
+    return rc;
+}
