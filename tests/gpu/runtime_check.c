@@ -42,6 +42,11 @@ static uint16_t to_bf16(float f)
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
+static float uniform(void) /* in [-1, 1] */
+{
+    return (float)((double)rand() / RAND_MAX * 2 - 1);
+}
+
 static double from_bf16(uint16_t b)
 {
     uint32_t u = (uint32_t)b << 16;
@@ -239,9 +244,9 @@ int main(void)
     }
     printf("device: %s (%s)\n", kpt_context_device_name(ctx), kpt_context_target(ctx));
     srand(1);
-    for (size_t i = 0; i < NQ; i++) pr.q[i] = to_bf16((float)rand() / RAND_MAX * 2 - 1);
-    for (size_t i = 0; i < NK; i++) pr.k[i] = to_bf16((float)rand() / RAND_MAX * 2 - 1);
-    for (size_t i = 0; i < NK; i++) pr.v[i] = to_bf16((float)rand() / RAND_MAX * 2 - 1);
+    for (size_t i = 0; i < NQ; i++) pr.q[i] = to_bf16(uniform());
+    for (size_t i = 0; i < NK; i++) pr.k[i] = to_bf16(uniform());
+    for (size_t i = 0; i < NK; i++) pr.v[i] = to_bf16(uniform());
     for (int i = 0; i < B * S; i++) pr.doc[i] = (i % S) / 250; /* four documents a row */
     device_tensors t = upload_all(ctx);
 
