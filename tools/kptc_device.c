@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/numeric.h"
 #include "tools/kptc.h"
 
 /* Bytes spanned by a tensor (its largest offset + 1 element). */
@@ -48,20 +49,7 @@ static double element(const kpt_tensor *t, const void *data, int64_t i0, int64_t
 {
     int64_t off = i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] +
                   (t->rank > 3 ? i3 * t->stride[3] : 0);
-    if (t->dtype == KPT_DTYPE_F64)
-        return ((const double *)data)[off];
-    if (t->dtype == KPT_DTYPE_F32)
-        return ((const float *)data)[off];
-    uint16_t h = ((const uint16_t *)data)[off];
-    if (t->dtype == KPT_DTYPE_BF16) {
-        uint32_t u = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &u, sizeof(f));
-        return f;
-    }
-    int e = h >> 10 & 31, m = h & 1023; /* f16 */
-    double v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
-    return h >> 15 ? -v : v;
+    return kpt_load_as_double(data, t->dtype, off);
 }
 
 /* Compares the device's o and lse with the reference's; returns the relative error of o. */

@@ -16,6 +16,7 @@
 
 #include <kpt/kpt.h>
 
+#include "ir/numeric.h"
 #include "runtime/bundle.h"
 #include "runtime/context.h"
 
@@ -35,24 +36,9 @@ static int failures;
         }                                                     \
     } while (0)
 
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
 static float uniform(void) /* in [-1, 1] */
 {
     return (float)((double)rand() / RAND_MAX * 2 - 1);
-}
-
-static double from_bf16(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
 }
 
 typedef struct problem {
@@ -103,7 +89,7 @@ static double compare(const uint16_t *o)
 {
     double err = 0, scale = 1e-30;
     for (size_t i = 0; i < NQ; i++) {
-        double x = from_bf16(o[i]);
+        double x = kpt_bf16_to_f32(o[i]);
         if (isnan(x))
             return INFINITY; /* poison left, or NaN produced */
         err = fmax(err, fabs(x - pr.ref[i]));
@@ -244,9 +230,9 @@ int main(void)
     }
     printf("device: %s (%s)\n", kpt_context_device_name(ctx), kpt_context_target(ctx));
     srand(1);
-    for (size_t i = 0; i < NQ; i++) pr.q[i] = to_bf16(uniform());
-    for (size_t i = 0; i < NK; i++) pr.k[i] = to_bf16(uniform());
-    for (size_t i = 0; i < NK; i++) pr.v[i] = to_bf16(uniform());
+    for (size_t i = 0; i < NQ; i++) pr.q[i] = kpt_f32_to_bf16(uniform());
+    for (size_t i = 0; i < NK; i++) pr.k[i] = kpt_f32_to_bf16(uniform());
+    for (size_t i = 0; i < NK; i++) pr.v[i] = kpt_f32_to_bf16(uniform());
     for (int i = 0; i < B * S; i++) pr.doc[i] = (i % S) / 250; /* four documents a row */
     device_tensors t = upload_all(ctx);
 
