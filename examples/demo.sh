@@ -1,9 +1,10 @@
 #!/bin/sh
-# The README's demo: the embedding example, then kptc on a few patterns.
+# The README's demo: the mask-drawing demo, the embedding example (runtime API), then kptc.
 set -eu
 build=${1:-build}
 run() { printf '\n$ %s\n' "$*"; "$@"; }
 run "$build/examples/kpt-demo"
+run "$build/examples/kpt-embedding"   # the runtime API: best backend here, checked against the reference
 run "$build/kptc" patterns
 run "$build/kptc" emit --emit ir 'sliding_window($w=256)+softcap(30)'
 run "$build/kptc" check 'document+causal+softcap(30)' --backend cpu --shape 2,8,2,1024,1024,128
