@@ -19,13 +19,17 @@
 
 #define DEFAULT_CACHE_BYTES ((uint64_t)1 << 30)
 
+/* Where a module's code came from; also how a request was served. */
+typedef enum origin { FROM_NONE, FROM_MEMORY, FROM_BUNDLE, FROM_DISK, FROM_COMPILER } origin;
+static const char *const origin_names[] = {"none", "memory", "bundle", "disk", "compiled"};
+
 /* A compiled and loaded kernel: one per (pattern IR, dtype, head dims) in a context. */
 typedef struct module {
     kpt_context *ctx;
     kpt_pattern *pattern; /* the context's own copy */
     kpt_kernel_plan plan;
     void *impl;           /* the backend's kernel; NULL offline */
-    const char *how;      /* "compiled", "disk", "bundle", "none" */
+    origin how;           /* FROM_NONE: the backend compiles nothing (CPU) */
     kpt_key bundle_key;
     void *binary;         /* kept offline, for bundles */
     size_t binary_size;
@@ -223,7 +227,7 @@ typedef struct request {
     const kpt_pattern *pattern;
     const char *ir;         /* the pattern's IR text */
     kpt_kernel_desc desc;   /* defaults filled in */
-    const char *module_how; /* set when this request built the module */
+    origin module_how;      /* how this request got its module (FROM_NONE: not yet) */
     double compile_ms;
 } request;
 
@@ -265,14 +269,14 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, void **
         *bin = (void *)be->payload;
         *size = be->size;
         *owned = false;
-        m->how = "bundle";
+        m->how = FROM_BUNDLE;
         return KPT_OK;
     }
     parts[0] = (kpt_key_part){"disk", 4};
     kpt_key disk_key = kpt_key_of(parts, 6);
     *owned = true;
     if (kpt_disk_cache_get(ctx->disk, &disk_key, bin, size)) {
-        m->how = "disk";
+        m->how = FROM_DISK;
         return KPT_OK;
     }
     double t0 = kpt_now_ms();
@@ -280,7 +284,7 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, void **
     if (st)
         return st;
     rq->compile_ms = kpt_now_ms() - t0;
-    m->how = "compiled";
+    m->how = FROM_COMPILER;
     kpt_disk_cache_put(ctx->disk, &disk_key, *bin, *size);
     return KPT_OK;
 }
@@ -294,7 +298,7 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
     if (!m)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     m->ctx = ctx;
-    m->how = "none";
+    m->how = FROM_NONE;
     kpt_status st = KPT_OK;
     if (!(m->pattern = kpt_pattern_read(rq->ir, diag)))
         st = diag && diag->status ? diag->status : KPT_ERR_NO_MEMORY;
@@ -331,7 +335,7 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
     rq->module_how = m->how;
     char what[128];
     describe(m, what, sizeof(what));
-    kpt_log(&ctx->log, KPT_LOG_DEBUG, "kernel %s: %s%s", what, m->how,
+    kpt_log(&ctx->log, KPT_LOG_DEBUG, "kernel %s: %s%s", what, origin_names[m->how],
             rq->compile_ms > 0 ? " now" : "");
     *value = m;
     return KPT_OK;
@@ -364,7 +368,7 @@ static kpt_status build_kernel(void *user, void **value, kpt_diag *diag)
     if (st)
         return st;
     if (hit)
-        rq->module_how = "memory";
+        rq->module_how = FROM_MEMORY;
     kpt_kernel *k = calloc(1, sizeof(*k));
     if (!k)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
@@ -432,13 +436,13 @@ kpt_status kpt_kernel_get(kpt_context *ctx, const kpt_pattern *p, const kpt_kern
     s->requests++;
     if (st)
         s->failures++;
-    else if (hit || !strcmp(rq.module_how, "memory"))
+    else if (hit || rq.module_how == FROM_MEMORY)
         s->memory_hits++;
-    else if (!strcmp(rq.module_how, "bundle"))
+    else if (rq.module_how == FROM_BUNDLE)
         s->bundle_hits++;
-    else if (!strcmp(rq.module_how, "disk"))
+    else if (rq.module_how == FROM_DISK)
         s->disk_hits++;
-    else if (!strcmp(rq.module_how, "compiled")) {
+    else if (rq.module_how == FROM_COMPILER) {
         s->compiles++;
         s->compile_ms_total += rq.compile_ms;
         if (rq.compile_ms > s->compile_ms_max)
@@ -466,7 +470,7 @@ kpt_status kpt_kernel_get_info(const kpt_kernel *k, kpt_kernel_info *out)
         .tile_q = m->plan.bm,
         .tile_kv = m->plan.bn,
         .shared_bytes = m->plan.smem_bytes,
-        .source = m->how,
+        .source = origin_names[m->how],
     };
     return KPT_OK;
 }

@@ -253,7 +253,7 @@ typedef struct script {
     char names[MAX_KV][KPT_NAME_MAX];
 } script;
 
-static bool is_script(const char *pattern)
+bool is_script(const char *pattern)
 {
     size_t n = strlen(pattern);
     return n > 4 && !strcmp(pattern + n - 4, ".lua");

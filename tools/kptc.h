@@ -21,6 +21,9 @@ bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int parse_assignment(const char *opt, const char *arg, bool booleans, char name[KPT_NAME_MAX],
                      double *value);
 
+/* Whether PATTERN names a Lua script (ends in .lua) rather than being a pattern string. */
+bool is_script(const char *pattern);
+
 /* kptc check --backend cuda (kptc_device.c): runs p on the device on ref's inputs (q, k, v, aux,
  * scalars; host memory) and compares with ref's o and lse (f64). Returns the exit status. */
 int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,

@@ -125,12 +125,6 @@ static int parse_args(int argc, char **argv, bundle_opts *o)
     return parse_dims(dims, o);
 }
 
-static bool is_lua(const char *s)
-{
-    size_t n = strlen(s);
-    return n > 4 && !strcmp(s + n - 4, ".lua");
-}
-
 /* ---- the parallel compile ------------------------------------------------------------------- */
 
 typedef struct job_set {
@@ -276,7 +270,7 @@ static int load_patterns(const bundle_opts *o, kpt_pattern **pat)
     for (int i = 0; i < o->npatterns; i++) {
         kpt_diag d = {0};
         kpt_status st;
-        if (is_lua(o->patterns[i])) {
+        if (is_script(o->patterns[i])) {
             kpt_lua_params lp = {.params = o->params, .num_params = o->nparams};
             st = kpt_pattern_from_lua_file(o->patterns[i], &lp, &pat[i], &d);
         } else {
