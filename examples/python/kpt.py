@@ -1,0 +1,386 @@
+"""kpt from Python: a ctypes binding of libkpt's public API (include/kpt/*.h).
+
+It needs nothing but the standard library. Tensors are passed as anything with a device (or host)
+address, a dtype, a shape and element strides: torch tensors work as they are (see `view`), and
+`Tensor` describes raw memory. Launches go on the stream you give (for torch, its current stream),
+so kpt kernels order with the rest of your work without any synchronisation.
+
+    import kpt, torch
+    ctx = kpt.Context()                                    # the first GPU, default disk cache
+    pat = kpt.Pattern("sliding_window($w)+softcap(30)")    # or kpt.Pattern.from_lua_file(...)
+    ker = ctx.kernel(pat, "bf16", head_dim=128)            # compiled once, then cached
+    ker(q, k, v, o, scalars={"w": 1024}, stream=torch.cuda.current_stream().cuda_stream)
+
+Errors raise kpt.Error with kpt's message (pattern, line and column for pattern text).
+The library is found through $KPT_LIB, else by the loader's usual search for libkpt.so.0.
+"""
+import ctypes
+import os
+
+# ---- the C ABI: mirrors of include/kpt/*.h --------------------------------------------------
+
+DTYPES = {"f16": 1, "bf16": 2, "f32": 3, "f64": 4, "i32": 5, "bool": 6}
+_DTYPE_SIZE = {1: 2, 2: 2, 3: 4, 4: 8, 5: 4, 6: 1}
+# torch's dtype names, so torch tensors can be passed without importing torch here
+_TORCH_DTYPES = {"torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float32": "f32",
+                 "torch.float64": "f64", "torch.int32": "i32", "torch.bool": "bool"}
+BACKENDS = {"auto": 0, "cuda": 1, "hip": 2, "vulkan": 3, "cpu": 4}
+NO_DISK_CACHE, OFFLINE = 1, 2
+
+
+class _Diag(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_int), ("line", ctypes.c_int), ("column", ctypes.c_int),
+                ("message", ctypes.c_char * 1024)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 4), ("stride", ctypes.c_int64 * 4)]
+
+
+class _ScalarValue(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_double)]
+
+
+class _AuxTensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("tensor", _Tensor)]
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [("q", _Tensor), ("k", _Tensor), ("v", _Tensor), ("o", _Tensor), ("lse", _Tensor),
+                ("scale", ctypes.c_double),
+                ("scalars", ctypes.POINTER(_ScalarValue)), ("num_scalars", ctypes.c_int),
+                ("aux", ctypes.POINTER(_AuxTensor)), ("num_aux", ctypes.c_int)]
+
+
+_LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+
+class _ContextParams(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("device", ctypes.c_int),
+                ("target", ctypes.c_char_p), ("cache_dir", ctypes.c_char_p),
+                ("cache_max_bytes", ctypes.c_uint64), ("flags", ctypes.c_uint),
+                ("log", _LOG_FN), ("log_user", ctypes.c_void_p), ("log_level", ctypes.c_int)]
+
+
+class _KernelDesc(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("head_dim", ctypes.c_int), ("head_dim_v", ctypes.c_int),
+                ("num_heads_q", ctypes.c_int), ("num_heads_kv", ctypes.c_int),
+                ("options", ctypes.c_uint)]
+
+
+class _KernelInfo(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("target", ctypes.c_char_p), ("desc", _KernelDesc),
+                ("tile_q", ctypes.c_int), ("tile_kv", ctypes.c_int),
+                ("shared_bytes", ctypes.c_size_t), ("source", ctypes.c_char_p)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("requests", ctypes.c_uint64), ("memory_hits", ctypes.c_uint64),
+                ("bundle_hits", ctypes.c_uint64), ("disk_hits", ctypes.c_uint64),
+                ("compiles", ctypes.c_uint64), ("failures", ctypes.c_uint64),
+                ("compile_ms_total", ctypes.c_double), ("compile_ms_max", ctypes.c_double),
+                ("hit_rate", ctypes.c_double)]
+
+
+class _ParamValue(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_double)]
+
+
+class _LuaParams(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("params", ctypes.POINTER(_ParamValue)),
+                ("num_params", ctypes.c_int), ("max_memory", ctypes.c_size_t),
+                ("max_instructions", ctypes.c_uint64),
+                ("print", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)),
+                ("print_user", ctypes.c_void_p)]
+
+
+class _AuxInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int),
+                ("dims", ctypes.c_int64 * 3)]
+
+
+class _ScalarInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("has_default", ctypes.c_int),
+                ("default_value", ctypes.c_double)]
+
+
+_P, _PP, _D = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Diag)
+_SIGNATURES = {
+    "kpt_pattern_parse": ([ctypes.c_char_p, _PP, _D], ctypes.c_int),
+    "kpt_pattern_from_lua_file": ([ctypes.c_char_p, ctypes.POINTER(_LuaParams), _PP, _D],
+                                  ctypes.c_int),
+    "kpt_pattern_destroy": ([_PP], None),
+    "kpt_pattern_name": ([_P], ctypes.c_char_p),
+    "kpt_pattern_scalar_count": ([_P], ctypes.c_int),
+    "kpt_pattern_scalar_info": ([_P, ctypes.c_int, ctypes.POINTER(_ScalarInfo)], ctypes.c_int),
+    "kpt_pattern_aux_count": ([_P], ctypes.c_int),
+    "kpt_pattern_aux_info": ([_P, ctypes.c_int, ctypes.POINTER(_AuxInfo)], ctypes.c_int),
+    "kpt_context_create": ([ctypes.POINTER(_ContextParams), _PP, _D], ctypes.c_int),
+    "kpt_context_destroy": ([_PP], None),
+    "kpt_context_target": ([_P], ctypes.c_char_p),
+    "kpt_context_device_name": ([_P], ctypes.c_char_p),
+    "kpt_context_get_stats": ([_P, ctypes.POINTER(_Stats)], ctypes.c_int),
+    "kpt_context_load_bundle": ([_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), _D],
+                                ctypes.c_int),
+    "kpt_context_synchronize": ([_P, _D], ctypes.c_int),
+    "kpt_kernel_get": ([_P, _P, ctypes.POINTER(_KernelDesc), _PP, _D], ctypes.c_int),
+    "kpt_kernel_get_info": ([_P, ctypes.POINTER(_KernelInfo)], ctypes.c_int),
+    "kpt_kernel_needs_blockmap": ([_P], ctypes.c_int),
+    "kpt_kernel_launch": ([_P, ctypes.POINTER(_Args), _P, _P, _D], ctypes.c_int),
+    "kpt_blockmap_create": ([_P, ctypes.POINTER(_Args), _P, _PP, _D], ctypes.c_int),
+    "kpt_blockmap_update": ([_P, ctypes.POINTER(_Args), _P, _D], ctypes.c_int),
+    "kpt_blockmap_destroy": ([_PP], None),
+}
+
+_lib = None
+
+
+def library(path=None):
+    """Loads libkpt (once): `path`, else $KPT_LIB, else the loader's search for libkpt.so.0."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(path or os.environ.get("KPT_LIB") or "libkpt.so.0")
+        for name, (argtypes, restype) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, restype
+        _lib = lib
+    return _lib
+
+
+class Error(Exception):
+    """A kpt call failed: `status` is the kpt_status, `line`/`column` locate pattern text."""
+
+    def __init__(self, diag, what):
+        self.status, self.line, self.column = diag.status, diag.line, diag.column
+        super().__init__(f"{what}: {diag.message.decode(errors='replace')}")
+
+
+def _check(rc, diag, what):
+    if rc != 0:
+        raise Error(diag, what)
+
+
+# ---- tensors --------------------------------------------------------------------------------
+
+class Tensor:
+    """Raw memory described for kpt: an address, a dtype name ("bf16", "i32", ...), a shape and
+    element strides (contiguous when omitted)."""
+
+    def __init__(self, address, dtype, shape, strides=None):
+        if strides is None:
+            strides, acc = [], 1
+            for n in reversed(shape):
+                strides.insert(0, acc)
+                acc *= n
+        self.address, self.dtype = int(address), dtype
+        self.shape, self.strides = tuple(shape), tuple(strides)
+
+
+def view(t):
+    """A Tensor for `t`: a Tensor, or a torch tensor (any object with data_ptr(), dtype, shape
+    and stride())."""
+    if isinstance(t, Tensor):
+        return t
+    dtype = _TORCH_DTYPES.get(str(t.dtype))
+    if dtype is None:
+        raise TypeError(f"kpt: unsupported tensor dtype {t.dtype}")
+    return Tensor(t.data_ptr(), dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def _tensor(t):
+    out = _Tensor()
+    if t is None:
+        return out
+    t = view(t)
+    if len(t.shape) > 4:
+        raise ValueError("kpt: tensors have rank 4 at most")
+    out.data, out.dtype, out.rank = t.address, DTYPES[t.dtype], len(t.shape)
+    for i, (n, s) in enumerate(zip(t.shape, t.strides)):
+        out.shape[i], out.stride[i] = n, s
+    return out
+
+
+class _ArgsHolder:
+    """kpt_attention_args and the arrays and strings it points to (kept alive together)."""
+
+    def __init__(self, q, k, v, o, lse, scale, scalars, aux):
+        self.names = [n.encode() for n in list(scalars) + list(aux)]
+        self.scalars = (_ScalarValue * max(1, len(scalars)))(
+            *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
+        self.aux = (_AuxTensor * max(1, len(aux)))(
+            *[_AuxTensor(n.encode(), _tensor(t)) for n, t in aux.items()])
+        self.args = _Args(_tensor(q), _tensor(k), _tensor(v), _tensor(o), _tensor(lse),
+                          float(scale), self.scalars, len(scalars), self.aux, len(aux))
+
+
+# ---- patterns, contexts, kernels, block maps ------------------------------------------------
+
+class Pattern:
+    """A compiled attention pattern: a built-in pattern string, or a Lua script (from_lua_file)."""
+
+    def __init__(self, text=None, _handle=None):
+        lib = library()
+        self._h = ctypes.c_void_p(_handle)
+        if _handle is None:
+            diag = _Diag()
+            _check(lib.kpt_pattern_parse(text.encode(), ctypes.byref(self._h), diag), diag,
+                   "pattern")
+
+    @classmethod
+    def from_lua_file(cls, path, params=None, name=None):
+        """Runs a Lua pattern script; `params` overrides its params ({"window": 256})."""
+        lib, diag, h = library(), _Diag(), ctypes.c_void_p()
+        params = params or {}
+        values = (_ParamValue * max(1, len(params)))(
+            *[_ParamValue(n.encode(), float(x)) for n, x in params.items()])
+        lp = _LuaParams(name=name.encode() if name else None, params=values,
+                        num_params=len(params))
+        _check(lib.kpt_pattern_from_lua_file(os.fsencode(path), lp, ctypes.byref(h), diag), diag,
+               os.fspath(path))
+        return cls(_handle=h.value)
+
+    @property
+    def name(self):
+        return library().kpt_pattern_name(self._h).decode()
+
+    def scalars(self):
+        """{name: default or None} of the runtime scalars."""
+        lib, out = library(), {}
+        for i in range(lib.kpt_pattern_scalar_count(self._h)):
+            info = _ScalarInfo()
+            lib.kpt_pattern_scalar_info(self._h, i, info)
+            out[info.name.decode()] = info.default_value if info.has_default else None
+        return out
+
+    def aux(self):
+        """[(name, dtype name, rank)] of the aux tensors the pattern reads."""
+        lib, out, names = library(), [], {v: k for k, v in DTYPES.items()}
+        for i in range(lib.kpt_pattern_aux_count(self._h)):
+            info = _AuxInfo()
+            lib.kpt_pattern_aux_info(self._h, i, info)
+            out.append((info.name.decode(), names.get(info.dtype, "?"), info.rank))
+        return out
+
+    def close(self):
+        if self._h:
+            library().kpt_pattern_destroy(ctypes.byref(self._h))
+
+    def __del__(self):
+        if _lib is not None:
+            self.close()
+
+
+class Context:
+    """A kpt context: a backend on one device, and its kernel caches."""
+
+    def __init__(self, backend="auto", device=0, target=None, cache_dir=None, flags=0):
+        lib, diag = library(), _Diag()
+        self._h = ctypes.c_void_p()
+        self._params = _ContextParams(backend=BACKENDS[backend], device=device,
+                                      target=target.encode() if target else None,
+                                      cache_dir=os.fsencode(cache_dir) if cache_dir else None,
+                                      flags=flags)
+        _check(lib.kpt_context_create(self._params, ctypes.byref(self._h), diag), diag,
+               "context")
+        self._kernels = []
+
+    @property
+    def target(self):
+        return library().kpt_context_target(self._h).decode()
+
+    @property
+    def device_name(self):
+        return library().kpt_context_device_name(self._h).decode()
+
+    def kernel(self, pattern, dtype, head_dim, head_dim_v=0, num_heads_q=0, num_heads_kv=0):
+        """The kernel of `pattern` for one shape class (compiled now, or found in a cache)."""
+        diag, h = _Diag(), ctypes.c_void_p()
+        desc = _KernelDesc(DTYPES[dtype], head_dim, head_dim_v, num_heads_q, num_heads_kv, 0)
+        _check(library().kpt_kernel_get(self._h, pattern._h, desc, ctypes.byref(h), diag), diag,
+               pattern.name)
+        return Kernel(self, h.value)
+
+    def stats(self):
+        s = _Stats()
+        library().kpt_context_get_stats(self._h, s)
+        return {name: getattr(s, name) for name, _ in _Stats._fields_}
+
+    def load_bundle(self, path):
+        diag, n = _Diag(), ctypes.c_int()
+        _check(library().kpt_context_load_bundle(self._h, os.fsencode(path), ctypes.byref(n),
+                                                 diag), diag, os.fspath(path))
+        return n.value
+
+    def synchronize(self):
+        diag = _Diag()
+        _check(library().kpt_context_synchronize(self._h, diag), diag, "synchronize")
+
+    def close(self):
+        """Frees the context and its kernels (no launch may be in flight)."""
+        if self._h:
+            library().kpt_context_destroy(ctypes.byref(self._h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if _lib is not None:
+            self.close()
+
+
+class Kernel:
+    """A compiled kernel; it belongs to its context. Call it to launch."""
+
+    def __init__(self, ctx, handle):
+        self.ctx, self._h = ctx, ctypes.c_void_p(handle)
+
+    @property
+    def needs_blockmap(self):
+        return bool(library().kpt_kernel_needs_blockmap(self._h))
+
+    def info(self):
+        i = _KernelInfo()
+        library().kpt_kernel_get_info(self._h, i)
+        return {"pattern": i.pattern.decode(), "target": i.target.decode(), "tile_q": i.tile_q,
+                "tile_kv": i.tile_kv, "shared_bytes": i.shared_bytes, "source": i.source.decode()}
+
+    def __call__(self, q, k, v, o, lse=None, scale=0.0, scalars=None, aux=None, blockmap=None,
+                 stream=None):
+        """o (and lse, when given) = attention(q, k, v) on `stream` (a CUstream as an int, or
+        None for the default stream). Tensors are logically [B, H, S, D]; lse is [B, Hq, Sq]."""
+        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {})
+        diag = _Diag()
+        _check(library().kpt_kernel_launch(self._h, a.args, blockmap._h if blockmap else None,
+                                           stream, diag), diag, "launch")
+        return o
+
+    def blockmap(self, q, k, v, o, scalars=None, aux=None, stream=None):
+        """A block map for these aux tensors, scalars and lengths, built on `stream`."""
+        return BlockMap(self, _ArgsHolder(q, k, v, o, None, 0.0, scalars or {}, aux or {}),
+                        stream)
+
+
+class BlockMap:
+    """Which tile pairs a data-dependent mask keeps; reuse it while its inputs stay the same."""
+
+    def __init__(self, kernel, holder, stream):
+        self.kernel, self._h, diag = kernel, ctypes.c_void_p(), _Diag()
+        _check(library().kpt_blockmap_create(kernel._h, holder.args, stream, ctypes.byref(self._h),
+                                             diag), diag, "blockmap")
+
+    def update(self, q, k, v, o, scalars=None, aux=None, stream=None):
+        """Rebuilds the map for new aux contents or scalars (same sizes)."""
+        a, diag = _ArgsHolder(q, k, v, o, None, 0.0, scalars or {}, aux or {}), _Diag()
+        _check(library().kpt_blockmap_update(self._h, a.args, stream, diag), diag, "blockmap")
+
+    def close(self):
+        if self._h:
+            library().kpt_blockmap_destroy(ctypes.byref(self._h))
+
+    def __del__(self):
+        if _lib is not None:
+            self.close()
