@@ -1,21 +1,29 @@
 #!/usr/bin/env python3
 """kpt against PyTorch SDPA (each backend forced) and FlexAttention, in one process, on the same
-tensors. Also the PyTorch interop example: kpt runs on torch tensors' device pointers and torch's
-current stream through libkpt_bench (bench/kpt_bench.c) loaded with ctypes.
+tensors. kpt is driven through its public C API (examples/python/kpt.py, ctypes) on torch
+tensors' device pointers and torch's current stream.
 
-    python3 bench/bench.py --lib build-gpu/bench/libkpt_bench.so [--quick] [--json FILE]
+    python3 bench/bench.py --lib build-gpu/libkpt.so --json results.json [options]
 
-Each case first checks agreement (max relative error of each peer against kpt), then times with
-CUDA events after warm-up, the median of many runs, with the L2 cache flushed before every run.
-TFLOP/s follow DESIGN.md §8: 4·B·H·Sq·Skv·D times the exact kept fraction of the mask.
+For every case: kpt's output (poisoned with NaN first) is compared with every peer's (max
+|a - b| / max |b|), then each is timed with CUDA events after warm-up, the median of --reps runs,
+with the L2 cache flushed (a 512 MiB write) before every run. TFLOP/s follow DESIGN.md §8:
+4·B·Hq·S·S·D times the exact fraction of (b, q, k) pairs the mask keeps. Compilation is timed
+per kernel (kpt cold, from the disk cache, from memory; FlexAttention's first call), and so are
+block-map builds (kpt's and FlexAttention's create_block_mask).
+
+The results go to --json after every case (a run cut short keeps what it measured); the table is
+printed last. bench/report.py turns the JSON into docs/BENCHMARKS.md and its plots.
 """
 import argparse
-import ctypes
+import datetime
 import json
-import math
 import os
+import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -23,289 +31,327 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-# kpt_dtype values (include/kpt/tensor.h)
-KPT_DTYPE = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 5, torch.bool: 6}
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+import kpt  # noqa: E402
+import cases  # noqa: E402
+
+TOKENS = 16384
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+AGREE = {"bf16": 2e-2, "f16": 5e-3}  # max relative difference accepted between kpt and a peer
 
 
-class Kpt:
-    """A kpt kernel for one pattern and shape class, callable on torch tensors."""
+# ---- timing ----------------------------------------------------------------------------------
 
-    def __init__(self, lib, pattern, dtype, dqk, dv):
-        self.lib, self.pattern = lib, pattern
-        err = ctypes.create_string_buffer(2048)
-        t0 = time.perf_counter()
-        self.h = lib.kptb_kernel_create(pattern.encode(), int(dtype == torch.bfloat16), dqk, dv,
-                                        err, len(err))
-        self.wall_ms = (time.perf_counter() - t0) * 1e3
-        if not self.h:
-            raise RuntimeError(f"kpt: {pattern}: {err.value.decode()}")
-        self.compile_ms = lib.kptb_compile_ms(self.h)
+class Timer:
+    def __init__(self, reps, warmup=3):
+        self.reps, self.warmup = reps, warmup
+        self.flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
 
-    def _args(self, q, k, v, o, aux):
-        i64 = ctypes.c_int64
-        ptrs = (ctypes.c_uint64 * 5)(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), 0)
-        shapes = (i64 * 16)(*[s for t in (q, k, v, o) for s in t.shape])
-        strides = (i64 * 16)(*[s for t in (q, k, v, o) for s in t.stride()])
-        lse = (i64 * 3)(0, 0, 0)
-        names = [n.encode() for n in aux]
-        ts = list(aux.values())
-        na = len(ts)
-        anames = (ctypes.c_char_p * max(na, 1))(*names)
-        aptrs = (ctypes.c_uint64 * max(na, 1))(*[t.data_ptr() for t in ts])
-        adt = (ctypes.c_int * max(na, 1))(*[KPT_DTYPE[t.dtype] for t in ts])
-        ark = (ctypes.c_int * max(na, 1))(*[t.dim() for t in ts])
-        ash = (i64 * max(3 * na, 1))(*[x for t in ts for x in (list(t.shape) + [1, 1, 1])[:3]])
-        ast = (i64 * max(3 * na, 1))(*[x for t in ts for x in (list(t.stride()) + [0, 0, 0])[:3]])
-        return (self.h, ptrs, shapes, strides, lse, ctypes.c_double(0.0), None, None, 0,
-                anames, aptrs, adt, ark, ash, ast, na)
-
-    def __call__(self, q, k, v, o, aux={}, blockmap=None):
-        err = ctypes.create_string_buffer(2048)
-        bm = blockmap.data_ptr() if blockmap is not None else 0
-        rc = self.lib.kptb_attention(*self._args(q, k, v, o, aux), ctypes.c_uint64(bm),
-                                     ctypes.c_uint64(torch.cuda.current_stream().cuda_stream),
-                                     err, len(err))
-        if rc:
-            raise RuntimeError(f"kpt: {err.value.decode()}")
-        return o
-
-    def blockmap(self, q, k, v, o, aux):
-        """A block map for these aux tensors (None when the pattern needs none)."""
-        err = ctypes.create_string_buffer(2048)
-        n = self.lib.kptb_blockmap_size(*self._args(q, k, v, o, aux), err, len(err))
-        if n < 0:
-            raise RuntimeError(f"kpt: {err.value.decode()}")
-        return torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
-
-    def build_blockmap(self, bm, q, k, v, o, aux):
-        err = ctypes.create_string_buffer(2048)
-        rc = self.lib.kptb_blockmap_build(*self._args(q, k, v, o, aux), ctypes.c_uint64(bm.data_ptr()),
-                                          ctypes.c_uint64(torch.cuda.current_stream().cuda_stream),
-                                          err, len(err))
-        if rc:
-            raise RuntimeError(f"kpt: {err.value.decode()}")
-
-
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    lib.kptb_kernel_create.restype = ctypes.c_void_p
-    lib.kptb_kernel_create.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                       ctypes.c_char_p, ctypes.c_int]
-    lib.kptb_compile_ms.restype = ctypes.c_double
-    lib.kptb_compile_ms.argtypes = [ctypes.c_void_p]
-    lib.kptb_ptxas_info.restype = ctypes.c_char_p
-    lib.kptb_ptxas_info.argtypes = [ctypes.c_void_p]
-    lib.kptb_blockmap_size.restype = ctypes.c_longlong
-    for f in (lib.kptb_attention, lib.kptb_blockmap_size, lib.kptb_blockmap_build):
-        f.argtypes = None
-    return lib
-
-
-# ---- patterns: kpt string, FlexAttention mods, a dense mask/bias for SDPA ----------------------
-
-def alibi_slopes(h):
-    # the ALiBi paper's slopes for any head count (same rule as kpt's builtin)
-    def pow2(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
-    if math.log2(h).is_integer():
-        return pow2(h)
-    c = 2 ** math.floor(math.log2(h))
-    return pow2(c) + pow2(2 * c)[0::2][: h - c]
-
-
-def make_pattern(name, S, H, B, dev):
-    """Returns (kpt pattern, aux dict, score_mod, mask_mod, dense mask fn or None)."""
-    if name == "full":
-        return "full", {}, None, None, None
-    if name == "causal":
-        return "causal", {}, None, lambda b, h, q, k: q >= k, None
-    if name == "sliding_window":
-        W = 1024
-        return (f"sliding_window({W})", {}, None,
-                lambda b, h, q, k: (q >= k) & (q - k < W), None)
-    if name == "alibi+causal":
-        slopes = torch.tensor(alibi_slopes(H), device=dev, dtype=torch.float32)
-        return ("alibi+causal", {}, lambda s, b, h, q, k: s + slopes[h] * (k - q),
-                lambda b, h, q, k: q >= k, None)
-    if name == "softcap+causal":
-        C = 50.0
-        return ("softcap(50)+causal", {}, lambda s, b, h, q, k: C * torch.tanh(s / C),
-                lambda b, h, q, k: q >= k, None)
-    if name == "document":
-        g = torch.Generator().manual_seed(S)
-        cuts = sorted(torch.randint(1, S, (3,), generator=g).tolist())
-        ids = torch.zeros(S, dtype=torch.int32)
-        for c in cuts:
-            ids[c:] += 1
-        ids = ids.to(dev).unsqueeze(0).expand(B, S).contiguous()
-        return ("document", {"doc_q": ids, "doc_kv": ids}, None,
-                lambda b, h, q, k: ids[b, q] == ids[b, k], None)
-    raise ValueError(name)
-
-
-def dense_mask(mask_mod, B, S, dev):
-    """The boolean mask [B, 1, S, S] of a mask_mod (and its kept fraction)."""
-    q = torch.arange(S, device=dev).view(1, 1, S, 1)
-    k = torch.arange(S, device=dev).view(1, 1, 1, S)
-    b = torch.arange(B, device=dev).view(B, 1, 1, 1)
-    m = mask_mod(b, 0, q, k)
-    return m.expand(B, 1, S, S)
-
-
-# ---- timing --------------------------------------------------------------------------------------
-
-_flush = None
-
-
-def bench(fn, reps):
-    """Median ms of fn() over reps runs, L2 flushed (a 512 MB write) before each."""
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(128 * 1024 * 1024, dtype=torch.int32, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        _flush.zero_()
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def run_case(lib, pattern, S, D, dtype, tokens, H, reps, results, flex_cache):
-    dev = "cuda"
-    B = max(1, tokens // S)
-    torch.manual_seed(S * 7 + D)
-    q = torch.randn(B, H, S, D, device=dev, dtype=dtype)
-    k = torch.randn(B, H, S, D, device=dev, dtype=dtype)
-    v = torch.randn(B, H, S, D, device=dev, dtype=dtype)
-    o = torch.empty_like(q)
-    kpat, aux, score_mod, mask_mod, _ = make_pattern(pattern, S, H, B, dev)
-    kern = Kpt(lib, kpat, dtype, D, D)
-    if mask_mod is not None:
-        m = dense_mask(mask_mod, B, S, dev)
-        kept = m.float().mean().item()
-    else:
-        m, kept = None, 1.0
-    flops = 4.0 * B * H * S * S * D * kept
-    row = {"pattern": pattern, "S": S, "B": B, "H": H, "D": D, "dtype": str(dtype).split(".")[-1],
-           "kept": kept, "kpt_compile_ms": kern.compile_ms}
-
-    # kpt (block map built inside the call when the pattern needs one), and the block map alone
-    kern(q, k, v, o, aux)
-    ref = o.clone()
-    bm = kern.blockmap(q, k, v, o, aux)
-    if bm is not None:
-        row["kpt_blockmap_ms"] = bench(lambda: kern.build_blockmap(bm, q, k, v, o, aux), reps)
-    row["kpt_ms"] = bench(lambda: kern(q, k, v, o, aux), reps)
-
-    peers = {}
-    if pattern in ("full", "causal"):
-        for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
-                         ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
-            def f(be=be):
-                with sdpa_kernel([be]):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=pattern == "causal")
-            peers[name] = f
-    elif score_mod is None and m is not None:
-        def f():
-            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-        peers["efficient+mask"] = f
-
-    # FlexAttention: compiled once per process; its block mask timed apart
-    if "fn" not in flex_cache:
-        flex_cache["fn"] = torch.compile(flex_attention, dynamic=False)
-    flex = flex_cache["fn"]
-    bmask = None
-    if mask_mod is not None:
-        t0 = time.perf_counter()
-        bmask = create_block_mask(mask_mod, B, None, S, S, device=dev)
+    def __call__(self, fn, reps=None):
+        """Median milliseconds of fn() on the current stream, L2 flushed before each run."""
+        for _ in range(self.warmup):
+            fn()
         torch.cuda.synchronize()
-        row["flex_blockmask_first_ms"] = (time.perf_counter() - t0) * 1e3
-        row["flex_blockmask_ms"] = bench(lambda: create_block_mask(mask_mod, B, None, S, S, device=dev),
-                                         max(3, reps // 4))
-    t0 = time.perf_counter()
-    flex(q, k, v, score_mod=score_mod, block_mask=bmask)
-    torch.cuda.synchronize()
-    row["flex_first_call_ms"] = (time.perf_counter() - t0) * 1e3
-    peers["flex"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=bmask)
+        times = []
+        for _ in range(reps or self.reps):
+            self.flush.zero_()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fn()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1))
+        return statistics.median(times)
 
-    for name, f in peers.items():
+
+def wall_ms(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+def max_rel(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+# ---- kpt kernels: compiled once per (pattern, dtype, D), with compile times recorded ----------
+
+class Kernels:
+    def __init__(self, cache_dir):
+        self.cache_dir = cache_dir
+        self.ctx = kpt.Context(backend="cuda", cache_dir=cache_dir)
+        self.kernels, self.compile_rows = {}, []
+
+    def pattern(self, case):
+        if case.kpt.startswith("lua:"):
+            path = os.path.join(cases.SCRIPTS, case.kpt[4:] + ".lua")
+            return kpt.Pattern.from_lua_file(path, params=case.lua_params)
+        return kpt.Pattern(case.kpt)
+
+    def get(self, case, dtype, D):
+        key = (case.kernel_key, dtype, D)
+        if key in self.kernels:
+            return self.kernels[key]
+        pat = self.pattern(case)
+        before = self.ctx.stats()
+        cold, ker = wall_ms(lambda: self.ctx.kernel(pat, dtype, D))
+        after = self.ctx.stats()
+        with kpt.Context(backend="cuda", cache_dir=self.cache_dir) as fresh:  # another process's view
+            disk, _ = wall_ms(lambda: fresh.kernel(pat, dtype, D))
+            disk_hit = fresh.stats()["disk_hits"] == 1
+        memory, _ = wall_ms(lambda: self.ctx.kernel(pat, dtype, D))
+        self.compile_rows.append({
+            "pattern": case.name, "kpt": pat.name, "dtype": dtype, "D": D,
+            "cold_ms": cold, "compiled": after["compiles"] - before["compiles"] == 1,
+            "backend_compile_ms": after["compile_ms_total"] - before["compile_ms_total"],
+            "disk_ms": disk, "disk_hit": disk_hit, "memory_ms": memory})
+        self.kernels[key] = ker
+        return ker
+
+
+# ---- one case --------------------------------------------------------------------------------
+
+def sdpa_peers(case, q, k, v, S, H, dtype):
+    """{name: callable} of the SDPA backends that can run this case."""
+    peers, kw = {}, {}
+    if case.hq != case.hkv:
+        kw["enable_gqa"] = True
+    if case.sdpa in ("plain", "causal"):
+        kw["is_causal"] = case.sdpa == "causal"
+        names = SDPA_BACKENDS
+    elif case.sdpa == "mask" and S <= cases.DENSE_MASK_MAX_S:
+        kw["attn_mask"] = cases.dense_mask(case, S)
+        names = ("cudnn", "efficient")
+    elif case.sdpa == "bias" and S <= cases.DENSE_BIAS_MAX_S:
+        kw["attn_mask"] = cases.dense_bias(case, S, H, dtype)
+        names = ("cudnn", "efficient")
+    else:
+        return peers
+    for name in names:
+        def run(be=SDPA_BACKENDS[name]):
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q, k, v, **kw)
+        peers[name + ("+mask" if "attn_mask" in kw else "")] = run
+    return peers
+
+
+def run_case(args, kernels, timer, flex, name, S, D, dtype_name):
+    dtype = DTYPES[dtype_name]
+    H = 2048 // D  # a 2048-wide model
+    B = max(1, TOKENS // S)
+    case = cases.make_case(name, B, S, H)
+    hq, hkv = case.hq, case.hkv
+    torch.manual_seed(S * 131 + D)
+    q = torch.randn(B, hq, S, D, device="cuda", dtype=dtype)
+    k = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
+    v = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
+    o = torch.full_like(q, float("nan"))
+    kept = cases.kept_fraction(case, B, S)
+    flops = 4.0 * B * hq * S * S * D * kept
+    row = {"pattern": name, "kpt": case.kpt, "S": S, "B": B, "Hq": hq, "Hkv": hkv, "D": D,
+           "dtype": dtype_name, "kept": kept, "flops": flops}
+
+    # kpt: the block map (when the pattern needs one) built once, as a caller reusing it would
+    ker = kernels.get(case, dtype_name, D)
+    stream = torch.cuda.current_stream().cuda_stream
+    bm = None
+    if ker.needs_blockmap:
+        bm = ker.blockmap(q, k, v, o, scalars=case.scalars, aux=case.aux, stream=stream)
+        row["kpt_blockmap_ms"] = timer(lambda: bm.update(q, k, v, o, scalars=case.scalars,
+                                                         aux=case.aux, stream=stream))
+
+    def run_kpt():
+        return ker(q, k, v, o, scalars=case.scalars, aux=case.aux, blockmap=bm, stream=stream)
+    run_kpt()
+    torch.cuda.synchronize()
+    row["kpt_nan"] = bool(torch.isnan(o).any())
+    ref = o.clone()
+    row["kpt_ms"] = timer(run_kpt)
+
+    peers = sdpa_peers(case, q, k, v, S, hq, dtype) if not args.no_sdpa else {}
+    bmask = None
+    if case.mask_mod is not None:
+        bB = B if case.mask_uses_batch else None
+        row["flex_blockmask_first_ms"], bmask = wall_ms(
+            lambda: create_block_mask(case.mask_mod, bB, None, S, S, device="cuda"))
+        row["flex_blockmask_ms"] = statistics.median(
+            wall_ms(lambda: create_block_mask(case.mask_mod, bB, None, S, S, device="cuda"))[0]
+            for _ in range(5))
+    gqa = hq != hkv
+
+    def run_flex():
+        return flex(q, k, v, score_mod=case.score_mod, block_mask=bmask, enable_gqa=gqa)
+    row["flex_first_call_ms"], _ = wall_ms(run_flex)
+    peers["flex"] = run_flex
+
+    for pname, fn in peers.items():
         try:
-            out = f()
-            row[f"{name}_err"] = rel_err(ref, out)
-            row[f"{name}_ms"] = bench(f, reps)
-        except Exception as e:  # a backend that does not apply to this case
-            row[f"{name}_error"] = str(e).splitlines()[0][:120]
-    for key in list(row):
-        if key.endswith("_ms") and not key.startswith(("kpt_compile", "flex_first", "flex_blockmask", "kpt_blockmap")):
-            row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
-    kern_info = lib.kptb_ptxas_info(kern.h).decode().strip().replace("\n", " ")
-    row["kpt_ptxas"] = " ".join(kern_info.split())
-    results.append(row)
-    peers_txt = "  ".join(f"{n} {row.get(n + '_tflops', float('nan')):6.1f} (x{row['kpt_tflops'] / row[n + '_tflops']:.2f}, err {row[n + '_err']:.1e})"
-                          for n in peers if n + "_tflops" in row)
-    print(f"{pattern:16s} S={S:6d} B={B:3d} D={D} {row['dtype']:8s} kept {kept:5.3f}  "
-          f"kpt {row['kpt_tflops']:6.1f} TFLOP/s ({row['kpt_ms']:.3f} ms)  {peers_txt}", flush=True)
+            out = fn()
+            row[pname + "_err"] = max_rel(ref, out)
+            row[pname + "_ms"] = timer(fn)
+        except Exception as e:  # a backend that refuses this case says why
+            row[pname + "_error"] = str(e).strip().splitlines()[0][:160]
+    row["peers"] = list(peers)
+    for pname in ["kpt"] + list(peers):
+        if pname + "_ms" in row:
+            row[pname + "_tflops"] = flops / (row[pname + "_ms"] * 1e-3) / 1e12
+    bad = [p for p in peers if row.get(p + "_err", 0) > AGREE[dtype_name]]
+    row["agree"] = not bad and not row["kpt_nan"]
+    return row
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+def fmt(x, spec=".0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def best_sdpa(r):
+    vals = [r[p + "_tflops"] for p in r["peers"] if p != "flex" and p + "_tflops" in r]
+    return max(vals) if vals else None
+
+
+def print_row(r):
+    peers = "  ".join(f"{p} {r[p + '_tflops']:.0f} (x{r['kpt_tflops'] / r[p + '_tflops']:.2f}, "
+                      f"err {r[p + '_err']:.1e})" for p in r["peers"] if p + "_tflops" in r)
+    refused = [p for p in r["peers"] if p + "_error" in r]
+    print(f"{r['dtype']} D={r['D']} {r['pattern']:20s} S={r['S']:6d} B={r['B']:3d} kept "
+          f"{r['kept']:.3f}  kpt {r['kpt_tflops']:.0f} TFLOP/s ({r['kpt_ms']:.3f} ms)  {peers}"
+          + (f"  refused: {','.join(refused)}" if refused else "")
+          + ("" if r["agree"] else "  ** DISAGREE **"), flush=True)
+
+
+def print_tables(results, compiles):
+    groups = {}
+    for r in results:
+        groups.setdefault((r["dtype"], r["D"]), []).append(r)
+    for (dt, D), rows in groups.items():
+        print(f"\n{dt}, D={D} (TFLOP/s)\n| pattern | S | kpt | flash | cudnn | efficient | flex "
+              "| kpt/flex | kpt/best SDPA |\n|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            g = lambda p: r.get(p + "_tflops", r.get(p + "+mask_tflops"))
+            sd, fx = best_sdpa(r), r.get("flex_tflops")
+            print(f"| {r['pattern']} | {r['S']} | {r['kpt_tflops']:.0f} | {fmt(g('flash'))} | "
+                  f"{fmt(g('cudnn'))} | {fmt(g('efficient'))} | {fmt(fx)} | "
+                  f"{fmt(fx and r['kpt_tflops'] / fx, '.2f')} | "
+                  f"{fmt(sd and r['kpt_tflops'] / sd, '.2f')} |")
+    print("\ncompile (ms) | pattern | dtype | D | kpt cold | kpt disk | kpt memory |")
+    for c in compiles:
+        print(f"| {c['pattern']} | {c['dtype']} | {c['D']} | {c['cold_ms']:.0f} | "
+              f"{c['disk_ms']:.1f} | {c['memory_ms']:.3f} |")
+
+
+def meta(args):
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            return ""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    props = torch.cuda.get_device_properties(0)
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": props.name, "sm": f"{props.major}{props.minor}",
+            "driver": sh(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+            "sm_clock_mhz": sh(["nvidia-smi", "--query-gpu=clocks.max.sm",
+                                "--format=csv,noheader,nounits"]),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "triton": triton_version,
+            "python": platform.python_version(),
+            "kpt_commit": os.environ.get("KPT_COMMIT") or sh(["git", "-C", HERE, "rev-parse",
+                                                              "--short=12", "HEAD"]),
+            "command": os.environ.get("KPT_BENCH_COMMAND") or " ".join(sys.argv),
+            "tokens": TOKENS, "reps": args.reps}
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def plan(args):
+    """[(pattern, S, D, dtype)] in run order: the first dtype and head dim (the headline
+    configuration) first, then the Lua examples at it, then the other dtypes and head dims."""
+    combos = [(dt, D) for dt in args.dtypes.split(",") for D in ints(args.dims)]
+    out = []
+    for n, (dt, D) in enumerate(combos):
+        for p in args.patterns.split(",") if args.patterns else []:
+            extra = ints(args.long_seqs) if p in cases.SPARSE else []
+            out += [(p, S, D, dt) for S in ints(args.seqs) + extra]
+        if n == 0:
+            for p in args.lua.split(",") if args.lua else []:
+                out += [("lua:" + p, S, D, dt) for S in ints(args.lua_seqs)]
+    return out
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--patterns", default="full,causal,sliding_window,alibi+causal,softcap+causal,document")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", help="libkpt.so (default: $KPT_LIB, then the loader's search)")
+    ap.add_argument("--json", help="write the results here (after every case)")
+    ap.add_argument("--patterns", default=",".join(cases.BUILTIN))
+    ap.add_argument("--lua", default=",".join(cases.LUA),
+                    help="Lua examples, run at the first dtype and head dim ('' for none)")
     ap.add_argument("--seqs", default="1024,2048,4096,8192,16384")
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=30)
-    a = ap.parse_args()
-    lib = load_lib(a.lib)
-    # FlexAttention recompiles per shape; keep dynamo from falling back to eager after 8.
+    ap.add_argument("--long-seqs", default="32768,65536", help="extra S for sparse patterns")
+    ap.add_argument("--lua-seqs", default="4096,16384")
+    ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--dims", default="128,64")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-sdpa", action="store_true", help="FlexAttention as the only peer")
+    ap.add_argument("--time-limit", type=float, default=540,
+                    help="seconds; cases left when it is reached are skipped (and listed)")
+    args = ap.parse_args()
+    t_start = time.time()
+    kpt.library(args.lib)
+    # FlexAttention compiles per shape and mod; keep dynamo from giving up after 8 of them
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                  "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 4096)
-    seqs = [int(s) for s in a.seqs.split(",")]
-    if a.quick:
-        seqs = [seqs[-1]]
-    props = torch.cuda.get_device_properties(0)
-    print(f"# {props.name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
-          f"bf16, D={a.dim}, H={a.heads}, B*S=16k", flush=True)
-    results, flex_cache = [], {}
-    for p in a.patterns.split(","):
-        for S in seqs:
+            setattr(torch._dynamo.config, knob, 1 << 16)
+    flex = torch.compile(flex_attention, dynamic=False)
+    timer = Timer(args.reps)
+    info = meta(args)
+    print(f"# {info['device']}, driver {info['driver']}, torch {info['torch']}, cuDNN "
+          f"{info['cudnn']}, triton {info['triton']}, kpt {info['kpt_commit']}", flush=True)
+    results, skipped = [], []
+
+    def save():
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump({"meta": info, "results": results, "compile": kernels.compile_rows,
+                           "skipped": skipped, "seconds": time.time() - t_start}, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
+    with tempfile.TemporaryDirectory(prefix="kpt-bench-cache-") as cache_dir:
+        kernels = Kernels(cache_dir)
+        todo = plan(args)
+        for i, (p, S, D, dt) in enumerate(todo):
+            if time.time() - t_start > args.time_limit:
+                skipped = todo[i:]
+                print(f"# time limit reached: {len(skipped)} cases skipped", flush=True)
+                break
             try:
-                run_case(lib, p, S, a.dim, torch.bfloat16, 16384, a.heads, a.reps, results, flex_cache)
+                r = run_case(args, kernels, timer, flex, p, S, D, dt)
+                results.append(r)
+                print_row(r)
             except Exception as e:
-                print(f"{p} S={S}: ERROR {e}", flush=True)
+                results.append({"pattern": p, "S": S, "D": D, "dtype": dt, "error": str(e)[:300]})
+                print(f"{dt} D={D} {p} S={S}: ERROR {e}", flush=True)
             torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": props.name, "torch": torch.__version__,
-                       "cudnn": torch.backends.cudnn.version(), "results": results}, f, indent=1)
-    print("\n| pattern | S | kpt TFLOP/s | flash | cudnn | flex | kpt/flex | kpt/flash |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        def g(n):
-            x = r.get(n + "_tflops")
-            return f"{x:.0f}" if x else "-"
-        ratio = lambda n: f"{r['kpt_tflops'] / r[n + '_tflops']:.2f}" if r.get(n + "_tflops") else "-"
-        print(f"| {r['pattern']} | {r['S']} | {r['kpt_tflops']:.0f} | {g('flash')} | {g('cudnn')} | "
-              f"{g('flex')} | {ratio('flex')} | {ratio('flash')} |")
+            save()
+        save()
+        print_tables([r for r in results if "error" not in r], kernels.compile_rows)
+        kernels.ctx.close()
+    print(f"# {len(results)} cases in {time.time() - t_start:.0f} s"
+          + (f", {len(skipped)} skipped" if skipped else ""))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #!/bin/sh
-# Builds kpt on a GPU machine (or reuses $KPT_GPU_BUILD) and runs the comparison against PyTorch
-# SDPA and FlexAttention; results to $OUT (default ./bench-out): bench.log and bench.json.
+# The benchmark, on a GPU machine with PyTorch: builds libkpt (or reuses $KPT_GPU_BUILD, a build
+# made elsewhere), runs bench/bench.py and leaves in $OUT (default ./bench-out) bench.log and
+# bench.json; `python3 bench/report.py $OUT/bench.json` then rewrites docs/BENCHMARKS.md.
 #
-#   bench/run.sh [bench.py options...]
-set -u
+#   bench/run.sh [bench.py options...]       (bench/bench.py --help lists them)
+set -eu
+cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
 BUILD=${KPT_GPU_BUILD:-build-gpu}
@@ -12,6 +14,13 @@ if [ ! -f "$BUILD/build.ninja" ]; then
         { cat "$OUT/meson.log"; exit 1; }
 fi
 ninja -C "$BUILD" >"$OUT/ninja.log" 2>&1 || { tail -50 "$OUT/ninja.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-PYTHONUNBUFFERED=1 python3 bench/bench.py --lib "$BUILD/bench/libkpt_bench.so" \
-    --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
+# FlexAttention's first calls are timed: start Inductor and Triton with empty caches, as kpt's
+# cold compiles start with an empty kernel cache
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export TORCHINDUCTOR_CACHE_DIR="$scratch/inductor" TRITON_CACHE_DIR="$scratch/triton"
+KPT_COMMIT=${KPT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+KPT_BENCH_COMMAND="bench/run.sh $*"
+export KPT_COMMIT KPT_BENCH_COMMAND PYTHONUNBUFFERED=1
+python3 bench/bench.py --lib "$BUILD/libkpt.so" --json "$OUT/bench.json" "$@" 2>&1 |
+    tee "$OUT/bench.log"
