@@ -8,12 +8,17 @@ set -eu
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
-BUILD=${KPT_GPU_BUILD:-build-gpu}
-if [ ! -f "$BUILD/build.ninja" ]; then
-    meson setup "$BUILD" -Dtests=false --buildtype=release >"$OUT/meson.log" 2>&1 ||
-        { cat "$OUT/meson.log"; exit 1; }
+if [ -n "${KPT_GPU_BUILD:-}" ]; then   # built elsewhere (Lua linked statically): use as it is
+    BUILD=$KPT_GPU_BUILD
+else
+    BUILD=build-gpu
+    if [ ! -f "$BUILD/build.ninja" ]; then
+        meson setup "$BUILD" -Dtests=false --buildtype=release >"$OUT/meson.log" 2>&1 ||
+            { cat "$OUT/meson.log"; exit 1; }
+    fi
+    ninja -C "$BUILD" >"$OUT/ninja.log" 2>&1 || { tail -50 "$OUT/ninja.log"; exit 1; }
 fi
-ninja -C "$BUILD" >"$OUT/ninja.log" 2>&1 || { tail -50 "$OUT/ninja.log"; exit 1; }
+[ -f "$BUILD/libkpt.so" ] || { echo "bench/run.sh: no $BUILD/libkpt.so" >&2; exit 1; }
 # FlexAttention's first calls are timed: start Inductor and Triton with empty caches, as kpt's
 # cold compiles start with an empty kernel cache
 scratch=$(mktemp -d)
