@@ -104,7 +104,12 @@ def compile_table(data):
     if rows:
         cold = sorted(c["cold_ms"] for c in rows)
         out += ["", f"kpt cold compiles: median {cold[len(cold) // 2]:.0f} ms, max {cold[-1]:.0f} ms "
-                f"over {len(cold)} kernels."]
+                f"over {len(cold)} kernels, one at a time."]
+    pre = data.get("prebuilt")
+    if pre:
+        out += ["", f"The other dtypes' and head dims' {pre['kernels']} kernels were compiled up "
+                f"front, in parallel through one context: {pre['wall_ms']:.0f} ms on "
+                f"{pre['threads']} threads."]
     return out + [""]
 
 
@@ -224,8 +229,8 @@ def render(data, src, plot_dir, doc_dir):
            f"in all.",
            f"- Command: `{m['command']}`",
            f"- Method: {m['tokens'] // 1024}k tokens per case (B = 16k / S), H = 2048 / D "
-           f"(GQA: 32 query and 8 kv heads), CUDA events, median of {m['reps']} runs after 3 "
-           "warm-ups, L2 flushed before every run. TFLOP/s = 4·B·Hq·S²·D × the exact kept "
+           f"(GQA: 32 query and 8 kv heads), CUDA events, median of {m['reps']} runs after "
+           f"{m.get('warmup', 3)} warm-ups, L2 flushed before every run. TFLOP/s = 4·B·Hq·S²·D × the exact kept "
            "fraction. Every peer's output was compared with kpt's first (max relative "
            "difference below; ✗ marks a disagreement beyond 2e-2 bf16 / 5e-3 f16). ᵐ: SDPA with "
            "a materialised boolean mask or float bias.", ""]
