@@ -20,7 +20,8 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
                   pl->q_in_regs);
     kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,
                   pl->has_score);
-    kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d", pl->has_blockmap);
+    kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
+    kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
 }
 
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,

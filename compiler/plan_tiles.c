@@ -25,6 +25,32 @@ static bool supported_dim(int d)
     return false;
 }
 
+/* Unrolled, a partial tile evaluates the mask 64 times over in straight-line code, which lets
+ * the compiler share work between elements of one row or column: a win for short arithmetic
+ * masks (causal, windows), but for masks that load aux data or run long it multiplies NVRTC's
+ * time (document_logical.lua took 3.8 s) for no measurable gain. */
+#define KPT_MASK_UNROLL_MAX_NODES 24
+
+static uint32_t cone_size(const kpt_ir_graph *g, kpt_ir_ref root, bool *loads)
+{
+    uint8_t *seen = calloc(g->count, 1);
+    if (!seen)
+        return UINT32_MAX;
+    uint32_t n = 0;
+    seen[root] = 1;
+    for (kpt_ir_ref r = root; r > 0; r--) { /* operands precede their users */
+        if (!seen[r])
+            continue;
+        const kpt_ir_node *nd = kpt_ir_node_get(g, r);
+        n += nd->op != KPT_IR_CONST;
+        *loads = *loads || nd->op == KPT_IR_LOAD;
+        for (int a = 0; a < nd->nargs; a++)
+            seen[nd->arg[a]] = 1;
+    }
+    free(seen);
+    return n;
+}
+
 kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kpt_kernel_plan *out,
                           kpt_diag *diag)
 {
@@ -68,6 +94,8 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
         pl.has_blockmap = (d & KPT_DEP_AUX) != 0;
         pl.bm_per_b = (d & KPT_DEP_B) != 0;
         pl.bm_per_h = (d & KPT_DEP_H) != 0;
+        bool loads = false;
+        pl.mask_rolled = cone_size(&p->g, p->mask, &loads) > KPT_MASK_UNROLL_MAX_NODES || loads;
     }
     size_t rows_q = (size_t)pl.bm * (size_t)(cfg->dqk + 8);
     size_t rows_kv = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);

@@ -29,6 +29,9 @@ typedef struct kpt_kernel_plan {
     bool has_mask, has_score;
     bool has_blockmap; /* the mask reads aux tensors: tiles are classified by a block-map kernel */
     bool bm_per_b, bm_per_h; /* the block map differs per batch row / per head */
+    /* Partial tiles evaluate the mask in a loop rather than unrolled per element: for masks that
+     * load aux data or are long, unrolling buys little and costs seconds of NVRTC time. */
+    bool mask_rolled;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
 } kpt_kernel_plan;
 

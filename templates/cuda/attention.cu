@@ -473,9 +473,9 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
         const bool partial = cls != 2 || k0 + KPT_BN > A.Skv;
         u64 keep = ~0ull;
         if (partial) {
-#pragma unroll
+            KPT_MASK_UNROLL
             for (int mt = 0; mt < KPT_MT; mt++)
-#pragma unroll
+                KPT_MASK_UNROLL
                 for (int n = 0; n < KPT_BN / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
