@@ -109,7 +109,7 @@ class Kernels:
             disk_hit = fresh.stats()["disk_hits"] == 1
         memory, _ = wall_ms(lambda: self.ctx.kernel(pat, dtype, D))
         self.compile_rows.append({
-            "pattern": case.name, "kpt": pat.name, "dtype": dtype, "D": D,
+            "pattern": case.name, "kpt": pat.name, "params": case.lua_params, "dtype": dtype, "D": D,
             "cold_ms": cold, "compiled": after["compiles"] - before["compiles"] == 1,
             "backend_compile_ms": after["compile_ms_total"] - before["compile_ms_total"],
             "disk_ms": disk, "disk_hit": disk_hit, "memory_ms": memory})

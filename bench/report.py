@@ -98,9 +98,16 @@ def compile_table(data):
     for c in rows:
         fc = first_call.get((c["pattern"], c["dtype"], c["D"]), [])
         rng = f"{min(fc):.0f}–{max(fc):.0f}" if fc else "–"
-        out.append(f"| {c['pattern']} | {c['dtype']} | {c['D']} | {c['cold_ms']:.0f} | "
+        cold = f"{c['cold_ms']:.0f}" if c["compiled"] else "shared¹"
+        params = ", ".join(f"{k}={v}" for k, v in c.get("params", {}).items())
+        name = c["pattern"] + (f" ({params})" if params else "")
+        out.append(f"| {name} | {c['dtype']} | {c['D']} | {cold} | "
                    f"{c['disk_ms']:.1f}{'' if c['disk_hit'] else ' (miss)'} | "
                    f"{c['memory_ms']:.3f} | {rng} |")
+    if any(not c["compiled"] for c in rows):
+        out += ["", "¹ No compile: the pattern's IR equals an earlier one's, so the context "
+                "reused that kernel."]
+    rows = [c for c in rows if c["compiled"]]
     if rows:
         cold = sorted(c["cold_ms"] for c in rows)
         out += ["", f"kpt cold compiles: median {cold[len(cold) // 2]:.0f} ms, max {cold[-1]:.0f} ms "
