@@ -290,7 +290,7 @@ def meta(args):
             "python": platform.python_version(),
             "kpt_commit": os.environ.get("KPT_COMMIT") or sh(["git", "-C", HERE, "rev-parse",
                                                               "--short=12", "HEAD"]),
-            "command": os.environ.get("KPT_BENCH_COMMAND") or " ".join(sys.argv),
+            "command": (os.environ.get("KPT_BENCH_COMMAND") or " ".join(sys.argv)).strip(),
             "tokens": TOKENS, "reps": args.reps, "warmup": 2}
 
 

@@ -48,6 +48,14 @@ if [ -x "$EMBED" ]; then
     tail -4 "$OUT/embed.log"
 fi
 
+# the Python binding on torch tensors (examples/python), where PyTorch is installed
+LIBKPT="$(dirname "$CHECK")/../../libkpt.so"
+if [ -f "$LIBKPT" ] && python3 -c "import torch" >/dev/null 2>&1; then
+    KPT_LIB="$LIBKPT" python3 examples/python/torch_example.py >"$OUT/torch_example.log" 2>&1 ||
+        status=1
+    tail -3 "$OUT/torch_example.log"
+fi
+
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
         compute-sanitizer --tool $tool --error-exitcode 3 "$CHECK" --quick \
