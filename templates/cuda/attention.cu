@@ -229,6 +229,35 @@ __device__ __forceinline__ kpt_iv kpt_iv_ne(kpt_iv a, kpt_iv b)
     kpt_iv e = kpt_iv_eq(a, b);
     return kpt_iv_mk(1 - e.h, 1 - e.l);
 }
+// The values an i32 or bool aux load can take over a box of indices (one interval per index),
+// read by the whole warp: only the block-map kernel classifies tiles of masks that load, and its
+// warps call kpt_tile_interval together. Boxes over KPT_IV_LOAD_MAX elements give no bound. For
+// a document mask this settles every tile inside one document or across two apart, so only the
+// tiles a boundary crosses are evaluated pair by pair.
+#define KPT_IV_LOAD_MAX 1024
+__device__ __forceinline__ i64 kpt_iv_len(kpt_iv a) { return a.h - a.l + 1; }
+template <bool BOOL>
+__device__ kpt_iv kpt_iv_load(const kpt_aux &a, int r, kpt_iv x, kpt_iv y, kpt_iv z)
+{
+    const i64 nx = kpt_iv_len(x), ny = kpt_iv_len(y), nz = kpt_iv_len(z);
+    if (nx > KPT_IV_LOAD_MAX || ny > KPT_IV_LOAD_MAX || nz > KPT_IV_LOAD_MAX ||
+        nx * ny * nz > KPT_IV_LOAD_MAX)
+        return BOOL ? kpt_iv_anyb() : kpt_iv_any();
+    const int n = (int)(nx * ny * nz), w = (int)nx, wy = (int)ny;
+    int lo = 2147483647, hi = -2147483647 - 1;
+    for (int e = (int)(threadIdx.x & 31); e < n; e += 32) {
+        const int i0 = (int)x.l + e % w, i1 = (int)y.l + (e / w) % wy, i2 = (int)z.l + e / (w * wy);
+        const int v = BOOL ? (int)kpt_aux_bool(a, r, i0, i1, i2) : kpt_aux_i32(a, r, i0, i1, i2);
+        lo = min(lo, v);
+        hi = max(hi, v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    return kpt_iv_mk(lo, hi);
+}
 __device__ __forceinline__ kpt_iv kpt_iv_and(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l & b.l, a.h & b.h); }
 __device__ __forceinline__ kpt_iv kpt_iv_or(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l | b.l, a.h | b.h); }
 __device__ __forceinline__ kpt_iv kpt_iv_not(kpt_iv a) { return kpt_iv_mk(1 - a.h, 1 - a.l); }
@@ -627,9 +656,10 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
 #if KPT_HAS_BLOCKMAP
 // The block map of a data-dependent mask: one byte per (q tile, kv tile), 0 empty, 1 partial,
 // 2 full, for each batch row / head the mask depends on (the launch grid's y and z). One warp per
-// tile pair (grid.x covers them eight to a CTA, so even short sequences fill the GPU). Pairs the
-// interval classification settles cost nothing; the others are evaluated pair by pair, lanes
-// across keys, stopping as soon as both a kept and a dropped pair were seen.
+// tile pair (grid.x covers them eight to a CTA, so even short sequences fill the GPU). The
+// interval classification first, with the warp reading the range of each aux load over the tile
+// (kpt_iv_load); pairs it does not settle are evaluated pair by pair, lanes across keys,
+// stopping as soon as both a kept and a dropped pair were seen.
 extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
