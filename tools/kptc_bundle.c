@@ -1,6 +1,7 @@
 /* kptc bundle: compiles every (target, pattern, dtype, head dims) combination asked for, in
  * parallel through offline runtime contexts, and writes one bundle file (runtime/bundle.h) that
  * applications preload with kpt_context_load_bundle. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -135,6 +136,9 @@ typedef struct job_set {
     atomic_int next, done;
     atomic_int failed;
     pthread_mutex_t lock; /* the first error and the progress bar */
+    /* The failure of the lowest job index, so the message does not depend on thread timing:
+     * jobs are taken in index order, so every job below a failed one has started. */
+    int first_index;
     kpt_diag first_error;
     bool bar;
 } job_set;
@@ -163,7 +167,10 @@ static void *worker(void *arg)
         kpt_diag diag = {0};
         kpt_status st = kpt_kernel_get(js->ctx[t], js->pat[p], &desc, &k, &diag);
         pthread_mutex_lock(&js->lock);
-        if (st && !atomic_exchange(&js->failed, 1)) {
+        if (st)
+            atomic_store(&js->failed, 1);
+        if (st && j < js->first_index) {
+            js->first_index = j;
             js->first_error = diag;
             js->first_error.status = st;
             char m[KPT_DIAG_MESSAGE_MAX];
@@ -301,7 +308,7 @@ int kptc_bundle(int argc, char **argv)
             rc = report(&d, st);
     }
     if (!rc) {
-        job_set js = {.o = &o, .ctx = ctx, .pat = pat, .bar = isatty(2),
+        job_set js = {.o = &o, .ctx = ctx, .pat = pat, .first_index = INT_MAX, .bar = isatty(2),
                       .total = o.ntargets * o.npatterns * o.ndtypes * o.ndims};
         pthread_mutex_init(&js.lock, NULL);
         rc = run_jobs(&js, o.jobs);
