@@ -372,8 +372,9 @@ static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r)
         kpt_sb_printf(sb, "kpt_iv_pt((int)A.scalars[%u])", (unsigned)n->imm.index);
         return;
     case KPT_IR_LOAD: /* the range of the data over the index box, read by the warp */
-        kpt_sb_printf(sb, "kpt_iv_load<%s>(A.aux[%u], %d, i%u", n->type == KPT_IR_BOOL ? "true" : "false",
-                      (unsigned)n->imm.index, n->nargs, (unsigned)n->arg[0]);
+        kpt_sb_printf(sb, "kpt_iv_load<%s>(A.aux[%u], %d, i%u",
+                      n->type == KPT_IR_BOOL ? "true" : "false", (unsigned)n->imm.index, n->nargs,
+                      (unsigned)n->arg[0]);
         for (int i = 1; i < 3; i++) {
             if (i < n->nargs) kpt_sb_printf(sb, ", i%u", (unsigned)n->arg[i]);
             else kpt_sb_puts(sb, ", kpt_iv_pt(0)");

@@ -72,10 +72,14 @@ static void test_deterministic_no_user_text(void **state)
     assert_null(strstr(a, "doc_q"));      /* aux names too */
     assert_null(strstr(a, "#include"));   /* NVRTC needs no include path */
     assert_non_null(strstr(a, "#define KPT_HAS_BLOCKMAP 1")); /* aux mask: block-map kernel */
+    /* a mask that loads is evaluated in a loop, and its tiles are bounded by the loaded ranges */
+    assert_non_null(strstr(a, "#define KPT_MASK_UNROLL _Pragma(\"unroll 1\")"));
+    assert_non_null(strstr(a, "kpt_iv_load<false>(A.aux[0], 2, "));
     free(a);
     free(b);
     char *c = source_of("causal", KPT_DTYPE_F16, 64, 64, 90);
     assert_non_null(strstr(c, "#define KPT_HAS_BLOCKMAP 0"));
+    assert_non_null(strstr(c, "#define KPT_MASK_UNROLL _Pragma(\"unroll\")")); /* short: unrolled */
     free(c);
     /* nor from Lua scripts: names, params, aux tensors and strings stay out */
     const char *script =
