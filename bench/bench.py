@@ -90,17 +90,11 @@ class Kernels:
         self.ctx = kpt.Context(backend="cuda", cache_dir=cache_dir)
         self.kernels, self.compile_rows = {}, []
 
-    def pattern(self, case):
-        if case.kpt.startswith("lua:"):
-            path = os.path.join(cases.SCRIPTS, case.kpt[4:] + ".lua")
-            return kpt.Pattern.from_lua_file(path, params=case.lua_params)
-        return kpt.Pattern(case.kpt)
-
     def get(self, case, dtype, D):
         key = (case.kernel_key, dtype, D)
         if key in self.kernels:
             return self.kernels[key]
-        pat = self.pattern(case)
+        pat = case.pattern(kpt)
         before = self.ctx.stats()
         cold, ker = wall_ms(lambda: self.ctx.kernel(pat, dtype, D))
         after = self.ctx.stats()
@@ -124,7 +118,7 @@ class Kernels:
         for case, dtype, D in todo:
             key = (case.kernel_key, dtype, D)
             if key not in self.kernels and key not in jobs:
-                jobs[key] = (self.pattern(case), dtype, D)
+                jobs[key] = (case.pattern(kpt), dtype, D)
         if not jobs:
             return None
         t0 = time.perf_counter()

@@ -44,6 +44,13 @@ class Case:
     def kernel_key(self):
         return (self.kpt, tuple(sorted(self.lua_params.items())))
 
+    def pattern(self, kpt):
+        """The kpt pattern (`kpt` is the binding module, examples/python/kpt.py)."""
+        if self.kpt.startswith("lua:"):
+            path = os.path.join(SCRIPTS, self.kpt[4:] + ".lua")
+            return kpt.Pattern.from_lua_file(path, params=self.lua_params)
+        return kpt.Pattern(self.kpt)
+
 
 def alibi_slopes(h):
     """kpt's ALiBi slopes (compiler/builtins.c: kpt_alibi_slope) for h heads."""

@@ -46,11 +46,7 @@ def check(name, S=2048, B=2, H=2, D=16):
     q32, k32, v32 = q.float(), k.float(), v.float()
     o = torch.full_like(q32, float("nan"))
     with kpt.Context(backend="cpu", flags=kpt.NO_DISK_CACHE) as ctx:
-        if case.kpt.startswith("lua:"):
-            pat = kpt.Pattern.from_lua_file(os.path.join(cases.SCRIPTS, case.kpt[4:] + ".lua"),
-                                            params=case.lua_params)
-        else:
-            pat = kpt.Pattern(case.kpt)
+        pat = case.pattern(kpt)
         ctx.kernel(pat, "f32", D)(q32, k32, v32, o, scalars=case.scalars, aux=case.aux)
     err = ((o.double() - want).abs().max() / want.abs().max()).item()
     notes = []
