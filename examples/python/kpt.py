@@ -20,7 +20,6 @@ import os
 # ---- the C ABI: mirrors of include/kpt/*.h --------------------------------------------------
 
 DTYPES = {"f16": 1, "bf16": 2, "f32": 3, "f64": 4, "i32": 5, "bool": 6}
-_DTYPE_SIZE = {1: 2, 2: 2, 3: 4, 4: 8, 5: 4, 6: 1}
 # torch's dtype names, so torch tensors can be passed without importing torch here
 _TORCH_DTYPES = {"torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float32": "f32",
                  "torch.float64": "f64", "torch.int32": "i32", "torch.bool": "bool"}
