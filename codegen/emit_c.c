@@ -6,8 +6,9 @@
 
 #include "codegen/emit_c.h"
 
-const kpt_c_dialect kpt_dialect_cuda = {"cuda", "__uint_as_float(%su)"};
-const kpt_c_dialect kpt_dialect_hip = {"hip", "__uint_as_float(%su)"};
+const kpt_c_dialect kpt_dialect_cuda = {"cuda", "__uint_as_float(%su)", false};
+const kpt_c_dialect kpt_dialect_hip = {"hip", "__uint_as_float(%su)", false};
+const kpt_c_dialect kpt_dialect_glsl = {"glsl", "uintBitsToFloat(%su)", true};
 
 static const char *type_name(kpt_ir_type t)
 {
@@ -21,7 +22,8 @@ static const char *type_name(kpt_ir_type t)
 static void emit_float(kpt_strbuf *sb, float f, const kpt_c_dialect *d)
 {
     if (isfinite(f)) {
-        kpt_sb_printf(sb, "%af", (double)f); /* hex float: exact and locale-free */
+        /* hex floats are exact; GLSL has none, and nine significant digits round-trip a float */
+        kpt_sb_printf(sb, d->glsl ? "%.9e" : "%af", (double)f);
         return;
     }
     uint32_t bits;
@@ -131,13 +133,19 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
     case KPT_IR_HQ: kpt_sb_puts(sb, "A.Hq"); return;
     case KPT_IR_SCALAR:
         if (n->type == KPT_IR_F32)
-            kpt_sb_printf(sb, "__uint_as_float(A.scalars[%u])", (unsigned)n->imm.index);
+            kpt_sb_printf(sb, d->glsl ? "uintBitsToFloat(A.scalars[%u])"
+                                      : "__uint_as_float(A.scalars[%u])", (unsigned)n->imm.index);
         else
-            kpt_sb_printf(sb, "(int)A.scalars[%u]", (unsigned)n->imm.index);
+            kpt_sb_printf(sb, d->glsl ? "int(A.scalars[%u])" : "(int)A.scalars[%u]",
+                          (unsigned)n->imm.index);
         return;
     case KPT_IR_LOAD:
-        kpt_sb_printf(sb, "%s(A.aux[%u], %d, v%u, ", aux_loader(p->aux[n->imm.index].dtype),
-                      (unsigned)n->imm.index, n->nargs, (unsigned)a[0]);
+        if (d->glsl)
+            kpt_sb_printf(sb, "kpt_aux%u(%d, v%u, ", (unsigned)n->imm.index, n->nargs,
+                          (unsigned)a[0]);
+        else
+            kpt_sb_printf(sb, "%s(A.aux[%u], %d, v%u, ", aux_loader(p->aux[n->imm.index].dtype),
+                          (unsigned)n->imm.index, n->nargs, (unsigned)a[0]);
         if (n->nargs > 1) kpt_sb_printf(sb, "v%u, ", (unsigned)a[1]); else kpt_sb_puts(sb, "0, ");
         if (n->nargs > 2) kpt_sb_printf(sb, "v%u)", (unsigned)a[2]); else kpt_sb_puts(sb, "0)");
         return;
@@ -147,10 +155,10 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
         break;
     case KPT_IR_TO_F32:
         if (at == KPT_IR_BOOL) kpt_sb_printf(sb, "(v%u ? 1.0f : 0.0f)", (unsigned)a[0]);
-        else kpt_sb_printf(sb, "(float)v%u", (unsigned)a[0]);
+        else kpt_sb_printf(sb, d->glsl ? "float(v%u)" : "(float)v%u", (unsigned)a[0]);
         return;
     case KPT_IR_TO_I32:
-        if (at == KPT_IR_BOOL) kpt_sb_printf(sb, "(int)v%u", (unsigned)a[0]);
+        if (at == KPT_IR_BOOL) kpt_sb_printf(sb, d->glsl ? "int(v%u)" : "(int)v%u", (unsigned)a[0]);
         else kpt_sb_printf(sb, "kpt_f2i(v%u)", (unsigned)a[0]);
         return;
     case KPT_IR_IDIV:
@@ -347,7 +355,8 @@ static const char *iv_fn(kpt_ir_op op)
 
 /* The interval of an i32 or bool node. f32 nodes have none: anything computed from a float is the
  * whole range of its type. */
-static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r)
+static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r,
+                          const kpt_c_dialect *d)
 {
     const kpt_ir_graph *g = &p->g;
     const kpt_ir_node *n = kpt_ir_node_get(g, r);
@@ -369,12 +378,17 @@ static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r)
     case KPT_IR_SKV: kpt_sb_puts(sb, "kpt_iv_pt(A.Skv)"); return;
     case KPT_IR_HQ: kpt_sb_puts(sb, "kpt_iv_pt(A.Hq)"); return;
     case KPT_IR_SCALAR:
-        kpt_sb_printf(sb, "kpt_iv_pt((int)A.scalars[%u])", (unsigned)n->imm.index);
+        kpt_sb_printf(sb, d->glsl ? "kpt_iv_pt(int(A.scalars[%u]))" : "kpt_iv_pt((int)A.scalars[%u])",
+                      (unsigned)n->imm.index);
         return;
-    case KPT_IR_LOAD: /* the range of the data over the index box, read by the warp */
-        kpt_sb_printf(sb, "kpt_iv_load<%s>(A.aux[%u], %d, i%u",
-                      n->type == KPT_IR_BOOL ? "true" : "false", (unsigned)n->imm.index, n->nargs,
-                      (unsigned)n->arg[0]);
+    case KPT_IR_LOAD: /* the range of the data over the index box */
+        if (d->glsl)
+            kpt_sb_printf(sb, "kpt_iv_load%u(%d, i%u", (unsigned)n->imm.index, n->nargs,
+                          (unsigned)n->arg[0]);
+        else
+            kpt_sb_printf(sb, "kpt_iv_load<%s>(A.aux[%u], %d, i%u",
+                          n->type == KPT_IR_BOOL ? "true" : "false", (unsigned)n->imm.index,
+                          n->nargs, (unsigned)n->arg[0]);
         for (int i = 1; i < 3; i++) {
             if (i < n->nargs) kpt_sb_printf(sb, ", i%u", (unsigned)n->arg[i]);
             else kpt_sb_puts(sb, ", kpt_iv_pt(0)");
@@ -397,7 +411,6 @@ static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r)
 
 void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
 {
-    (void)d;
     if (!p->mask) {
         kpt_sb_puts(sb, "    return 2;");
         return;
@@ -411,7 +424,7 @@ void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
         if (!live[r] || kpt_ir_type_of(&p->g, r) == KPT_IR_F32)
             continue;
         kpt_sb_printf(sb, "    const kpt_iv i%u = ", (unsigned)r);
-        emit_interval(sb, p, r);
+        emit_interval(sb, p, r, d);
         kpt_sb_puts(sb, ";\n");
     }
     free(live);

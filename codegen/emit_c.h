@@ -1,5 +1,5 @@
 /* The shared C-like expression emitter: turns a pattern's score mod and mask into straight-line
- * statements for the C-family kernel languages (CUDA, HIP). One statement per live IR node, in
+ * statements for the C-family kernel languages (CUDA, HIP, GLSL). One statement per live IR node, in
  * node order, so the text depends only on the IR (deterministic source, stable cache keys).
  *
  * The emitted code calls helpers every target's template defines under the same names
@@ -13,12 +13,17 @@
 #include "ir/strbuf.h"
 
 typedef struct kpt_c_dialect {
-    const char *name;       /* "cuda", "hip" */
+    const char *name;       /* "cuda", "hip", "glsl" */
     const char *bits_float; /* printf format turning a u32 literal into a float: "__uint_as_float(%su)" */
+    /* GLSL: constructor casts (`int(x)`), decimal float literals (GLSL has no hex floats), and
+     * aux tensors as one storage buffer each, so loads call per-slot functions (`kpt_aux3(...)`,
+     * `kpt_iv_load3(...)`) that glsl_source.c generates, instead of taking `A.aux[3]`. */
+    bool glsl;
 } kpt_c_dialect;
 
 extern const kpt_c_dialect kpt_dialect_cuda;
 extern const kpt_c_dialect kpt_dialect_hip;
+extern const kpt_c_dialect kpt_dialect_glsl;
 
 /* Values the score mod and mask need that depend only on b, h, lengths and scalars (ALiBi's
  * slope(h), say), hoisted out of the per-element code: the fields of `struct kpt_uniform` and the

@@ -51,6 +51,28 @@ static uint32_t cone_size(const kpt_ir_graph *g, kpt_ir_ref root, bool *loads)
     return n;
 }
 
+/* What the plan needs to know of the score mod and mask: whether they exist, whether tiles are
+ * classified by a block-map kernel (masks that read aux data) and per what. */
+static kpt_status plan_mask(const kpt_pattern *p, kpt_kernel_plan *pl, kpt_diag *diag)
+{
+    pl->has_mask = p->mask != 0;
+    pl->has_score = p->score != 0;
+    if (pl->has_mask) {
+        uint16_t *deps = calloc(p->g.count, sizeof(*deps));
+        if (!deps)
+            return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (planning)");
+        kpt_ir_deps(&p->g, deps);
+        uint16_t d = deps[p->mask];
+        free(deps);
+        pl->has_blockmap = (d & KPT_DEP_AUX) != 0;
+        pl->bm_per_b = (d & KPT_DEP_B) != 0;
+        pl->bm_per_h = (d & KPT_DEP_H) != 0;
+        bool loads = false;
+        pl->mask_rolled = cone_size(&p->g, p->mask, &loads) > KPT_MASK_UNROLL_MAX_NODES || loads;
+    }
+    return KPT_OK;
+}
+
 kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kpt_kernel_plan *out,
                           kpt_diag *diag)
 {
@@ -82,24 +104,46 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
     }
     pl.bm = pl.warps * pl.mt * 16;
     pl.q_in_regs = cfg->dqk <= 64;
-    pl.has_mask = p->mask != 0;
-    pl.has_score = p->score != 0;
-    if (pl.has_mask) {
-        uint16_t *deps = calloc(p->g.count, sizeof(*deps));
-        if (!deps)
-            return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (planning)");
-        kpt_ir_deps(&p->g, deps);
-        uint16_t d = deps[p->mask];
-        free(deps);
-        pl.has_blockmap = (d & KPT_DEP_AUX) != 0;
-        pl.bm_per_b = (d & KPT_DEP_B) != 0;
-        pl.bm_per_h = (d & KPT_DEP_H) != 0;
-        bool loads = false;
-        pl.mask_rolled = cone_size(&p->g, p->mask, &loads) > KPT_MASK_UNROLL_MAX_NODES || loads;
-    }
+    kpt_status st = plan_mask(p, &pl, diag);
+    if (st)
+        return st;
     size_t rows_q = (size_t)pl.bm * (size_t)(cfg->dqk + 8);
     size_t rows_kv = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     pl.smem_bytes = 2 * (rows_q + (size_t)pl.stages * rows_kv);
+    *out = pl;
+    return KPT_OK;
+}
+
+kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
+                               kpt_kernel_plan *out, kpt_diag *diag)
+{
+    if (cfg->dtype != KPT_DTYPE_F16 && cfg->dtype != KPT_DTYPE_F32)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "dtype %s is not supported by the Vulkan backend (f16 or f32)",
+                            kpt_dtype_name(cfg->dtype));
+    if (cfg->dqk < 1 || cfg->dqk > KPT_GLSL_MAX_HEAD_DIM || cfg->dv < 1 ||
+        cfg->dv > KPT_GLSL_MAX_HEAD_DIM)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the Vulkan backend supports 1 to %d",
+                            cfg->dqk, cfg->dv, KPT_GLSL_MAX_HEAD_DIM);
+    kpt_kernel_plan pl = {0};
+    pl.cfg = *cfg;
+    pl.cfg.sm = 0;
+    pl.bm = 32;
+    /* K and V rows of a tile in fp32, plus room for the compiler's own shared variables */
+    size_t row = (size_t)(cfg->dqk + cfg->dv) * 4;
+    size_t avail = smem_limit > 1024 ? (size_t)smem_limit - 1024 : 0;
+    for (pl.bn = 32; pl.bn > 1 && (size_t)pl.bn * row > avail; pl.bn /= 2)
+        ;
+    pl.smem_bytes = (size_t)pl.bn * row;
+    if (pl.smem_bytes > avail)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims %d/%d need %zu bytes of shared memory; the device allows %d",
+                            cfg->dqk, cfg->dv, pl.smem_bytes + 1024, smem_limit);
+    pl.stages = 1;
+    kpt_status st = plan_mask(p, &pl, diag);
+    if (st)
+        return st;
     *out = pl;
     return KPT_OK;
 }

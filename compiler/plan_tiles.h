@@ -43,4 +43,11 @@ extern const int kpt_cuda_num_head_dims;
 kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kpt_kernel_plan *out,
                           kpt_diag *diag);
 
+/* The GLSL (Vulkan) kernel: one invocation per query row, bm rows per workgroup, K and V tiles of
+ * bn rows in fp32 shared memory, bn as large as `smem_limit` bytes allow (at most 32). cfg->sm
+ * is 0; dtype F16 or F32; head dims 1..256. */
+#define KPT_GLSL_MAX_HEAD_DIM 256
+kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
+                               kpt_kernel_plan *out, kpt_diag *diag);
+
 #endif

@@ -32,12 +32,15 @@
 #include "compiler/pipeline.h"
 #include "compiler/plan_tiles.h"
 #include "codegen/cuda_source.h"
+#include "codegen/glsl_source.h"
 #include "ir/diag.h"
 #include "ir/numeric.h"
 #include "runtime/attention_args.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/npy.h"
 #include "runtime/nvrtc.h"
+#include "runtime/clock.h"
+#include "runtime/spirv.h"
 #include "runtime/rng.h"
 #include "tools/kptc.h"
 
@@ -48,12 +51,19 @@ static const char usage_text[] =
     "commands:\n"
     "  patterns            list the built-in pattern terms\n"
     "  emit                compile PATTERN and print it\n"
-    "      --emit ir|cuda|ptx|cubin  what to print: the IR, or the CUDA kernel as source, PTX or\n"
-    "                                CUBIN (NVRTC; CUBIN only to a file or pipe)\n"
+    "      --emit ir|cuda|ptx|cubin|glsl|spirv  what to print: the IR; the CUDA kernel as source,\n"
+    "                                PTX or CUBIN (NVRTC); the Vulkan kernel as GLSL or SPIR-V\n"
+    "                                (validated; binary only to a file or pipe)\n"
     "      --dump-after STAGE        print the IR after STAGE: parse, opt_fold, opt_simplify, all\n"
-    "      --target cuda:sm_XX       sm_80 (default), sm_86, sm_89 or sm_90\n"
-    "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256\n"
-    "      --dtype f16|bf16          input dtype of the kernel (default bf16)\n"
+    "      --target T                cuda:sm_80 (default for cuda), cuda:sm_86, cuda:sm_89,\n"
+    "                                cuda:sm_90; spirv (the only one for glsl and spirv)\n"
+    "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256 (CUDA);\n"
+    "                                1 to 256 (spirv)\n"
+    "      --dtype T                 input dtype of the kernel: f16 or bf16 (CUDA, default\n"
+    "                                bf16); f16 or f32 (spirv, default f16)\n"
+    "      --smem BYTES              spirv: the device's shared memory to plan for (default\n"
+    "                                16384, the least any Vulkan device has)\n"
+    "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n"
     "      --verbose                 print NVRTC's time and ptxas's register/spill report to stderr\n"
     "  check               run PATTERN on random inputs and check the result\n"
     "      --backend cpu|cuda        cpu: the double-precision reference only (default); cuda:\n"
@@ -115,6 +125,8 @@ typedef struct options {
     const char *seed;
     const char *tile;
     const char *save;
+    const char *smem;
+    const char *blockmap;
     const char *params[MAX_KV];
     int nparams;
     const char *scalars[MAX_KV];
@@ -127,7 +139,8 @@ static const char *const check_opts[] = {"--backend", "--shape", "--dtype", "--l
                                          "--scalar", "--aux", "--tile", "--save", "--param",
                                          NULL};
 static const char *const emit_opts[] = {"--emit", "--dump-after", "--target", "--head-dim",
-                                        "--dtype", "--verbose", "--param", NULL};
+                                        "--dtype", "--verbose", "--param", "--smem",
+                                        "--blockmap", NULL};
 
 static const char **slot(options *o, const char *name)
 {
@@ -143,6 +156,8 @@ static const char **slot(options *o, const char *name)
     if (!strcmp(name, "--seed")) return &o->seed;
     if (!strcmp(name, "--tile")) return &o->tile;
     if (!strcmp(name, "--save")) return &o->save;
+    if (!strcmp(name, "--smem")) return &o->smem;
+    if (!strcmp(name, "--blockmap")) return &o->blockmap;
     return NULL;
 }
 
@@ -169,9 +184,9 @@ static int parse_options(int argc, char **argv, const char *const *allowed, opti
             known |= strcmp(allowed[k], name) == 0;
         if (!known)
             return usage_error("unknown option '%s' for this command", name);
-        if (!strcmp(name, "--verbose")) { /* the one flag: takes no value */
+        if (!strcmp(name, "--verbose") || !strcmp(name, "--blockmap")) { /* flags: no value */
             if (value)
-                return usage_error("--verbose takes no value");
+                return usage_error("%s takes no value", name);
             value = "1";
         } else if (value) {
             value++;
@@ -383,6 +398,64 @@ static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
     return rc;
 }
 
+/* The Vulkan kernel: GLSL, or its SPIR-V module (validated), planned for `--smem` bytes of
+ * shared memory. */
+static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
+{
+    kpt_kernel_config cfg = {.dtype = KPT_DTYPE_F16};
+    if (o->target && strcmp(o->target, "spirv"))
+        return usage_error("--target '%s': --emit %s takes spirv", o->target, what);
+    if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
+        return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
+    if (o->dtype) {
+        cfg.dtype = kpt_dtype_from_name(o->dtype);
+        if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_F32)
+            return usage_error("--dtype '%s': the Vulkan backend takes f16 or f32", o->dtype);
+    }
+    int64_t smem = 16384;
+    if (o->smem && !parse_int(o->smem, 1024, 1 << 30, &smem))
+        return usage_error("--smem wants a byte count from 1024, got '%s'", o->smem);
+    kpt_diag d = {0};
+    kpt_kernel_plan plan;
+    char *src = NULL;
+    kpt_status st = kpt_plan_tiles_glsl(p, &cfg, (int)smem, &plan, &d);
+    if (!st)
+        st = kpt_glsl_source(p, &plan, &src, &d);
+    if (st)
+        return report(&d, st);
+    if (o->blockmap && !plan.has_blockmap) {
+        free(src);
+        fprintf(stderr, "kptc: pattern '%s' needs no block map\n", p->name);
+        return 1;
+    }
+    if (!strcmp(what, "glsl")) {
+        fputs(src, stdout);
+        free(src);
+        return 0;
+    }
+    uint32_t *words = NULL;
+    size_t n = 0;
+    double t0 = kpt_now_ms();
+    st = kpt_spirv_compile(src, o->blockmap != NULL, &words, &n, &d);
+    free(src);
+    if (st) {
+        fprintf(stderr, "kptc: %s\n", d.message);
+        return 1;
+    }
+    if (o->verbose)
+        fprintf(stderr, "kptc: %s + spvValidate %.1f ms, %zu words\n", kpt_spirv_compiler(),
+                kpt_now_ms() - t0, n);
+    int rc = 0;
+    if (isatty(fileno(stdout))) {
+        fprintf(stderr, "kptc: not writing SPIR-V to a terminal; redirect stdout to a file\n");
+        rc = EXIT_USAGE;
+    } else if (fwrite(words, sizeof(*words), n, stdout) != n) {
+        rc = 1;
+    }
+    free(words);
+    return rc;
+}
+
 static int cmd_emit(int argc, char **argv)
 {
     options o = {0};
@@ -393,17 +466,22 @@ static int cmd_emit(int argc, char **argv)
         return usage_error("emit needs a PATTERN");
     const char *what = o.emit ? o.emit : "ir";
     bool cuda = !strcmp(what, "cuda") || !strcmp(what, "ptx") || !strcmp(what, "cubin");
-    if (strcmp(what, "ir") != 0 && !cuda) {
-        static const char *const later[] = {"hip", "hsaco", "glsl", "spirv", NULL};
+    bool spirv = !strcmp(what, "glsl") || !strcmp(what, "spirv");
+    if (strcmp(what, "ir") != 0 && !cuda && !spirv) {
+        static const char *const later[] = {"hip", "hsaco", NULL};
         for (int i = 0; later[i]; i++)
             if (!strcmp(what, later[i]))
                 return usage_error("--emit %s is not available in this build (no %s backend yet)",
                                    what, what);
-        return usage_error("unknown --emit '%s' (expected ir, cuda, ptx or cubin)", what);
+        return usage_error("unknown --emit '%s' (expected ir, cuda, ptx, cubin, glsl or spirv)",
+                           what);
     }
-    if (!cuda && (o.target || o.head_dim || o.dtype || o.verbose))
-        return usage_error("--target, --head-dim, --dtype and --verbose go with --emit cuda|ptx|cubin");
-    if (cuda && o.dump_after)
+    if (!cuda && !spirv && (o.target || o.head_dim || o.dtype || o.verbose))
+        return usage_error("--target, --head-dim, --dtype and --verbose go with --emit "
+                           "cuda|ptx|cubin|glsl|spirv");
+    if (!spirv && (o.smem || o.blockmap))
+        return usage_error("--smem and --blockmap go with --emit glsl|spirv");
+    if ((cuda || spirv) && o.dump_after)
         return usage_error("--dump-after goes with --emit ir");
     if (o.dump_after && !kpt_pipeline_is_stage(o.dump_after))
         return usage_error("unknown stage '%s' for --dump-after (parse, opt_fold, opt_simplify, all)",
@@ -423,6 +501,8 @@ static int cmd_emit(int argc, char **argv)
     }
     if (cuda) {
         rc = emit_cuda(&o, p, what);
+    } else if (spirv) {
+        rc = emit_spirv(&o, p, what);
     } else if (!o.dump_after) {
         char *text = kpt_pattern_ir_text(p);
         if (!text) {

@@ -1,0 +1,34 @@
+/* GLSL 4.50 compute source for a pattern's fused attention kernel and, when the mask reads aux
+ * tensors, its block-map kernel (the same text compiled with KPT_ENTRY_BLOCKMAP defined): the
+ * template templates/glsl/attention.comp filled with the plan's constants, one storage buffer and
+ * loader per aux tensor, and the pattern's expressions (emit_c.c's GLSL dialect). Byte-identical
+ * for the same pattern IR and plan; no user text reaches it.
+ *
+ * The descriptor set every kernel uses (set 0): bindings 0-5 are Q, K, V, O, LSE and the block
+ * map, 6 the geometry block (runtime/vulkan_args.h), 7 + i aux tensor i. */
+#ifndef KPT_CODEGEN_GLSL_SOURCE_H
+#define KPT_CODEGEN_GLSL_SOURCE_H
+
+#include <kpt/status.h>
+
+#include "compiler/plan_tiles.h"
+
+enum {
+    KPT_GLSL_BIND_Q = 0,
+    KPT_GLSL_BIND_K,
+    KPT_GLSL_BIND_V,
+    KPT_GLSL_BIND_O,
+    KPT_GLSL_BIND_LSE,
+    KPT_GLSL_BIND_BLOCKMAP,
+    KPT_GLSL_BIND_GEOMETRY,
+    KPT_GLSL_BIND_AUX0, /* aux tensor i at KPT_GLSL_BIND_AUX0 + i */
+};
+
+/* The workgroup size of the block-map kernel (one invocation per tile pair). */
+#define KPT_GLSL_BLOCKMAP_GROUP 64
+
+/* Returns malloc'ed source in *out (caller frees). */
+kpt_status kpt_glsl_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
+                           kpt_diag *diag);
+
+#endif
