@@ -10,6 +10,7 @@
 #include "ir/strbuf.h"
 #include "kpt_version.h"
 #include "runtime/backend.h"
+#include "runtime/backend_vulkan.h"
 #include "runtime/bundle.h"
 #include "runtime/clock.h"
 #include "runtime/context.h"
@@ -108,8 +109,9 @@ static kpt_status open_backend(kpt_context *ctx, const kpt_context_params *p, kp
         return kpt_backend_cuda_open(p, &ctx->backend, diag);
     case KPT_BACKEND_CPU:
         return kpt_backend_cpu_open(p, &ctx->backend, diag);
-    case KPT_BACKEND_HIP:
     case KPT_BACKEND_VULKAN:
+        return kpt_backend_vulkan_open(p, false, &ctx->backend, diag);
+    case KPT_BACKEND_HIP:
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "the %s backend is not part of this build of kpt",
                             kpt_backend_name(p->backend));
@@ -126,8 +128,14 @@ static kpt_status open_backend(kpt_context *ctx, const kpt_context_params *p, kp
             *diag = why;
         return st;
     }
-    kpt_log(&ctx->log, KPT_LOG_WARN, "no GPU backend (CUDA: %s); using the CPU reference",
-            why.message);
+    kpt_diag why_vk = {0};
+    q.backend = KPT_BACKEND_VULKAN;
+    q.target = NULL;
+    if (!kpt_backend_vulkan_open(&q, true, &ctx->backend, &why_vk))
+        return KPT_OK;
+    kpt_log(&ctx->log, KPT_LOG_WARN,
+            "no GPU backend (CUDA: %s; Vulkan: %s); using the CPU reference", why.message,
+            why_vk.message);
     q.backend = KPT_BACKEND_CPU;
     q.target = NULL;
     return kpt_backend_cpu_open(&q, &ctx->backend, diag);

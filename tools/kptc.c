@@ -39,6 +39,7 @@
 #include "runtime/cuda_backend.h"
 #include "runtime/npy.h"
 #include "runtime/nvrtc.h"
+#include "runtime/backend_vulkan.h"
 #include "runtime/clock.h"
 #include "runtime/spirv.h"
 #include "runtime/rng.h"
@@ -61,13 +62,14 @@ static const char usage_text[] =
     "                                1 to 256 (spirv)\n"
     "      --dtype T                 input dtype of the kernel: f16 or bf16 (CUDA, default\n"
     "                                bf16); f16 or f32 (spirv, default f16)\n"
-    "      --smem BYTES              spirv: the device's shared memory to plan for (default\n"
-    "                                16384, the least any Vulkan device has)\n"
+    "      --smem BYTES              spirv: the shared memory to plan for (default 32768, what\n"
+    "                                the runtime plans for on devices with at least that)\n"
     "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n"
     "      --verbose                 print NVRTC's time and ptxas's register/spill report to stderr\n"
     "  check               run PATTERN on random inputs and check the result\n"
-    "      --backend cpu|cuda        cpu: the double-precision reference only (default); cuda:\n"
-    "                                also the CUDA kernel on this GPU, compared with it\n"
+    "      --backend cpu|cuda|vulkan cpu: the double-precision reference only (default); cuda,\n"
+    "                                vulkan: also that backend's kernel on this machine,\n"
+    "                                compared with it\n"
     "      --shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]   default 1,4,2,512,512,64\n"
     "      --dtype f16|bf16|f32      input dtype (default bf16)\n"
     "      --layout bhsd|bshd        memory layout of q, k, v, o (default bhsd)\n"
@@ -412,7 +414,7 @@ static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
         if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_F32)
             return usage_error("--dtype '%s': the Vulkan backend takes f16 or f32", o->dtype);
     }
-    int64_t smem = 16384;
+    int64_t smem = KPT_VK_PLAN_SMEM;
     if (o->smem && !parse_int(o->smem, 1024, 1 << 30, &smem))
         return usage_error("--smem wants a byte count from 1024, got '%s'", o->smem);
     kpt_diag d = {0};
@@ -923,8 +925,9 @@ static int cmd_check(int argc, char **argv)
         return rc;
     if (!c.o.pattern)
         return usage_error("check needs a PATTERN");
-    if (c.o.backend && strcmp(c.o.backend, "cpu") && strcmp(c.o.backend, "cuda"))
-        return usage_error("--backend %s: expected cpu or cuda", c.o.backend);
+    if (c.o.backend && strcmp(c.o.backend, "cpu") && strcmp(c.o.backend, "cuda") &&
+        strcmp(c.o.backend, "vulkan"))
+        return usage_error("--backend %s: expected cpu, cuda or vulkan", c.o.backend);
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)))
         return rc;
     kpt_diag d = {0};
@@ -1044,7 +1047,7 @@ static int cmd_check(int argc, char **argv)
            bad ? "INCONSISTENT rows found" : "all rows consistent");
     printf("  time       %.3f s for the reference attention\n", t1 - t0);
     fflush(stdout);
-    if (c.o.backend && !strcmp(c.o.backend, "cuda") && !bad && ms.agrees)
+    if (c.o.backend && strcmp(c.o.backend, "cpu") && !bad && ms.agrees)
         rc = kptc_check_device(c.o.backend, c.p, &args, c.dtype);
     free_check(&c, bufs, 5);
     if (rc)

@@ -1,5 +1,5 @@
-/* kptc check --backend cuda: the pattern's kernel, through the runtime API, on this machine's
- * GPU, on the same inputs as the CPU reference, compared with it (outputs poisoned first). */
+/* kptc check --backend cuda|vulkan: the pattern's kernel, through the runtime API, on this
+ * machine's GPU (or lavapipe), on the same inputs as the CPU reference, compared with it (outputs poisoned first). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,11 +83,13 @@ static double compare(const kpt_attention_args *ref, const kpt_tensor *o, const 
 int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
                       kpt_dtype dtype)
 {
-    if (strcmp(backend, "cuda"))
-        return usage_error("--backend %s: expected cpu or cuda", backend);
+    bool vulkan = !strcmp(backend, "vulkan");
+    if (strcmp(backend, "cuda") && !vulkan)
+        return usage_error("--backend %s: expected cpu, cuda or vulkan", backend);
     device_run r = {0};
     kpt_diag d = {0};
-    kpt_context_params cp = {.backend = KPT_BACKEND_CUDA, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context_params cp = {.backend = vulkan ? KPT_BACKEND_VULKAN : KPT_BACKEND_CUDA,
+                             .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
     if (st)
         return report(&d, st);
@@ -128,14 +130,14 @@ int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_atten
         rc = report(&d, st);
     } else {
         double lse_err, rel = compare(ref, &a.o, o, lse, &lse_err);
-        double tol = dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3;
+        double tol = dtype == KPT_DTYPE_BF16 ? 1e-2 : dtype == KPT_DTYPE_F16 ? 5e-3 : 1e-4;
         kpt_stats s;
         kpt_context_get_stats(r.ctx, &s);
-        printf("  cuda       %s on %s: max relative error %.3g (tolerance %g), LSE max error "
-               "%.3g; compiled in %.0f ms\n", kpt_context_target(r.ctx),
+        printf("  %-10s %s on %s: max relative error %.3g (tolerance %g), LSE max error "
+               "%.3g; compiled in %.0f ms\n", backend, kpt_context_target(r.ctx),
                kpt_context_device_name(r.ctx), rel, tol, lse_err, s.compile_ms_total);
         if (!(rel <= tol) || !(lse_err <= 1e-2)) {
-            fprintf(stderr, "kptc: the CUDA kernel disagrees with the reference\n");
+            fprintf(stderr, "kptc: the %s kernel disagrees with the reference\n", backend);
             rc = 1;
         }
     }

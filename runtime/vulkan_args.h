@@ -1,0 +1,39 @@
+/* The arguments of the Vulkan kernels: the host twins of `kpt_push` (push constants) and
+ * `kpt_geom_buf` (a storage buffer, std430) in templates/glsl/attention.comp. Change them
+ * together. */
+#ifndef KPT_RUNTIME_VULKAN_ARGS_H
+#define KPT_RUNTIME_VULKAN_ARGS_H
+
+#include <stdint.h>
+
+/* Push constants: sizes and runtime scalars (the array is as long as the pattern has scalars,
+ * at least 1). */
+typedef struct kpt_vk_push {
+    int32_t B, Hq, Hkv, Sq, Skv, group, n_qt, n_kt;
+    float scale, scale_log2;
+    uint32_t scalars[32];
+} kpt_vk_push;
+#define KPT_VK_PUSH_FIXED 40 /* bytes before scalars[] */
+
+typedef struct kpt_vk_auxgeom {
+    uint32_t off;       /* bytes from the start of the buffer */
+    uint32_t dim[3];
+    uint32_t stride[3]; /* elements */
+    uint32_t pad;
+} kpt_vk_auxgeom;
+
+#define KPT_VK_NO_LSE 0xffffffffu
+
+/* Element offsets of each tensor within its buffer and element strides; bms: block-map entry
+ * strides for b, h and the q tile (0 where the map does not depend on them). */
+typedef struct kpt_vk_geom {
+    uint32_t qo, ko, vo, oo, lo, bmo;
+    uint32_t qs[4], ks[4], vs[4], os[4];
+    uint32_t ls[3], bms[3];
+    kpt_vk_auxgeom aux[16];
+} kpt_vk_geom;
+
+_Static_assert(sizeof(kpt_vk_auxgeom) == 32, "kpt_vk_auxgeom layout");
+_Static_assert(sizeof(kpt_vk_geom) == 112 + 16 * 32, "kpt_vk_geom layout");
+
+#endif
