@@ -428,6 +428,9 @@ void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
         kpt_sb_puts(sb, ";\n");
     }
     free(live);
-    kpt_sb_printf(sb, "    return i%u.h == 0 ? 0 : (i%u.l == 1 ? 2 : 1);", (unsigned)p->mask,
-                  (unsigned)p->mask);
+    if (d->glsl) /* no 64-bit comparisons in GLSL (templates/glsl/attention.comp) */
+        kpt_sb_printf(sb, "    return kpt_iv_class(i%u);", (unsigned)p->mask);
+    else
+        kpt_sb_printf(sb, "    return i%u.h == 0 ? 0 : (i%u.l == 1 ? 2 : 1);", (unsigned)p->mask,
+                      (unsigned)p->mask);
 }

@@ -65,8 +65,9 @@ static void emit_iv_load(kpt_strbuf *sb, unsigned i, kpt_dtype t)
 {
     kpt_sb_printf(sb, "kpt_iv kpt_iv_load%u(int r, kpt_iv x, kpt_iv y, kpt_iv z)\n{\n", i);
     kpt_sb_puts(sb, "    const int64_t nx = x.h - x.l + 1, ny = y.h - y.l + 1, nz = z.h - z.l + 1;\n"
-                    "    if (nx > KPT_IV_LOAD_MAX || ny > KPT_IV_LOAD_MAX || nz > KPT_IV_LOAD_MAX ||\n"
-                    "        nx * ny * nz > KPT_IV_LOAD_MAX)\n");
+                    "    const int64_t lim = KPT_IV_LOAD_MAX;\n"
+                    "    if (kpt_lt64(lim, nx) || kpt_lt64(lim, ny) || kpt_lt64(lim, nz) ||\n"
+                    "        kpt_lt64(lim, nx * ny * nz))\n");
     kpt_sb_printf(sb, "        return %s;\n",
                   t == KPT_DTYPE_BOOL ? "kpt_iv_anyb()" : "kpt_iv_any()");
     kpt_sb_puts(sb, "    const int n = int(nx * ny * nz), w = int(nx), wy = int(ny);\n"

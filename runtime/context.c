@@ -213,6 +213,11 @@ void kpt_context_destroy(kpt_context **cp)
     *cp = NULL;
 }
 
+kpt_backend *kpt_context_backend_impl(kpt_context *ctx)
+{
+    return ctx ? ctx->backend : NULL;
+}
+
 kpt_backend_kind kpt_context_backend(const kpt_context *ctx)
 {
     return ctx ? ctx->backend->ops->kind : KPT_BACKEND_AUTO;

@@ -5,7 +5,11 @@
 
 #include <kpt/runtime.h>
 
+#include "runtime/backend.h"
 #include "runtime/bundle.h"
+
+/* The backend a context uses (for backend-specific internals: timings in tests/gpu). */
+kpt_backend *kpt_context_backend_impl(kpt_context *ctx);
 
 /* Calls fn once per compiled kernel of ctx with a bundle entry describing it (valid during the
  * call only). Only contexts made with KPT_CONTEXT_OFFLINE keep their binaries. */

@@ -9,6 +9,7 @@
 // compiler's preamble) as the block-map kernel of data-dependent masks.
 @CONFIG@
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_control_flow_attributes : require
 #if KPT_F16
 #extension GL_EXT_shader_16bit_storage : require
 #define KPT_ELEM float16_t
@@ -139,10 +140,22 @@ bool kpt_aux_index(int slot, int rank, int i0, int i1, int i2, out uint e)
 struct kpt_iv {
     int64_t l, h;
 };
+// 64-bit comparisons from 32-bit halves: Mesa 22.3's lavapipe evaluates `int64_t < int64_t`
+// wrongly at run time (0 < 1000 is false), so no interval code compares 64-bit values directly.
+bool kpt_lt64(int64_t a, int64_t b)
+{
+    const int ah = int(a >> 32), bh = int(b >> 32);
+    return ah < bh || (ah == bh && uint(a) < uint(b));
+}
+bool kpt_le64(int64_t a, int64_t b) { return !kpt_lt64(b, a); }
+bool kpt_eq64(int64_t a, int64_t b) { return int(a >> 32) == int(b >> 32) && uint(a) == uint(b); }
+int64_t kpt_min64(int64_t a, int64_t b) { return kpt_lt64(b, a) ? b : a; }
+int64_t kpt_max64(int64_t a, int64_t b) { return kpt_lt64(a, b) ? b : a; }
+
 kpt_iv kpt_iv_mk(int64_t l, int64_t h)
 {
     kpt_iv r;
-    if (l < int64_t(KPT_I32_MIN) || h > int64_t(KPT_I32_MAX)) {
+    if (kpt_lt64(l, int64_t(KPT_I32_MIN)) || kpt_lt64(int64_t(KPT_I32_MAX), h)) {
         l = int64_t(KPT_I32_MIN);
         h = int64_t(KPT_I32_MAX);
     }
@@ -153,60 +166,70 @@ kpt_iv kpt_iv_mk(int64_t l, int64_t h)
 kpt_iv kpt_iv_pt(int64_t v) { return kpt_iv_mk(v, v); }
 kpt_iv kpt_iv_any() { return kpt_iv_mk(int64_t(KPT_I32_MIN), int64_t(KPT_I32_MAX)); }
 kpt_iv kpt_iv_anyb() { return kpt_iv_mk(0, 1); }
-int64_t kpt_b64(bool c) { return c ? int64_t(1) : int64_t(0); }
+int64_t kpt_b64(bool c) { return int64_t(c ? 1 : 0); }
+// The class of a bool interval: 0 never kept, 2 always, 1 maybe.
+int kpt_iv_class(kpt_iv m) { return kpt_eq64(m.h, 0) ? 0 : (kpt_eq64(m.l, 1) ? 2 : 1); }
 kpt_iv kpt_iv_add(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l + b.l, a.h + b.h); }
 kpt_iv kpt_iv_sub(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l - b.h, a.h - b.l); }
 kpt_iv kpt_iv_neg(kpt_iv a) { return kpt_iv_mk(-a.h, -a.l); }
 kpt_iv kpt_iv_abs(kpt_iv a)
 {
-    if (a.l >= 0) return a;
-    if (a.h <= 0) return kpt_iv_mk(-a.h, -a.l);
-    return kpt_iv_mk(0, max(-a.l, a.h));
+    if (kpt_le64(0, a.l)) return a;
+    if (kpt_le64(a.h, 0)) return kpt_iv_mk(-a.h, -a.l);
+    return kpt_iv_mk(0, kpt_max64(-a.l, a.h));
 }
 kpt_iv kpt_iv_mul(kpt_iv a, kpt_iv b)
 {
     int64_t p0 = a.l * b.l, p1 = a.l * b.h, p2 = a.h * b.l, p3 = a.h * b.h;
-    return kpt_iv_mk(min(min(p0, p1), min(p2, p3)), max(max(p0, p1), max(p2, p3)));
+    return kpt_iv_mk(kpt_min64(kpt_min64(p0, p1), kpt_min64(p2, p3)),
+                     kpt_max64(kpt_max64(p0, p1), kpt_max64(p2, p3)));
 }
 int64_t kpt_fdiv64(int64_t a, int64_t b)
 {
     int64_t q = a / b;
-    if (a - q * b != 0 && ((a < 0) != (b < 0))) q--;
+    if (!kpt_eq64(a - q * b, 0) && (kpt_lt64(a, 0) != kpt_lt64(b, 0))) q--;
     return q;
 }
 kpt_iv kpt_iv_idiv(kpt_iv a, kpt_iv b)
 {
     // Floor division is monotone in a for a fixed divisor sign and in b on each side of 0, so
     // the corners bound it; a divisor interval that holds 0 or -1 (wrapping) gives no bound.
-    if (!(b.l > 0 || b.h < -1)) return kpt_iv_any();
+    if (!(kpt_lt64(0, b.l) || kpt_lt64(b.h, -1))) return kpt_iv_any();
     int64_t c0 = kpt_fdiv64(a.l, b.l), c1 = kpt_fdiv64(a.l, b.h);
     int64_t c2 = kpt_fdiv64(a.h, b.l), c3 = kpt_fdiv64(a.h, b.h);
-    return kpt_iv_mk(min(min(c0, c1), min(c2, c3)), max(max(c0, c1), max(c2, c3)));
+    return kpt_iv_mk(kpt_min64(kpt_min64(c0, c1), kpt_min64(c2, c3)),
+                     kpt_max64(kpt_max64(c0, c1), kpt_max64(c2, c3)));
 }
 kpt_iv kpt_iv_mod(kpt_iv a, kpt_iv b)
 {
-    if (b.l == b.h && b.l > 0) {
-        if (kpt_fdiv64(a.l, b.l) == kpt_fdiv64(a.h, b.l))
+    if (kpt_eq64(b.l, b.h) && kpt_lt64(0, b.l)) {
+        if (kpt_eq64(kpt_fdiv64(a.l, b.l), kpt_fdiv64(a.h, b.l)))
             return kpt_iv_mk(a.l - kpt_fdiv64(a.l, b.l) * b.l, a.h - kpt_fdiv64(a.h, b.l) * b.l);
         return kpt_iv_mk(0, b.l - 1);
     }
-    if (b.l > 0) return kpt_iv_mk(0, b.h - 1);
-    if (b.h < -1) return kpt_iv_mk(b.l + 1, 0);
-    return kpt_iv_mk(min(b.l + 1, int64_t(0)), max(b.h - 1, int64_t(0)));
+    if (kpt_lt64(0, b.l)) return kpt_iv_mk(0, b.h - 1);
+    if (kpt_lt64(b.h, -1)) return kpt_iv_mk(b.l + 1, 0);
+    return kpt_iv_mk(kpt_min64(b.l + 1, 0), kpt_max64(b.h - 1, 0));
 }
-kpt_iv kpt_iv_min(kpt_iv a, kpt_iv b) { return kpt_iv_mk(min(a.l, b.l), min(a.h, b.h)); }
-kpt_iv kpt_iv_max(kpt_iv a, kpt_iv b) { return kpt_iv_mk(max(a.l, b.l), max(a.h, b.h)); }
+kpt_iv kpt_iv_min(kpt_iv a, kpt_iv b) { return kpt_iv_mk(kpt_min64(a.l, b.l), kpt_min64(a.h, b.h)); }
+kpt_iv kpt_iv_max(kpt_iv a, kpt_iv b) { return kpt_iv_mk(kpt_max64(a.l, b.l), kpt_max64(a.h, b.h)); }
 // interval ends stay within the i32 range (kpt_iv_mk), so findMSB of the low word is enough
-int64_t kpt_ilog2_64(int64_t v) { return v > 0 ? int64_t(findMSB(int(v))) : int64_t(-1); }
+int64_t kpt_ilog2_64(int64_t v) { return kpt_lt64(0, v) ? int64_t(findMSB(int(v))) : int64_t(-1); }
 kpt_iv kpt_iv_ilog2(kpt_iv a) { return kpt_iv_mk(kpt_ilog2_64(a.l), kpt_ilog2_64(a.h)); }
-kpt_iv kpt_iv_lt(kpt_iv a, kpt_iv b) { return kpt_iv_mk(kpt_b64(a.h < b.l), kpt_b64(a.l < b.h)); }
-kpt_iv kpt_iv_le(kpt_iv a, kpt_iv b) { return kpt_iv_mk(kpt_b64(a.h <= b.l), kpt_b64(a.l <= b.h)); }
+kpt_iv kpt_iv_lt(kpt_iv a, kpt_iv b)
+{
+    return kpt_iv_mk(kpt_b64(kpt_lt64(a.h, b.l)), kpt_b64(kpt_lt64(a.l, b.h)));
+}
+kpt_iv kpt_iv_le(kpt_iv a, kpt_iv b)
+{
+    return kpt_iv_mk(kpt_b64(kpt_le64(a.h, b.l)), kpt_b64(kpt_le64(a.l, b.h)));
+}
 kpt_iv kpt_iv_gt(kpt_iv a, kpt_iv b) { return kpt_iv_lt(b, a); }
 kpt_iv kpt_iv_ge(kpt_iv a, kpt_iv b) { return kpt_iv_le(b, a); }
 kpt_iv kpt_iv_eq(kpt_iv a, kpt_iv b)
 {
-    bool same = a.l == a.h && b.l == b.h && a.l == b.l;
-    bool apart = a.h < b.l || b.h < a.l;
+    bool same = kpt_eq64(a.l, a.h) && kpt_eq64(b.l, b.h) && kpt_eq64(a.l, b.l);
+    bool apart = kpt_lt64(a.h, b.l) || kpt_lt64(b.h, a.l);
     return kpt_iv_mk(kpt_b64(same), kpt_b64(!apart));
 }
 kpt_iv kpt_iv_ne(kpt_iv a, kpt_iv b)
@@ -219,9 +242,9 @@ kpt_iv kpt_iv_or(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l | b.l, a.h | b.h); }
 kpt_iv kpt_iv_not(kpt_iv a) { return kpt_iv_mk(1 - a.h, 1 - a.l); }
 kpt_iv kpt_iv_select(kpt_iv c, kpt_iv a, kpt_iv b)
 {
-    if (c.l == 1) return a;
-    if (c.h == 0) return b;
-    return kpt_iv_mk(min(a.l, b.l), max(a.h, b.h));
+    if (kpt_eq64(c.l, 1)) return a;
+    if (kpt_eq64(c.h, 0)) return b;
+    return kpt_iv_mk(kpt_min64(a.l, b.l), kpt_max64(a.h, b.h));
 }
 // Aux loads over a box of indices (kpt_iv_load<N>, generated per aux slot) read at most this
 // many elements; larger boxes give no bound.
@@ -352,7 +375,9 @@ void main()
         // scores of the tile in base 2, masked ones -inf, then one rescale of the accumulator
         float s[KPT_BN];
         float mx = m;
-        for (int j = 0; j < nk; j++) {
+        // The key loops stay loops: unrolled into the head-dim loops they are thousands of
+        // instructions, which took lavapipe's LLVM minutes to compile at D = 32.
+        [[dont_unroll]] for (int j = 0; j < nk; j++) {
             float dot = 0.0;
             for (int d = 0; d < KPT_DQK; d++)
                 dot += qr[d] * sK[j * KPT_DQK + d];
@@ -375,7 +400,7 @@ void main()
         for (int d = 0; d < KPT_DV; d++)
             acc[d] *= alpha;
         m = mx;
-        for (int j = 0; j < nk; j++) {
+        [[dont_unroll]] for (int j = 0; j < nk; j++) {
             const float p = s[j] == KPT_NINF ? 0.0 : exp2(s[j] - m);
             l += p;
             for (int d = 0; d < KPT_DV; d++)

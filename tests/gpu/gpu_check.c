@@ -22,15 +22,7 @@
 #include "runtime/attention_args.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/rng.h"
-
-typedef struct gcase {
-    const char *pattern;
-    kpt_dtype dtype;
-    int dqk, dv;
-    int B, Hq, Hkv, Sq, Skv;
-    const char *scalar; /* "name=value" or NULL */
-    bool bshd;
-} gcase;
+#include "tests/gpu/check_common.h"
 
 static const char *const all_patterns[] = {
     "full", "causal", "causal_bottom_right", "sliding_window(100)", "sliding_window($w=256)",
@@ -118,62 +110,7 @@ static void dfree(const kpt_cu_api *cu, dbuf *b)
     memset(b, 0, sizeof(*b));
 }
 
-/* A [B, H, S, D] tensor, bhsd or bshd. */
-static kpt_tensor tensor4(void *data, kpt_dtype dt, const gcase *c, int H, int S, int D)
-{
-    int64_t shape[4] = {c->B, H, S, D};
-    kpt_tensor t = kpt_tensor_contiguous(data, dt, 4, shape);
-    if (c->bshd) {
-        t.stride[3] = 1;
-        t.stride[1] = D;
-        t.stride[2] = (int64_t)H * D;
-        t.stride[0] = (int64_t)S * H * D;
-    }
-    return t;
-}
-
-/* Sorted document ids: 1 to 5 cut points at random fractions, shared by doc_q and doc_kv so the
- * documents line up when Sq == Skv. */
-static void fill_docs(int32_t *ids, int B, int S, const double *cuts, int ncuts)
-{
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < S; i++) {
-            int id = 0;
-            for (int k = 0; k < ncuts; k++)
-                id += cuts[k] <= (double)i / (double)S;
-            ids[(int64_t)b * S + i] = id;
-        }
-}
-
 /* ---- one case ---------------------------------------------------------------------------------- */
-
-typedef struct result {
-    double rel, lse_err;
-    int64_t nan, empty_bad;
-    bool pass;
-    char why[160];
-} result;
-
-/* An aux tensor filled by the script's own fill function (run again in a fresh sandbox). */
-static int fill_from_script(const char *path, const kpt_aux_decl *ad, const int64_t *shape,
-                            int64_t count, uint64_t seed, void *out, result *res)
-{
-    kpt_diag d = {0};
-    size_t len;
-    char *src = kpt_lua_read_file(path, &len, &d);
-    double *vals = malloc((size_t)count * sizeof(double));
-    kpt_lua_params prm = {.name = path};
-    kpt_status st = src && vals ? kpt_lua_fill_aux(src, len, &prm, ad->name, ad->rank, shape,
-                                                   seed, vals, &d)
-                                : KPT_ERR_NO_MEMORY;
-    for (int64_t i = 0; st == KPT_OK && i < count; i++)
-        kpt_store_double(out, ad->dtype, i, vals[i]);
-    if (st)
-        snprintf(res->why, sizeof(res->why), "aux fill: %.140s", d.message);
-    free(src);
-    free(vals);
-    return st != KPT_OK;
-}
 
 static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, result *res)
 {
@@ -291,39 +228,7 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
         goto out;
     }
 
-    /* compare */
-    double num = 0, den = 0;
-    const float *gl = lse.h;
-    for (int b = 0; b < c->B; b++)
-        for (int h = 0; h < c->Hq; h++)
-            for (int s = 0; s < c->Sq; s++) {
-                int64_t row = ((int64_t)b * c->Hq + h) * c->Sq + s;
-                double rl = ref_l[row], g = gl[row];
-                bool empty = rl == -INFINITY;
-                if (isnan(g))
-                    res->nan++;
-                else if (empty ? g != -INFINITY : fabs(g - rl) > 1e-3 * fmax(1.0, fabs(rl)))
-                    res->lse_err = fmax(res->lse_err, empty ? INFINITY : fabs(g - rl) / fmax(1.0, fabs(rl)));
-                for (int e = 0; e < c->dv; e++) {
-                    int64_t off = b * da.o.stride[0] + h * da.o.stride[1] + s * da.o.stride[2] + e;
-                    double x = kpt_load_as_double(o.h, c->dtype, off), y = ref_o[off];
-                    if (isnan(x)) {
-                        res->nan++;
-                        continue;
-                    }
-                    if (empty && x != 0)
-                        res->empty_bad++;
-                    num += (x - y) * (x - y);
-                    den += y * y;
-                }
-            }
-    res->rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3;
-    res->pass = res->nan == 0 && res->empty_bad == 0 && res->rel <= tol && res->lse_err <= 1e-3;
-    if (!res->pass)
-        snprintf(res->why, sizeof(res->why), "rel %.3g (tol %.0e), lse %.3g, NaN/unwritten %lld, "
-                 "nonzero empty rows %lld", res->rel, tol, res->lse_err, (long long)res->nan,
-                 (long long)res->empty_bad);
+    check_compare(c, &da.o, o.h, lse.h, ref_o, ref_l, res);
     rc = 0;
 out:
     dfree(cu, &q);

@@ -1,0 +1,437 @@
+/* vulkan_check: patterns x dtypes x head dims x GQA x lengths on the Vulkan backend, through the
+ * public API (context, buffers, kernels, block maps), against the CPU reference on fresh random
+ * inputs with poisoned outputs; and, with --bench, TFLOP/s of full and causal attention.
+ *
+ *   vulkan_check [--full] [--filter TEXT] [--seed N] [--scripts DIR] [--device N] [--bench]
+ *
+ * The default matrix is small enough for lavapipe (Mesa's CPU Vulkan driver), where CI runs it
+ * through meson test; --full adds the lengths tests/gpu/run.sh uses on a GPU (1000, 4133).
+ * Prints one line per failing case and a summary; exits 0 when every case passes, 1 when one
+ * fails, 77 (skip) when there is no Vulkan device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <time.h>
+
+#include <kpt/kpt.h>
+
+#include "runtime/attention_args.h"
+#include "runtime/backend_vulkan.h"
+#include "runtime/context.h"
+#include "runtime/rng.h"
+#include "tests/gpu/check_common.h"
+
+static const char *const all_patterns[] = {
+    "full", "causal", "causal_bottom_right", "sliding_window(100)", "sliding_window($w=40)",
+    "local(64,32)", "chunked(48)", "prefix_lm(50)", "document", "alibi", "softcap(20)",
+    "alibi+causal", "softcap(50)+causal", "document+causal", "document+causal+softcap(30)",
+};
+#define NPAT ((int)(sizeof(all_patterns) / sizeof(all_patterns[0])))
+
+static kpt_context *ctx;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static bool f16_ok = true;
+
+/* ---- one case ---------------------------------------------------------------------------------- */
+
+typedef struct hostbuf {
+    void *h;
+    size_t bytes;
+    kpt_buffer *d;
+} hostbuf;
+
+static bool hb_alloc(hostbuf *b, size_t bytes)
+{
+    b->bytes = bytes ? bytes : 16;
+    b->h = calloc(1, b->bytes);
+    return b->h && !kpt_buffer_create(ctx, b->bytes, &b->d, NULL);
+}
+
+static void hb_free(hostbuf *b)
+{
+    kpt_buffer_destroy(&b->d);
+    free(b->h);
+    memset(b, 0, sizeof(*b));
+}
+
+static bool poison(hostbuf *b)
+{
+    void *p = malloc(b->bytes);
+    if (!p)
+        return false;
+    memset(p, 0xff, b->bytes); /* NaN in f16 and f32 */
+    bool ok = !kpt_buffer_write(b->d, 0, p, b->bytes, NULL);
+    free(p);
+    return ok;
+}
+
+static bool upload(hostbuf *b)
+{
+    return !kpt_buffer_write(b->d, 0, b->h, b->bytes, NULL);
+}
+
+static kpt_pattern *load(const char *pat, kpt_diag *d)
+{
+    kpt_pattern *p = NULL;
+    size_t n = strlen(pat);
+    bool script = n > 4 && !strcmp(pat + n - 4, ".lua");
+    if (script ? kpt_pattern_from_lua_file(pat, NULL, &p, d) : kpt_pattern_parse(pat, &p, d))
+        return NULL;
+    return p;
+}
+
+/* Fills the aux tensors as gpu_check does: documents from shared cut points, script fills, or
+ * uniform values in the declared range. */
+static bool fill_aux(const gcase *c, const kpt_pattern *p, kpt_rng *rng, uint64_t seed,
+                     hostbuf *aux, kpt_aux_tensor *host_aux, result *res)
+{
+    double cuts[5];
+    int ncuts = (int)kpt_rng_range(rng, 1, 5);
+    for (int i = 0; i < ncuts; i++)
+        cuts[i] = kpt_rng_uniform(rng);
+    for (int a = 0; a < p->num_aux; a++) {
+        const kpt_aux_decl *ad = &p->aux[a];
+        int64_t shape[3] = {1, 1, 1}, count = 1;
+        kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->dqk, c->dv};
+        for (int i = 0; i < ad->rank; i++) {
+            int64_t n = kpt_attn_dim_size(ad->dims[i], &s);
+            shape[i] = n > 0 ? n : 64;
+            count *= shape[i];
+        }
+        if (!hb_alloc(&aux[a], (size_t)count * (size_t)kpt_dtype_size(ad->dtype))) {
+            snprintf(res->why, sizeof(res->why), "out of memory (aux)");
+            return false;
+        }
+        if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
+            fill_docs(aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
+        else if (ad->fill == KPT_FILL_SCRIPT) {
+            if (fill_from_script(c->pattern, ad, shape, count, seed, aux[a].h, res))
+                return false;
+        } else
+            for (int64_t i = 0; i < count; i++)
+                kpt_store_double(aux[a].h, ad->dtype, i,
+                                 ad->fill_lo + (ad->fill_hi - ad->fill_lo) * kpt_rng_uniform(rng));
+        host_aux[a].name = ad->name;
+        host_aux[a].tensor = kpt_tensor_contiguous(aux[a].h, ad->dtype, ad->rank, shape);
+        if (!upload(&aux[a])) {
+            snprintf(res->why, sizeof(res->why), "aux upload failed");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Launches (with a block map built first when `use_map`), reads o and lse back, compares. */
+static bool run_device(const gcase *c, kpt_kernel *k, const kpt_attention_args *da, hostbuf *o,
+                       hostbuf *lse, const double *ref_o, const double *ref_l, bool use_map,
+                       result *res)
+{
+    kpt_diag d = {0};
+    kpt_blockmap *map = NULL;
+    if (!poison(o) || !poison(lse)) {
+        snprintf(res->why, sizeof(res->why), "poisoning failed");
+        return false;
+    }
+    kpt_status st = use_map ? kpt_blockmap_create(k, da, NULL, &map, &d) : KPT_OK;
+    if (!st)
+        st = kpt_kernel_launch(k, da, map, NULL, &d);
+    kpt_blockmap_destroy(&map);
+    if (!st)
+        st = kpt_buffer_read(o->d, 0, o->h, o->bytes, &d);
+    if (!st)
+        st = kpt_buffer_read(lse->d, 0, lse->h, lse->bytes, &d);
+    if (st) {
+        snprintf(res->why, sizeof(res->why), "launch%s: %.140s", use_map ? " (map)" : "",
+                 d.message);
+        return false;
+    }
+    check_compare(c, &da->o, o->h, lse->h, ref_o, ref_l, res);
+    return true;
+}
+
+static int run_case(const gcase *c, uint64_t seed, result *res)
+{
+    memset(res, 0, sizeof(*res));
+    kpt_diag d = {0};
+    kpt_pattern *p = load(c->pattern, &d);
+    kpt_kernel *k = NULL;
+    kpt_kernel_desc desc = {.dtype = c->dtype, .head_dim = c->dqk, .head_dim_v = c->dv};
+    if (!p || kpt_kernel_get(ctx, p, &desc, &k, &d)) {
+        snprintf(res->why, sizeof(res->why), "compile: %.140s", d.message);
+        kpt_pattern_destroy(&p);
+        return d.status == KPT_ERR_UNSUPPORTED && strstr(d.message, "no Lua") ? 77 : 1;
+    }
+    kpt_rng rng;
+    kpt_rng_seed(&rng, seed);
+    size_t es = (size_t)kpt_dtype_size(c->dtype);
+    size_t nq = (size_t)c->B * c->Hq * c->Sq * c->dqk, nk = (size_t)c->B * c->Hkv * c->Skv * c->dqk;
+    size_t nv = (size_t)c->B * c->Hkv * c->Skv * c->dv, no = (size_t)c->B * c->Hq * c->Sq * c->dv;
+    size_t nl = (size_t)c->B * c->Hq * c->Sq;
+    hostbuf q = {0}, kk = {0}, v = {0}, o = {0}, lse = {0}, aux[KPT_MAX_AUX] = {{0}};
+    kpt_aux_tensor host_aux[KPT_MAX_AUX], dev_aux[KPT_MAX_AUX];
+    double *ref_o = malloc((no + 1) * sizeof(double)), *ref_l = malloc((nl + 1) * sizeof(double));
+    int rc = 1;
+    if (!ref_o || !ref_l || !hb_alloc(&q, nq * es) || !hb_alloc(&kk, nk * es) ||
+        !hb_alloc(&v, nv * es) || !hb_alloc(&o, no * es) || !hb_alloc(&lse, nl * 4)) {
+        snprintf(res->why, sizeof(res->why), "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < nq; i++) kpt_store_double(q.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
+    for (size_t i = 0; i < nk; i++) kpt_store_double(kk.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
+    for (size_t i = 0; i < nv; i++) kpt_store_double(v.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
+    if (!upload(&q) || !upload(&kk) || !upload(&v) ||
+        !fill_aux(c, p, &rng, seed, aux, host_aux, res))
+        goto out;
+    kpt_scalar_value sv = {0};
+    char sname[32] = {0};
+    if (c->scalar) {
+        const char *eq = strchr(c->scalar, '=');
+        snprintf(sname, sizeof(sname), "%.*s", (int)(eq - c->scalar), c->scalar);
+        sv.name = sname;
+        sv.value = atof(eq + 1);
+    }
+    kpt_attention_args ha = {
+        .q = tensor4(q.h, c->dtype, c, c->Hq, c->Sq, c->dqk),
+        .k = tensor4(kk.h, c->dtype, c, c->Hkv, c->Skv, c->dqk),
+        .v = tensor4(v.h, c->dtype, c, c->Hkv, c->Skv, c->dv),
+        .o = tensor4(ref_o, KPT_DTYPE_F64, c, c->Hq, c->Sq, c->dv),
+        .lse = kpt_tensor_contiguous(ref_l, KPT_DTYPE_F64, 3, (int64_t[]){c->B, c->Hq, c->Sq}),
+        .scalars = c->scalar ? &sv : NULL, .num_scalars = c->scalar ? 1 : 0,
+        .aux = host_aux, .num_aux = p->num_aux,
+    };
+    if (kpt_reference_attention(p, &ha, &d)) {
+        snprintf(res->why, sizeof(res->why), "reference: %.140s", d.message);
+        goto out;
+    }
+    kpt_attention_args da = ha;
+    da.q.data = kpt_buffer_data(q.d);
+    da.k.data = kpt_buffer_data(kk.d);
+    da.v.data = kpt_buffer_data(v.d);
+    da.o = tensor4(kpt_buffer_data(o.d), c->dtype, c, c->Hq, c->Sq, c->dv);
+    da.lse = kpt_tensor_contiguous(kpt_buffer_data(lse.d), KPT_DTYPE_F32, 3,
+                                   (int64_t[]){c->B, c->Hq, c->Sq});
+    for (int a = 0; a < p->num_aux; a++) {
+        dev_aux[a] = host_aux[a];
+        dev_aux[a].tensor.data = kpt_buffer_data(aux[a].d);
+    }
+    da.aux = dev_aux;
+    if (!run_device(c, k, &da, &o, &lse, ref_o, ref_l, false, res))
+        goto out;
+    /* data-dependent masks: again with a block map made by the caller */
+    if (res->pass && p->num_aux && strstr(c->pattern, "document") &&
+        !run_device(c, k, &da, &o, &lse, ref_o, ref_l, true, res))
+        goto out;
+    rc = 0;
+out:
+    hb_free(&q);
+    hb_free(&kk);
+    hb_free(&v);
+    hb_free(&o);
+    hb_free(&lse);
+    for (int a = 0; a < KPT_MAX_AUX; a++)
+        hb_free(&aux[a]);
+    free(ref_o);
+    free(ref_l);
+    kpt_pattern_destroy(&p);
+    return rc;
+}
+
+/* ---- the matrix --------------------------------------------------------------------------------- */
+
+static int ncases;
+static gcase cases[4096];
+
+static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, int Hkv, int Sq,
+                int Skv, bool bshd)
+{
+    if (ncases == (int)(sizeof(cases) / sizeof(cases[0])) || (dt == KPT_DTYPE_F16 && !f16_ok))
+        return;
+    const char *scalar = strstr(pat, "$w") ? "w=40" : NULL;
+    cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd};
+}
+
+static void build_matrix(bool full, const char *scripts, char paths[][512], int *npaths)
+{
+    static const int lens[][2] = {{1, 1}, {17, 17}, {77, 45}, {1, 33}, {33, 1}, {130, 130}};
+    static const int big[][2] = {{1000, 1000}, {1000, 777}, {17, 1000}, {4133, 4133}};
+    static const kpt_dtype dts[] = {KPT_DTYPE_F32, KPT_DTYPE_F16};
+    for (int pi = 0; pi < NPAT; pi++)
+        for (int di = 0; di < 2; di++)
+            for (int li = 0; li < 6; li++) /* MHA and GQA 4:1, both layouts, across lengths */
+                add(all_patterns[pi], dts[di], 64, 64, li % 2 + 1, 4, li % 3 == 1 ? 1 : 4,
+                    lens[li][0], lens[li][1], (li + di) % 2 == 1);
+    static const int dims[][2] = {{32, 32}, {128, 128}, {128, 64}, {40, 24}};
+    for (int i = 0; i < 4; i++)
+        for (int di = 0; di < 2; di++) {
+            add("causal", dts[di], dims[i][0], dims[i][1], 1, 2, 1, 77, 77, i % 2);
+            add("document+causal", dts[di], dims[i][0], dims[i][1], 2, 2, 2, 45, 130, i % 2 == 0);
+        }
+    if (full)
+        for (int pi = 0; pi < NPAT; pi++)
+            for (int li = 0; li < 4; li++)
+                add(all_patterns[pi], dts[li % 2], li < 2 ? 128 : 64, li < 2 ? 128 : 64, 1, 4,
+                    li % 2 ? 1 : 4, big[li][0], big[li][1], li == 2);
+    DIR *dir = scripts ? opendir(scripts) : NULL;
+    struct dirent *e;
+    while (dir && (e = readdir(dir)) && *npaths < 64) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && !strcmp(e->d_name + n - 4, ".lua"))
+            snprintf(paths[(*npaths)++], 512, "%s/%s", scripts, e->d_name);
+    }
+    if (dir)
+        closedir(dir);
+    for (int i = 0; i < *npaths; i++)
+        for (int di = 0; di < 2; di++) {
+            add(paths[i], dts[di], 64, 64, 1, 4, di ? 1 : 4, 17, 17, false);
+            add(paths[i], dts[di], 64, 64, 2, 2, 2, 130, 77, true);
+            if (full)
+                add(paths[i], dts[di], 128, 128, 1, 4, 4, 1000, 1000, di == 1);
+        }
+}
+
+/* ---- --bench: full and causal at D = 128, B * S = 16k tokens ---------------------------------- */
+
+static int bench(void)
+{
+    static const char *const pats[] = {"full", "causal"};
+    const int H = 16, D = 128, tokens = 16384;
+    printf("bench: %s, f16, D=%d, H=%d, B*S=%d; GPU time of the dispatch (timestamps), median "
+           "of 5 after a warm-up\n", kpt_context_device_name(ctx), D, H, tokens);
+    for (int pi = 0; pi < 2; pi++)
+        for (int S = 1024; S <= tokens; S *= 4) {
+            const int B = tokens / S;
+            kpt_diag d = {0};
+            kpt_pattern *p = load(pats[pi], &d);
+            kpt_kernel *k = NULL;
+            kpt_kernel_desc desc = {.dtype = f16_ok ? KPT_DTYPE_F16 : KPT_DTYPE_F32,
+                                    .head_dim = D};
+            gcase c = {pats[pi], desc.dtype, D, D, B, H, H, S, S, NULL, false};
+            size_t n = (size_t)B * H * S * D * (size_t)kpt_dtype_size(desc.dtype);
+            hostbuf q = {0}, kv = {0}, o = {0};
+            kpt_status st = p ? kpt_kernel_get(ctx, p, &desc, &k, &d) : d.status;
+            if (!st && (!hb_alloc(&q, n) || !hb_alloc(&kv, n) || !hb_alloc(&o, n)))
+                st = KPT_ERR_NO_MEMORY;
+            kpt_attention_args a = {
+                .q = tensor4(kpt_buffer_data(q.d), desc.dtype, &c, H, S, D),
+                .k = tensor4(kpt_buffer_data(kv.d), desc.dtype, &c, H, S, D),
+                .v = tensor4(kpt_buffer_data(kv.d), desc.dtype, &c, H, S, D),
+                .o = tensor4(kpt_buffer_data(o.d), desc.dtype, &c, H, S, D),
+            };
+            if (!st) { /* small values: no overflow in f16 */
+                memset(q.h, 0, n);
+                st = kpt_buffer_write(q.d, 0, q.h, n, &d) || kpt_buffer_write(kv.d, 0, q.h, n, &d);
+            }
+            double ms[6];
+            for (int r = 0; !st && r < 6; r++) {
+                st = kpt_kernel_launch(k, &a, NULL, NULL, &d);
+                ms[r] = kpt_backend_vulkan_last_ms(kpt_context_backend_impl(ctx));
+            }
+            if (st) {
+                printf("  %-7s S=%-6d failed: %s\n", pats[pi], S, d.message);
+            } else {
+                for (int i = 1; i < 6; i++) /* sort the timed runs */
+                    for (int j = i; j > 1 && ms[j] < ms[j - 1]; j--) {
+                        double t = ms[j];
+                        ms[j] = ms[j - 1];
+                        ms[j - 1] = t;
+                    }
+                double kept = pi ? (double)(S + 1) / (2.0 * S) : 1.0;
+                double flops = 4.0 * B * H * (double)S * S * D * kept;
+                printf("  %-7s S=%-6d B=%-3d %9.3f ms %8.2f TFLOP/s\n", pats[pi], S, B, ms[3],
+                       flops / (ms[3] * 1e-3) / 1e12);
+            }
+            hb_free(&q);
+            hb_free(&kv);
+            hb_free(&o);
+            kpt_pattern_destroy(&p);
+        }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bool full = false, do_bench = false;
+    const char *filter = NULL, *scripts = NULL;
+    uint64_t seed = 1;
+    int device = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--full"))
+            full = true;
+        else if (!strcmp(argv[i], "--bench"))
+            do_bench = true;
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
+            filter = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--scripts") && i + 1 < argc)
+            scripts = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: vulkan_check [--full] [--filter TEXT] [--seed N] "
+                            "[--scripts DIR] [--device N] [--bench]\n");
+            return 2;
+        }
+    }
+    kpt_diag d = {0};
+    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .device = device,
+                             .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_status st = kpt_context_create(&cp, &ctx, &d);
+    if (st) {
+        printf("vulkan_check: skipped: %s\n", d.message);
+        return st == KPT_ERR_NO_DEVICE || st == KPT_ERR_UNSUPPORTED ? 77 : 1;
+    }
+    kpt_pattern *probe = load("full", &d);
+    kpt_kernel *pk = NULL;
+    kpt_kernel_desc f16 = {.dtype = KPT_DTYPE_F16, .head_dim = 64};
+    f16_ok = probe && kpt_kernel_get(ctx, probe, &f16, &pk, &d) != KPT_ERR_UNSUPPORTED;
+    kpt_pattern_destroy(&probe);
+    printf("vulkan_check: %s (%s), f16 %s\n", kpt_context_device_name(ctx),
+           kpt_context_target(ctx), f16_ok ? "yes" : "no (storageBuffer16BitAccess missing)");
+    if (do_bench) {
+        int rc = bench();
+        kpt_context_destroy(&ctx);
+        return rc;
+    }
+    static char paths[64][512];
+    int npaths = 0;
+    build_matrix(full, scripts, paths, &npaths);
+    int pass = 0, fail = 0, skipped = 0;
+    for (int i = 0; i < ncases; i++) {
+        const gcase *c = &cases[i];
+        if (filter && !strstr(c->pattern, filter))
+            continue;
+        result r;
+        double t0 = now_s();
+        int rc = run_case(c, seed + (uint64_t)i, &r);
+        if (getenv("KPT_CHECK_TIMES"))
+            printf("%.3f s  %s %s d%d/%d S%d/%d\n", now_s() - t0, c->pattern,
+                   kpt_dtype_name(c->dtype), c->dqk, c->dv, c->Sq, c->Skv);
+        if (rc == 77) {
+            skipped++;
+            continue;
+        }
+        if (rc == 0 && r.pass) {
+            pass++;
+            continue;
+        }
+        fail++;
+        printf("FAIL %s %s d%d/%d B%d H%d/%d S%d/%d %s: %s\n", c->pattern,
+               kpt_dtype_name(c->dtype), c->dqk, c->dv, c->B, c->Hq, c->Hkv, c->Sq, c->Skv,
+               c->bshd ? "bshd" : "bhsd", r.why);
+    }
+    kpt_stats s;
+    kpt_context_get_stats(ctx, &s);
+    printf("vulkan_check: %d passed, %d failed, %d skipped (no Lua); %d kernels compiled in "
+           "%.0f ms\n", pass, fail, skipped, (int)s.compiles, s.compile_ms_total);
+    kpt_context_destroy(&ctx);
+    return fail ? 1 : 0;
+}
