@@ -64,6 +64,25 @@ static void test_emit(void **state)
     EXPECT(r, 0, out, "extern \"C\" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention");
     r = run("emit", "--emit", "hip", "causal", NULL);
     EXPECT(r, 2, err, "--emit hip is not available in this build");
+    /* the Vulkan kernel: GLSL, and validated SPIR-V (the module's magic number first) */
+    r = run("emit", "--emit", "glsl", "--head-dim", "64,32", "document+causal", NULL);
+    EXPECT(r, 0, out, "#version 450\n");
+    EXPECT(r, 0, out, "#define KPT_DQK 64\n#define KPT_DV 32\n");
+    EXPECT(r, 0, out, "layout(std430, set = 0, binding = 8) readonly buffer kpt_aux_buf1");
+    r = run("emit", "--emit", "spirv", "--dtype", "f32", "softcap(30)+alibi", NULL);
+    EXPECT(r, 0, out, "\x03\x02\x23\x07");
+    r = run("emit", "--emit", "spirv", "--blockmap", "document", NULL);
+    EXPECT(r, 0, out, "\x03\x02\x23\x07");
+    r = run("emit", "--emit", "spirv", "--blockmap", "causal", NULL);
+    EXPECT(r, 1, err, "pattern 'causal' needs no block map");
+    r = run("emit", "--emit", "glsl", "--dtype", "bf16", "causal", NULL);
+    EXPECT(r, 2, err, "the Vulkan backend takes f16 or f32");
+    r = run("emit", "--emit", "glsl", "--target", "cuda:sm_80", "causal", NULL);
+    EXPECT(r, 2, err, "--emit glsl takes spirv");
+    r = run("emit", "--emit", "glsl", "--head-dim", "300", "causal", NULL);
+    EXPECT(r, 2, err, "the Vulkan backend supports 1 to 256");
+    r = run("emit", "--emit", "cuda", "--smem", "4096", "causal", NULL);
+    EXPECT(r, 2, err, "--smem and --blockmap go with --emit glsl|spirv");
     r = run("emit", "--emit", "cuda", "--target", "cuda:sm_70", "causal", NULL);
     EXPECT(r, 2, err, "--target 'cuda:sm_70': expected cuda:sm_80");
     r = run("emit", "--emit", "cuda", "--head-dim", "80", "causal", NULL);
