@@ -41,10 +41,11 @@ extern "C" {
 #endif
 
 typedef enum kpt_backend_kind {
-    KPT_BACKEND_AUTO = 0, /* the first GPU backend that opens a device, else the CPU */
+    KPT_BACKEND_AUTO = 0, /* CUDA, else a Vulkan GPU (not a CPU driver), else the CPU */
     KPT_BACKEND_CUDA,
     KPT_BACKEND_HIP,      /* not built yet: KPT_ERR_UNSUPPORTED */
-    KPT_BACKEND_VULKAN,   /* not built yet: KPT_ERR_UNSUPPORTED */
+    KPT_BACKEND_VULKAN,   /* SPIR-V on any Vulkan 1.1 device (docs/vulkan.md): kpt_buffer memory,
+                             stream NULL, launches synchronous; f16 and f32 */
     KPT_BACKEND_CPU,      /* the double-precision reference; host pointers; slow, for checking */
 } kpt_backend_kind;
 
@@ -61,7 +62,7 @@ enum {
     KPT_CONTEXT_NO_DISK_CACHE = 1u << 0, /* keep compiled kernels in memory only */
     /* Compile without a device (for `kptc bundle`, build machines, CI): kernels are generated and
      * compiled for `target` and cached, but cannot be launched (KPT_ERR_UNSUPPORTED). Needs
-     * backend CUDA and a target. */
+     * backend CUDA and a target, or backend VULKAN (target "spirv"). */
     KPT_CONTEXT_OFFLINE = 1u << 1,
 };
 
@@ -69,9 +70,10 @@ enum {
  * defaults. */
 typedef struct kpt_context_params {
     kpt_backend_kind backend; /* 0: auto */
-    int device;               /* device index within the backend; 0: the first */
-    /* The compile target, "cuda:sm_80" ... "cuda:sm_90". NULL: the device's own. Required with
-     * KPT_CONTEXT_OFFLINE; otherwise it must be one the device can run. */
+    int device;               /* device index within the backend; 0: the first (Vulkan: devices
+                                 ranked discrete, integrated, virtual, CPU; 0 is the best) */
+    /* The compile target, "cuda:sm_80" ... "cuda:sm_90", or "spirv" (Vulkan). NULL: the device's
+     * own. Required with KPT_CONTEXT_OFFLINE; otherwise it must be one the device can run. */
     const char *target;
     /* The on-disk cache. NULL: $KPT_CACHE_DIR, else $XDG_CACHE_HOME/kpt, else ~/.cache/kpt.
      * Created 0700. If it cannot be created or written, the context works without it and logs
