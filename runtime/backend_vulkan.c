@@ -902,7 +902,7 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
     v->smem_limit = (int)(pr.limits.maxComputeSharedMemorySize > 1u << 30
                               ? 1u << 30
                               : pr.limits.maxComputeSharedMemorySize);
-    snprintf(v->base.device_name, sizeof(v->base.device_name), "%s", pr.deviceName);
+    snprintf(v->base.device_name, sizeof(v->base.device_name), "%.127s", pr.deviceName);
     snprintf(v->base.driver, sizeof(v->base.driver), "vulkan %u.%u, driver 0x%x",
              VK_API_VERSION_MAJOR(pr.apiVersion), VK_API_VERSION_MINOR(pr.apiVersion),
              pr.driverVersion);
