@@ -244,8 +244,11 @@ static void test_context_misuse(void **state)
     EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "log level");
     bad = (kpt_context_params){.backend = KPT_BACKEND_HIP};
     EXPECT(KPT_ERR_UNSUPPORTED, kpt_context_create(&bad, &ctx, DIAG), "hip");
-    bad = (kpt_context_params){.backend = KPT_BACKEND_VULKAN};
-    EXPECT(KPT_ERR_UNSUPPORTED, kpt_context_create(&bad, &ctx, DIAG), "vulkan");
+    bad = (kpt_context_params){.backend = KPT_BACKEND_VULKAN, .target = "cuda:sm_90"};
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "('spirv')");
+    /* no loader, no driver, or (lavapipe in CI) no device 99: the same status */
+    bad = (kpt_context_params){.backend = KPT_BACKEND_VULKAN, .device = 99};
+    EXPECT(KPT_ERR_NO_DEVICE, kpt_context_create(&bad, &ctx, DIAG), "Vulkan");
     bad = (kpt_context_params){.backend = KPT_BACKEND_CPU, .flags = KPT_CONTEXT_OFFLINE};
     EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "OFFLINE");
     bad = (kpt_context_params){.backend = KPT_BACKEND_CPU, .device = 3};
