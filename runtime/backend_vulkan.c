@@ -737,9 +737,10 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
             L->blockmap = !attention || !map; /* build it unless the caller's map is given */
         }
     }
-    if (!st && L->groups[0] && L->groups[1] && L->groups[2])
+    const bool work = !st && L->groups[0] && L->groups[1] && L->groups[2]; /* else nothing to run */
+    if (!st && work)
         st = bind_set(v, L, diag);
-    if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
+    if (!st && work) {
         st = submit(v, record_launch, L, diag);
         if (!st && attention)
             read_timestamps(v);

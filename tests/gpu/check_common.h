@@ -12,6 +12,8 @@
 
 #include "compiler/parse_lua.h"
 #include "ir/numeric.h"
+#include "runtime/attention_args.h"
+#include "runtime/rng.h"
 
 typedef struct gcase {
     const char *pattern;
@@ -75,6 +77,126 @@ static int fill_from_script(const char *path, const kpt_aux_decl *ad, const int6
     free(src);
     free(vals);
     return st != KPT_OK;
+}
+
+/* A case's host inputs and its reference result: q, k, v standard normal in c->dtype, aux
+ * tensors (documents from 1 to 5 shared cut points, script fills, or uniform in the declared
+ * range), the runtime scalar, and the reference's o and lse (f64, o in the case's layout). The
+ * same seed gives the same data in every checker. `ref` points into the struct: do not copy it. */
+typedef struct check_inputs {
+    void *q, *k, *v;
+    size_t q_bytes, k_bytes, v_bytes;
+    void *aux[KPT_MAX_AUX];
+    size_t aux_bytes[KPT_MAX_AUX];
+    kpt_aux_tensor host_aux[KPT_MAX_AUX];
+    kpt_scalar_value sv;
+    char sname[32];
+    double *ref_o, *ref_l;
+    kpt_attention_args ref;
+} check_inputs;
+
+static void check_inputs_free(check_inputs *in)
+{
+    free(in->q);
+    free(in->k);
+    free(in->v);
+    for (int a = 0; a < KPT_MAX_AUX; a++)
+        free(in->aux[a]);
+    free(in->ref_o);
+    free(in->ref_l);
+    memset(in, 0, sizeof(*in));
+}
+
+static void *check_normal(size_t n, kpt_dtype dt, kpt_rng *rng, size_t *bytes)
+{
+    *bytes = (n ? n : 1) * (size_t)kpt_dtype_size(dt);
+    void *p = malloc(*bytes);
+    for (size_t i = 0; p && i < n; i++)
+        kpt_store_double(p, dt, (int64_t)i, kpt_rng_normal(rng));
+    return p;
+}
+
+static bool check_fill_aux(const gcase *c, const kpt_pattern *p, kpt_rng *rng, uint64_t seed,
+                           check_inputs *in, result *res)
+{
+    double cuts[5];
+    int ncuts = (int)kpt_rng_range(rng, 1, 5);
+    for (int i = 0; i < ncuts; i++)
+        cuts[i] = kpt_rng_uniform(rng);
+    for (int a = 0; a < p->num_aux; a++) {
+        const kpt_aux_decl *ad = &p->aux[a];
+        int64_t shape[3] = {1, 1, 1}, count = 1;
+        kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->dqk, c->dv};
+        for (int i = 0; i < ad->rank; i++) {
+            int64_t n = kpt_attn_dim_size(ad->dims[i], &s);
+            shape[i] = n > 0 ? n : 64;
+            count *= shape[i];
+        }
+        in->aux_bytes[a] = (size_t)count * (size_t)kpt_dtype_size(ad->dtype);
+        if (!(in->aux[a] = calloc(1, in->aux_bytes[a]))) {
+            snprintf(res->why, sizeof(res->why), "out of memory (aux)");
+            return false;
+        }
+        if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
+            fill_docs(in->aux[a], (int)shape[0], (int)shape[1], cuts, ncuts);
+        else if (ad->fill == KPT_FILL_SCRIPT) {
+            if (fill_from_script(c->pattern, ad, shape, count, seed, in->aux[a], res))
+                return false;
+        } else
+            for (int64_t i = 0; i < count; i++)
+                kpt_store_double(in->aux[a], ad->dtype, i,
+                                 ad->fill_lo + (ad->fill_hi - ad->fill_lo) * kpt_rng_uniform(rng));
+        in->host_aux[a].name = ad->name;
+        in->host_aux[a].tensor = kpt_tensor_contiguous(in->aux[a], ad->dtype, ad->rank, shape);
+    }
+    return true;
+}
+
+/* Makes the inputs of case c and runs the reference; false with res->why on failure (in is
+ * then freed). */
+static bool check_inputs_make(const gcase *c, const kpt_pattern *p, uint64_t seed,
+                              check_inputs *in, result *res)
+{
+    memset(in, 0, sizeof(*in));
+    kpt_rng rng;
+    kpt_rng_seed(&rng, seed);
+    size_t no = (size_t)c->B * c->Hq * c->Sq * c->dv, nl = (size_t)c->B * c->Hq * c->Sq;
+    in->q = check_normal((size_t)c->B * c->Hq * c->Sq * c->dqk, c->dtype, &rng, &in->q_bytes);
+    in->k = check_normal((size_t)c->B * c->Hkv * c->Skv * c->dqk, c->dtype, &rng, &in->k_bytes);
+    in->v = check_normal((size_t)c->B * c->Hkv * c->Skv * c->dv, c->dtype, &rng, &in->v_bytes);
+    in->ref_o = malloc((no + 1) * sizeof(double));
+    in->ref_l = malloc((nl + 1) * sizeof(double));
+    if (!in->q || !in->k || !in->v || !in->ref_o || !in->ref_l) {
+        snprintf(res->why, sizeof(res->why), "out of memory");
+        check_inputs_free(in);
+        return false;
+    }
+    if (!check_fill_aux(c, p, &rng, seed, in, res)) {
+        check_inputs_free(in);
+        return false;
+    }
+    if (c->scalar) {
+        const char *eq = strchr(c->scalar, '=');
+        snprintf(in->sname, sizeof(in->sname), "%.*s", (int)(eq - c->scalar), c->scalar);
+        in->sv.name = in->sname;
+        in->sv.value = atof(eq + 1);
+    }
+    in->ref = (kpt_attention_args){
+        .q = tensor4(in->q, c->dtype, c, c->Hq, c->Sq, c->dqk),
+        .k = tensor4(in->k, c->dtype, c, c->Hkv, c->Skv, c->dqk),
+        .v = tensor4(in->v, c->dtype, c, c->Hkv, c->Skv, c->dv),
+        .o = tensor4(in->ref_o, KPT_DTYPE_F64, c, c->Hq, c->Sq, c->dv),
+        .lse = kpt_tensor_contiguous(in->ref_l, KPT_DTYPE_F64, 3, (int64_t[]){c->B, c->Hq, c->Sq}),
+        .scalars = c->scalar ? &in->sv : NULL, .num_scalars = c->scalar ? 1 : 0,
+        .aux = in->host_aux, .num_aux = p->num_aux,
+    };
+    kpt_diag d = {0};
+    if (kpt_reference_attention(p, &in->ref, &d)) {
+        snprintf(res->why, sizeof(res->why), "reference: %.140s", d.message);
+        check_inputs_free(in);
+        return false;
+    }
+    return true;
 }
 
 /* Compares a backend's o (laid out as o_layout, dtype c->dtype) and f32 lse ([B, Hq, Sq]) with

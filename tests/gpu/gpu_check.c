@@ -123,83 +123,32 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
         return d.status == KPT_ERR_UNSUPPORTED && strstr(d.message, "no Lua") ? 77 : 1;
     }
     const kpt_pattern *p = k->pattern;
-    kpt_rng rng;
-    kpt_rng_seed(&rng, seed);
     size_t es = (size_t)kpt_dtype_size(c->dtype);
-    size_t nq = (size_t)c->B * c->Hq * c->Sq * c->dqk, nk = (size_t)c->B * c->Hkv * c->Skv * c->dqk;
-    size_t nv = (size_t)c->B * c->Hkv * c->Skv * c->dv, no = (size_t)c->B * c->Hq * c->Sq * c->dv;
-    size_t nl = (size_t)c->B * c->Hq * c->Sq;
+    size_t no = (size_t)c->B * c->Hq * c->Sq * c->dv, nl = (size_t)c->B * c->Hq * c->Sq;
     dbuf q = {0}, kk = {0}, v = {0}, o = {0}, lse = {0}, aux[KPT_MAX_AUX] = {{0}};
-    double *ref_o = malloc((no + 1) * sizeof(double)), *ref_l = malloc((nl + 1) * sizeof(double));
+    kpt_aux_tensor dev_aux[KPT_MAX_AUX];
+    check_inputs in;
+    if (!check_inputs_make(c, p, seed, &in, res))
+        return 1;
+    const kpt_attention_args *ha = &in.ref;
     int rc = 1;
-    if (!ref_o || !ref_l || !dalloc(cu, &q, nq * es) || !dalloc(cu, &kk, nk * es) ||
-        !dalloc(cu, &v, nv * es) || !dalloc(cu, &o, no * es) || !dalloc(cu, &lse, nl * 4)) {
+    if (!dalloc(cu, &q, in.q_bytes) || !dalloc(cu, &kk, in.k_bytes) ||
+        !dalloc(cu, &v, in.v_bytes) || !dalloc(cu, &o, no * es) || !dalloc(cu, &lse, nl * 4)) {
         snprintf(res->why, sizeof(res->why), "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < nq; i++) kpt_store_double(q.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
-    for (size_t i = 0; i < nk; i++) kpt_store_double(kk.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
-    for (size_t i = 0; i < nv; i++) kpt_store_double(v.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
-
-    kpt_aux_tensor host_aux[KPT_MAX_AUX], dev_aux[KPT_MAX_AUX];
-    double cuts[5];
-    int ncuts = (int)kpt_rng_range(&rng, 1, 5);
-    for (int i = 0; i < ncuts; i++)
-        cuts[i] = kpt_rng_uniform(&rng);
     for (int a = 0; a < p->num_aux; a++) {
-        const kpt_aux_decl *ad = &p->aux[a];
-        int64_t shape[3] = {1, 1, 1}, count = 1;
-        kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->dqk, c->dv};
-        for (int i = 0; i < ad->rank; i++) {
-            int64_t n = kpt_attn_dim_size(ad->dims[i], &s);
-            shape[i] = n > 0 ? n : 64;
-            count *= shape[i];
-        }
-        if (!dalloc(cu, &aux[a], (size_t)count * (size_t)kpt_dtype_size(ad->dtype))) {
-            snprintf(res->why, sizeof(res->why), "out of memory (aux)");
+        if (!dalloc(cu, &aux[a], in.aux_bytes[a]) ||
+            cu->MemcpyHtoD(aux[a].d, in.aux[a], in.aux_bytes[a])) {
+            snprintf(res->why, sizeof(res->why), "aux upload failed");
             goto out;
         }
-        if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
-            fill_docs(aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
-        else if (ad->fill == KPT_FILL_SCRIPT) {
-            if (fill_from_script(c->pattern, ad, shape, count, seed, aux[a].h, res))
-                goto out;
-        } else
-            for (int64_t i = 0; i < count; i++)
-                kpt_store_double(aux[a].h, ad->dtype, i,
-                                 ad->fill_lo + (ad->fill_hi - ad->fill_lo) * kpt_rng_uniform(&rng));
-        host_aux[a].name = dev_aux[a].name = ad->name;
-        host_aux[a].tensor = kpt_tensor_contiguous(aux[a].h, ad->dtype, ad->rank, shape);
-        dev_aux[a].tensor = host_aux[a].tensor;
+        dev_aux[a] = in.host_aux[a];
         dev_aux[a].tensor.data = (void *)(uintptr_t)aux[a].d;
-        cu->MemcpyHtoD(aux[a].d, aux[a].h, aux[a].bytes);
-    }
-    kpt_scalar_value sv = {0};
-    char sname[32] = {0};
-    if (c->scalar) {
-        const char *eq = strchr(c->scalar, '=');
-        snprintf(sname, sizeof(sname), "%.*s", (int)(eq - c->scalar), c->scalar);
-        sv.name = sname;
-        sv.value = atof(eq + 1);
-    }
-
-    /* reference */
-    kpt_attention_args ha = {
-        .q = tensor4(q.h, c->dtype, c, c->Hq, c->Sq, c->dqk),
-        .k = tensor4(kk.h, c->dtype, c, c->Hkv, c->Skv, c->dqk),
-        .v = tensor4(v.h, c->dtype, c, c->Hkv, c->Skv, c->dv),
-        .o = tensor4(ref_o, KPT_DTYPE_F64, c, c->Hq, c->Sq, c->dv),
-        .lse = kpt_tensor_contiguous(ref_l, KPT_DTYPE_F64, 3, (int64_t[]){c->B, c->Hq, c->Sq}),
-        .scalars = c->scalar ? &sv : NULL, .num_scalars = c->scalar ? 1 : 0,
-        .aux = host_aux, .num_aux = p->num_aux,
-    };
-    if (kpt_reference_attention(p, &ha, &d)) {
-        snprintf(res->why, sizeof(res->why), "reference: %.140s", d.message);
-        goto out;
     }
 
     /* device: inputs up, outputs poisoned (all-ones bits: NaN in f16, bf16 and f32) */
-    kpt_attention_args da = ha;
+    kpt_attention_args da = *ha;
     da.q.data = (void *)(uintptr_t)q.d;
     da.k.data = (void *)(uintptr_t)kk.d;
     da.v.data = (void *)(uintptr_t)v.d;
@@ -207,8 +156,8 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
     da.lse = kpt_tensor_contiguous((void *)(uintptr_t)lse.d, KPT_DTYPE_F32, 3,
                                    (int64_t[]){c->B, c->Hq, c->Sq});
     da.aux = dev_aux;
-    if (cu->MemcpyHtoD(q.d, q.h, q.bytes) || cu->MemcpyHtoD(kk.d, kk.h, kk.bytes) ||
-        cu->MemcpyHtoD(v.d, v.h, v.bytes) || cu->MemsetD8(o.d, 0xff, o.bytes) ||
+    if (cu->MemcpyHtoD(q.d, in.q, in.q_bytes) || cu->MemcpyHtoD(kk.d, in.k, in.k_bytes) ||
+        cu->MemcpyHtoD(v.d, in.v, in.v_bytes) || cu->MemsetD8(o.d, 0xff, o.bytes) ||
         cu->MemsetD8(lse.d, 0xff, lse.bytes)) {
         snprintf(res->why, sizeof(res->why), "upload failed");
         goto out;
@@ -228,7 +177,7 @@ static int run_case(const kpt_cuda_device *dev, const gcase *c, uint64_t seed, r
         goto out;
     }
 
-    check_compare(c, &da.o, o.h, lse.h, ref_o, ref_l, res);
+    check_compare(c, &da.o, o.h, lse.h, in.ref_o, in.ref_l, res);
     rc = 0;
 out:
     dfree(cu, &q);
@@ -238,8 +187,7 @@ out:
     dfree(cu, &lse);
     for (int a = 0; a < KPT_MAX_AUX; a++)
         dfree(cu, &aux[a]);
-    free(ref_o);
-    free(ref_l);
+    check_inputs_free(&in);
     return rc;
 }
 

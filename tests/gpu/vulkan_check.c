@@ -17,10 +17,8 @@
 
 #include <kpt/kpt.h>
 
-#include "runtime/attention_args.h"
 #include "runtime/backend_vulkan.h"
 #include "runtime/context.h"
-#include "runtime/rng.h"
 #include "tests/gpu/check_common.h"
 
 static const char *const all_patterns[] = {
@@ -73,9 +71,10 @@ static bool poison(hostbuf *b)
     return ok;
 }
 
-static bool upload(hostbuf *b)
+/* A device buffer holding a copy of n bytes of src. */
+static bool put(kpt_buffer **b, const void *src, size_t n)
 {
-    return !kpt_buffer_write(b->d, 0, b->h, b->bytes, NULL);
+    return !kpt_buffer_create(ctx, n, b, NULL) && !kpt_buffer_write(*b, 0, src, n, NULL);
 }
 
 static kpt_pattern *load(const char *pat, kpt_diag *d)
@@ -86,47 +85,6 @@ static kpt_pattern *load(const char *pat, kpt_diag *d)
     if (script ? kpt_pattern_from_lua_file(pat, NULL, &p, d) : kpt_pattern_parse(pat, &p, d))
         return NULL;
     return p;
-}
-
-/* Fills the aux tensors as gpu_check does: documents from shared cut points, script fills, or
- * uniform values in the declared range. */
-static bool fill_aux(const gcase *c, const kpt_pattern *p, kpt_rng *rng, uint64_t seed,
-                     hostbuf *aux, kpt_aux_tensor *host_aux, result *res)
-{
-    double cuts[5];
-    int ncuts = (int)kpt_rng_range(rng, 1, 5);
-    for (int i = 0; i < ncuts; i++)
-        cuts[i] = kpt_rng_uniform(rng);
-    for (int a = 0; a < p->num_aux; a++) {
-        const kpt_aux_decl *ad = &p->aux[a];
-        int64_t shape[3] = {1, 1, 1}, count = 1;
-        kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->dqk, c->dv};
-        for (int i = 0; i < ad->rank; i++) {
-            int64_t n = kpt_attn_dim_size(ad->dims[i], &s);
-            shape[i] = n > 0 ? n : 64;
-            count *= shape[i];
-        }
-        if (!hb_alloc(&aux[a], (size_t)count * (size_t)kpt_dtype_size(ad->dtype))) {
-            snprintf(res->why, sizeof(res->why), "out of memory (aux)");
-            return false;
-        }
-        if (ad->fill == KPT_FILL_SEGMENTS && ad->dtype == KPT_DTYPE_I32 && ad->rank == 2)
-            fill_docs(aux[a].h, (int)shape[0], (int)shape[1], cuts, ncuts);
-        else if (ad->fill == KPT_FILL_SCRIPT) {
-            if (fill_from_script(c->pattern, ad, shape, count, seed, aux[a].h, res))
-                return false;
-        } else
-            for (int64_t i = 0; i < count; i++)
-                kpt_store_double(aux[a].h, ad->dtype, i,
-                                 ad->fill_lo + (ad->fill_hi - ad->fill_lo) * kpt_rng_uniform(rng));
-        host_aux[a].name = ad->name;
-        host_aux[a].tensor = kpt_tensor_contiguous(aux[a].h, ad->dtype, ad->rank, shape);
-        if (!upload(&aux[a])) {
-            snprintf(res->why, sizeof(res->why), "aux upload failed");
-            return false;
-        }
-    }
-    return true;
 }
 
 /* Launches (with a block map built first when `use_map`), reads o and lse back, compares. */
@@ -169,77 +127,52 @@ static int run_case(const gcase *c, uint64_t seed, result *res)
         kpt_pattern_destroy(&p);
         return d.status == KPT_ERR_UNSUPPORTED && strstr(d.message, "no Lua") ? 77 : 1;
     }
-    kpt_rng rng;
-    kpt_rng_seed(&rng, seed);
     size_t es = (size_t)kpt_dtype_size(c->dtype);
-    size_t nq = (size_t)c->B * c->Hq * c->Sq * c->dqk, nk = (size_t)c->B * c->Hkv * c->Skv * c->dqk;
-    size_t nv = (size_t)c->B * c->Hkv * c->Skv * c->dv, no = (size_t)c->B * c->Hq * c->Sq * c->dv;
-    size_t nl = (size_t)c->B * c->Hq * c->Sq;
-    hostbuf q = {0}, kk = {0}, v = {0}, o = {0}, lse = {0}, aux[KPT_MAX_AUX] = {{0}};
-    kpt_aux_tensor host_aux[KPT_MAX_AUX], dev_aux[KPT_MAX_AUX];
-    double *ref_o = malloc((no + 1) * sizeof(double)), *ref_l = malloc((nl + 1) * sizeof(double));
+    size_t no = (size_t)c->B * c->Hq * c->Sq * c->dv, nl = (size_t)c->B * c->Hq * c->Sq;
+    hostbuf o = {0}, lse = {0};
+    kpt_buffer *q = NULL, *kk = NULL, *v = NULL, *aux[KPT_MAX_AUX] = {NULL};
+    kpt_aux_tensor dev_aux[KPT_MAX_AUX];
+    check_inputs in;
+    if (!check_inputs_make(c, p, seed, &in, res)) {
+        kpt_pattern_destroy(&p);
+        return 1;
+    }
     int rc = 1;
-    if (!ref_o || !ref_l || !hb_alloc(&q, nq * es) || !hb_alloc(&kk, nk * es) ||
-        !hb_alloc(&v, nv * es) || !hb_alloc(&o, no * es) || !hb_alloc(&lse, nl * 4)) {
-        snprintf(res->why, sizeof(res->why), "out of memory");
+    bool up = hb_alloc(&o, no * es) && hb_alloc(&lse, nl * 4) && put(&q, in.q, in.q_bytes) &&
+              put(&kk, in.k, in.k_bytes) && put(&v, in.v, in.v_bytes);
+    for (int a = 0; up && a < p->num_aux; a++) {
+        up = put(&aux[a], in.aux[a], in.aux_bytes[a]);
+        dev_aux[a] = in.host_aux[a];
+        dev_aux[a].tensor.data = kpt_buffer_data(aux[a]);
+    }
+    if (!up) {
+        snprintf(res->why, sizeof(res->why), "out of memory or upload failed");
         goto out;
     }
-    for (size_t i = 0; i < nq; i++) kpt_store_double(q.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
-    for (size_t i = 0; i < nk; i++) kpt_store_double(kk.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
-    for (size_t i = 0; i < nv; i++) kpt_store_double(v.h, c->dtype, (int64_t)i, kpt_rng_normal(&rng));
-    if (!upload(&q) || !upload(&kk) || !upload(&v) ||
-        !fill_aux(c, p, &rng, seed, aux, host_aux, res))
-        goto out;
-    kpt_scalar_value sv = {0};
-    char sname[32] = {0};
-    if (c->scalar) {
-        const char *eq = strchr(c->scalar, '=');
-        snprintf(sname, sizeof(sname), "%.*s", (int)(eq - c->scalar), c->scalar);
-        sv.name = sname;
-        sv.value = atof(eq + 1);
-    }
-    kpt_attention_args ha = {
-        .q = tensor4(q.h, c->dtype, c, c->Hq, c->Sq, c->dqk),
-        .k = tensor4(kk.h, c->dtype, c, c->Hkv, c->Skv, c->dqk),
-        .v = tensor4(v.h, c->dtype, c, c->Hkv, c->Skv, c->dv),
-        .o = tensor4(ref_o, KPT_DTYPE_F64, c, c->Hq, c->Sq, c->dv),
-        .lse = kpt_tensor_contiguous(ref_l, KPT_DTYPE_F64, 3, (int64_t[]){c->B, c->Hq, c->Sq}),
-        .scalars = c->scalar ? &sv : NULL, .num_scalars = c->scalar ? 1 : 0,
-        .aux = host_aux, .num_aux = p->num_aux,
-    };
-    if (kpt_reference_attention(p, &ha, &d)) {
-        snprintf(res->why, sizeof(res->why), "reference: %.140s", d.message);
-        goto out;
-    }
-    kpt_attention_args da = ha;
-    da.q.data = kpt_buffer_data(q.d);
-    da.k.data = kpt_buffer_data(kk.d);
-    da.v.data = kpt_buffer_data(v.d);
+    kpt_attention_args da = in.ref;
+    da.q.data = kpt_buffer_data(q);
+    da.k.data = kpt_buffer_data(kk);
+    da.v.data = kpt_buffer_data(v);
     da.o = tensor4(kpt_buffer_data(o.d), c->dtype, c, c->Hq, c->Sq, c->dv);
     da.lse = kpt_tensor_contiguous(kpt_buffer_data(lse.d), KPT_DTYPE_F32, 3,
                                    (int64_t[]){c->B, c->Hq, c->Sq});
-    for (int a = 0; a < p->num_aux; a++) {
-        dev_aux[a] = host_aux[a];
-        dev_aux[a].tensor.data = kpt_buffer_data(aux[a].d);
-    }
     da.aux = dev_aux;
-    if (!run_device(c, k, &da, &o, &lse, ref_o, ref_l, false, res))
+    if (!run_device(c, k, &da, &o, &lse, in.ref_o, in.ref_l, false, res))
         goto out;
     /* data-dependent masks: again with a block map made by the caller */
     if (res->pass && p->num_aux && strstr(c->pattern, "document") &&
-        !run_device(c, k, &da, &o, &lse, ref_o, ref_l, true, res))
+        !run_device(c, k, &da, &o, &lse, in.ref_o, in.ref_l, true, res))
         goto out;
     rc = 0;
 out:
-    hb_free(&q);
-    hb_free(&kk);
-    hb_free(&v);
+    kpt_buffer_destroy(&q);
+    kpt_buffer_destroy(&kk);
+    kpt_buffer_destroy(&v);
     hb_free(&o);
     hb_free(&lse);
     for (int a = 0; a < KPT_MAX_AUX; a++)
-        hb_free(&aux[a]);
-    free(ref_o);
-    free(ref_l);
+        kpt_buffer_destroy(&aux[a]);
+    check_inputs_free(&in);
     kpt_pattern_destroy(&p);
     return rc;
 }
