@@ -230,62 +230,96 @@ static void build_matrix(bool full, const char *scripts, char paths[][512], int 
         }
 }
 
-/* ---- --bench: full and causal at D = 128, B * S = 16k tokens ---------------------------------- */
+/* ---- --bench: full and causal at D = 128, B * S = 16k tokens, Vulkan beside CUDA ------------- */
+
+/* Milliseconds of one launch: the dispatch's timestamps on Vulkan; on CUDA the wall time of a
+ * launch followed by kpt_context_synchronize (a few microseconds of launch cost included). */
+static double launch_ms(kpt_context *c, kpt_kernel *k, const kpt_attention_args *a, kpt_diag *d)
+{
+    bool vk = kpt_context_backend(c) == KPT_BACKEND_VULKAN;
+    double t0 = now_s();
+    if (kpt_kernel_launch(k, a, NULL, NULL, d) || (!vk && kpt_context_synchronize(c, d)))
+        return -1;
+    return vk ? kpt_backend_vulkan_last_ms(kpt_context_backend_impl(c)) : (now_s() - t0) * 1e3;
+}
+
+/* Median of 5 launches after a warm-up, in ms, or -1 with *d set. */
+static double bench_one(kpt_context *c, const char *pat, kpt_dtype dt, int B, int H, int S, int D,
+                        kpt_diag *d)
+{
+    kpt_pattern *p = load(pat, d);
+    kpt_kernel *k = NULL;
+    kpt_kernel_desc desc = {.dtype = dt, .head_dim = D};
+    gcase gc = {pat, dt, D, D, B, H, H, S, S, NULL, false};
+    size_t n = (size_t)B * H * S * D * (size_t)kpt_dtype_size(dt);
+    kpt_buffer *q = NULL, *kv = NULL, *o = NULL;
+    double ms[6] = {-1};
+    void *zero = calloc(1, n); /* zeros: no overflow in f16 */
+    kpt_status st = p ? kpt_kernel_get(c, p, &desc, &k, d) : d->status;
+    if (!st && !zero)
+        st = KPT_ERR_NO_MEMORY;
+    if (!st && (kpt_buffer_create(c, n, &q, d) || kpt_buffer_create(c, n, &kv, d) ||
+                kpt_buffer_create(c, n, &o, d) || kpt_buffer_write(q, 0, zero, n, d) ||
+                kpt_buffer_write(kv, 0, zero, n, d)))
+        st = d->status ? d->status : KPT_ERR_DEVICE;
+    kpt_attention_args a = {
+        .q = tensor4(kpt_buffer_data(q), dt, &gc, H, S, D),
+        .k = tensor4(kpt_buffer_data(kv), dt, &gc, H, S, D),
+        .v = tensor4(kpt_buffer_data(kv), dt, &gc, H, S, D),
+        .o = tensor4(kpt_buffer_data(o), dt, &gc, H, S, D),
+    };
+    for (int r = 0; !st && r < 6; r++)
+        if ((ms[r] = launch_ms(c, k, &a, d)) < 0)
+            st = d->status ? d->status : KPT_ERR_DEVICE;
+    for (int i = 1; !st && i < 6; i++) /* sort the timed runs (ms[0] is the warm-up) */
+        for (int j = i; j > 1 && ms[j] < ms[j - 1]; j--) {
+            double t = ms[j];
+            ms[j] = ms[j - 1];
+            ms[j - 1] = t;
+        }
+    kpt_buffer_destroy(&q);
+    kpt_buffer_destroy(&kv);
+    kpt_buffer_destroy(&o);
+    free(zero);
+    kpt_pattern_destroy(&p);
+    return st ? -1 : ms[3];
+}
 
 static int bench(void)
 {
     static const char *const pats[] = {"full", "causal"};
     const int H = 16, D = 128, tokens = 16384;
-    printf("bench: %s, f16, D=%d, H=%d, B*S=%d; GPU time of the dispatch (timestamps), median "
-           "of 5 after a warm-up\n", kpt_context_device_name(ctx), D, H, tokens);
+    const kpt_dtype dt = f16_ok ? KPT_DTYPE_F16 : KPT_DTYPE_F32;
+    kpt_context *cuda = NULL;
+    kpt_context_params cp = {.backend = KPT_BACKEND_CUDA, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_diag cd = {0};
+    if (kpt_context_create(&cp, &cuda, &cd))
+        printf("bench: no CUDA comparison: %s\n", cd.message);
+    printf("bench: %s, %s, D=%d, H=%d, B*S=%d; median of 5 launches after a warm-up (Vulkan: "
+           "the dispatch's timestamps; CUDA: launch + synchronise, wall time)\n",
+           kpt_context_device_name(ctx), kpt_dtype_name(dt), D, H, tokens);
+    printf("  %-7s %-7s %-4s %12s %10s %12s %10s %8s\n", "pattern", "S", "B", "vulkan ms",
+           "TFLOP/s", "cuda ms", "TFLOP/s", "vk/cuda");
     for (int pi = 0; pi < 2; pi++)
         for (int S = 1024; S <= tokens; S *= 4) {
             const int B = tokens / S;
+            double kept = pi ? (double)(S + 1) / (2.0 * S) : 1.0;
+            double tflop = 4.0 * B * H * (double)S * S * D * kept / 1e12;
             kpt_diag d = {0};
-            kpt_pattern *p = load(pats[pi], &d);
-            kpt_kernel *k = NULL;
-            kpt_kernel_desc desc = {.dtype = f16_ok ? KPT_DTYPE_F16 : KPT_DTYPE_F32,
-                                    .head_dim = D};
-            gcase c = {pats[pi], desc.dtype, D, D, B, H, H, S, S, NULL, false};
-            size_t n = (size_t)B * H * S * D * (size_t)kpt_dtype_size(desc.dtype);
-            hostbuf q = {0}, kv = {0}, o = {0};
-            kpt_status st = p ? kpt_kernel_get(ctx, p, &desc, &k, &d) : d.status;
-            if (!st && (!hb_alloc(&q, n) || !hb_alloc(&kv, n) || !hb_alloc(&o, n)))
-                st = KPT_ERR_NO_MEMORY;
-            kpt_attention_args a = {
-                .q = tensor4(kpt_buffer_data(q.d), desc.dtype, &c, H, S, D),
-                .k = tensor4(kpt_buffer_data(kv.d), desc.dtype, &c, H, S, D),
-                .v = tensor4(kpt_buffer_data(kv.d), desc.dtype, &c, H, S, D),
-                .o = tensor4(kpt_buffer_data(o.d), desc.dtype, &c, H, S, D),
-            };
-            if (!st) { /* small values: no overflow in f16 */
-                memset(q.h, 0, n);
-                st = kpt_buffer_write(q.d, 0, q.h, n, &d) || kpt_buffer_write(kv.d, 0, q.h, n, &d);
+            double vk = bench_one(ctx, pats[pi], dt, B, H, S, D, &d);
+            if (vk < 0) {
+                printf("  %-7s %-7d failed on Vulkan: %s\n", pats[pi], S, d.message);
+                continue;
             }
-            double ms[6];
-            for (int r = 0; !st && r < 6; r++) {
-                st = kpt_kernel_launch(k, &a, NULL, NULL, &d);
-                ms[r] = kpt_backend_vulkan_last_ms(kpt_context_backend_impl(ctx));
-            }
-            if (st) {
-                printf("  %-7s S=%-6d failed: %s\n", pats[pi], S, d.message);
-            } else {
-                for (int i = 1; i < 6; i++) /* sort the timed runs */
-                    for (int j = i; j > 1 && ms[j] < ms[j - 1]; j--) {
-                        double t = ms[j];
-                        ms[j] = ms[j - 1];
-                        ms[j - 1] = t;
-                    }
-                double kept = pi ? (double)(S + 1) / (2.0 * S) : 1.0;
-                double flops = 4.0 * B * H * (double)S * S * D * kept;
-                printf("  %-7s S=%-6d B=%-3d %9.3f ms %8.2f TFLOP/s\n", pats[pi], S, B, ms[3],
-                       flops / (ms[3] * 1e-3) / 1e12);
-            }
-            hb_free(&q);
-            hb_free(&kv);
-            hb_free(&o);
-            kpt_pattern_destroy(&p);
+            double cu = cuda ? bench_one(cuda, pats[pi], dt, B, H, S, D, &d) : -1;
+            if (cu < 0 && cuda)
+                printf("  %-7s %-7d failed on CUDA: %s\n", pats[pi], S, d.message);
+            printf("  %-7s %-7d %-4d %12.3f %10.2f", pats[pi], S, B, vk, tflop / (vk * 1e-3));
+            if (cu > 0)
+                printf(" %12.3f %10.2f %8.3f", cu, tflop / (cu * 1e-3), cu / vk);
+            printf("\n");
         }
+    kpt_context_destroy(&cuda);
     return 0;
 }
 
