@@ -3,6 +3,7 @@
 
 #include "codegen/cuda_source.h"
 #include "codegen/emit_c.h"
+#include "codegen/expr_source.h"
 #include "codegen/template.h"
 #include "ir/diag.h"
 
@@ -27,31 +28,19 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
                            kpt_diag *diag)
 {
-    kpt_strbuf cfg = {0}, score = {0}, mask = {0}, tile = {0}, src = {0}, ufields = {0}, uinit = {0};
+    kpt_strbuf cfg = {0}, expr = {0}, src = {0};
     emit_config(&cfg, plan);
-    kpt_emit_uniform(&ufields, &uinit, p, &kpt_dialect_cuda);
-    kpt_emit_score_body(&score, p, &kpt_dialect_cuda);
-    kpt_emit_mask_body(&mask, p, &kpt_dialect_cuda);
-    kpt_emit_tile_body(&tile, p, &kpt_dialect_cuda);
-    kpt_status st = KPT_OK;
+    kpt_status st = kpt_expr_source(&expr, p, &kpt_dialect_cuda, diag);
     char err[256];
-    if (cfg.failed || score.failed || mask.failed || tile.failed || ufields.failed || uinit.failed) {
+    if (!st && (cfg.failed || expr.failed)) {
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (CUDA codegen)");
-    } else {
-        const kpt_hole holes[] = {
-            {"CONFIG", cfg.data},          {"SCORE", score.data},        {"MASK", mask.data},
-            {"TILE", tile.data},           {"UNIFORM_FIELDS", ufields.data},
-            {"UNIFORM_INIT", uinit.data},
-        };
-        if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention, holes, 6, err, sizeof(err)))
+    } else if (!st) {
+        const kpt_hole holes[] = {{"CONFIG", cfg.data}, {"EXPR", expr.data}};
+        if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention, holes, 2, err, sizeof(err)))
             st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "CUDA template: %s", err);
     }
     kpt_sb_free(&cfg);
-    kpt_sb_free(&score);
-    kpt_sb_free(&mask);
-    kpt_sb_free(&tile);
-    kpt_sb_free(&ufields);
-    kpt_sb_free(&uinit);
+    kpt_sb_free(&expr);
     if (st) {
         kpt_sb_free(&src);
         return st;

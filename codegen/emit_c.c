@@ -7,7 +7,7 @@
 #include "codegen/emit_c.h"
 
 const kpt_c_dialect kpt_dialect_cuda = {"cuda", "__uint_as_float(%su)", false};
-const kpt_c_dialect kpt_dialect_hip = {"hip", "__uint_as_float(%su)", false};
+const kpt_c_dialect kpt_dialect_hip = {"hip", "kpt_u2f(%su)", false};
 const kpt_c_dialect kpt_dialect_glsl = {"glsl", "uintBitsToFloat(%su)", true};
 
 static const char *type_name(kpt_ir_type t)

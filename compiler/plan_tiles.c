@@ -9,6 +9,7 @@
  * re-read from shared memory with ldmatrix each kv tile, as FlashAttention-2 does.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "compiler/plan_tiles.h"
 #include "ir/diag.h"
@@ -141,6 +142,54 @@ kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cf
                             "head dims %d/%d need %zu bytes of shared memory; the device allows %d",
                             cfg->dqk, cfg->dv, pl.smem_bytes + 1024, smem_limit);
     pl.stages = 1;
+    kpt_status st = plan_mask(p, &pl, diag);
+    if (st)
+        return st;
+    *out = pl;
+    return KPT_OK;
+}
+
+int kpt_hip_target_gfx(const char *target)
+{
+    static const struct { const char *name; int gfx; } archs[] = {
+        {"hip:gfx90a", 0x90a}, {"hip:gfx940", 0x940}, {"hip:gfx942", 0x942}};
+    for (size_t i = 0; target && i < sizeof(archs) / sizeof(archs[0]); i++)
+        if (!strcmp(target, archs[i].name))
+            return archs[i].gfx;
+    return -1;
+}
+
+kpt_status kpt_plan_tiles_hip(const kpt_pattern *p, const kpt_kernel_config *cfg,
+                              kpt_kernel_plan *out, kpt_diag *diag)
+{
+    if (cfg->gfx != 0x90a && cfg->gfx != 0x940 && cfg->gfx != 0x942)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "AMD target gfx%x: kpt generates MFMA kernels for gfx90a, gfx940 and "
+                            "gfx942", (unsigned)cfg->gfx);
+    if (cfg->dtype != KPT_DTYPE_F16 && cfg->dtype != KPT_DTYPE_BF16)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "dtype %s is not supported by the HIP backend (f16 or bf16)",
+                            kpt_dtype_name(cfg->dtype));
+    bool dims_ok = false, dv_ok = false;
+    for (int i = 0; i < kpt_cuda_num_head_dims; i++) {
+        dims_ok |= cfg->dqk == kpt_cuda_head_dims[i];
+        dv_ok |= cfg->dv == kpt_cuda_head_dims[i];
+    }
+    if (!dims_ok || !dv_ok)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the HIP backend supports 32, 64, 96, "
+                            "128 and 256", cfg->dqk, cfg->dv);
+    kpt_kernel_plan pl = {0};
+    pl.cfg = *cfg;
+    pl.cfg.sm = 0;
+    pl.warps = 4; /* wavefronts of 64, 16 query rows each */
+    pl.mt = 1;
+    pl.bm = 64;
+    pl.bn = cfg->dqk > 128 || cfg->dv > 128 ? 32 : 64;
+    pl.stages = 1;
+    /* K row-major and V transposed, rows padded by 4 elements (templates/hip/attention.hip) */
+    pl.smem_bytes = (size_t)pl.bn * (size_t)(cfg->dqk + 4) * 2 +
+                    (size_t)cfg->dv * (size_t)(pl.bn + 4) * 2;
     kpt_status st = plan_mask(p, &pl, diag);
     if (st)
         return st;

@@ -18,6 +18,7 @@ typedef struct kpt_kernel_config {
     kpt_dtype dtype; /* F16 or BF16 */
     int dqk, dv;     /* head dims */
     int sm;          /* target compute capability times ten: 80, 86, 89, 90 */
+    int gfx;         /* AMD targets: the gfx name's digits as hex (0x90a, 0x940, 0x942); else 0 */
 } kpt_kernel_config;
 
 typedef struct kpt_kernel_plan {
@@ -49,5 +50,12 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
 #define KPT_GLSL_MAX_HEAD_DIM 256
 kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag);
+
+/* The HIP kernel (templates/hip/attention.hip) for cfg->gfx: 4 wavefronts of 16 query rows,
+ * kv tiles of 64 keys (32 for head dims over 128) in LDS; f16 or bf16; the CUDA head dims. */
+kpt_status kpt_plan_tiles_hip(const kpt_pattern *p, const kpt_kernel_config *cfg,
+                              kpt_kernel_plan *out, kpt_diag *diag);
+/* "hip:gfx90a" -> 0x90a (also gfx940, gfx942); -1 for anything else. */
+int kpt_hip_target_gfx(const char *target);
 
 #endif

@@ -20,60 +20,11 @@ typedef unsigned long long u64;
 #define KPT_LOG2E 1.4426950408889634f
 #define KPT_LN2 0.6931471805599453f
 
-// The launch arguments; runtime/cuda_args.h holds the host twin with the same layout.
-struct kpt_aux {
-    u64 ptr;
-    i64 stride[3];
-    int dim[3];
-    int pad;
-};
-
-struct kpt_args {
-    u64 q, k, v, o, lse, blockmap;
-    i64 qs[4], ks[4], vs[4], os[4];
-    i64 lses[3];
-    i64 bm_sb, bm_sh, bm_sq; // block map byte strides for b, h, q tile (kv tile: 1)
-    int B, Hq, Hkv, Sq, Skv, group;
-    int n_qt, n_kt;
-    float scale, scale_log2;
-    u32 scalars[32];
-    kpt_aux aux[16];
-};
-static_assert(sizeof(kpt_aux) == 48, "kpt_aux layout");
-static_assert(sizeof(kpt_args) == 1160, "kpt_args layout");
-
-// ---- expression helpers (IR semantics: docs/architecture.md) ---------------------------------
-
-__device__ __forceinline__ int kpt_wrap(i64 v) { return (int)(u32)(u64)v; }
-__device__ __forceinline__ int kpt_ineg(int a) { return (int)(0u - (u32)a); }
-__device__ __forceinline__ int kpt_iabs(int a) { return a < 0 ? kpt_ineg(a) : a; }
-__device__ __forceinline__ int kpt_iadd(int a, int b) { return (int)((u32)a + (u32)b); }
-__device__ __forceinline__ int kpt_isub(int a, int b) { return (int)((u32)a - (u32)b); }
-__device__ __forceinline__ int kpt_imul(int a, int b) { return (int)((u32)a * (u32)b); }
-__device__ __forceinline__ int kpt_imin(int a, int b) { return a < b ? a : b; }
-__device__ __forceinline__ int kpt_imax(int a, int b) { return a > b ? a : b; }
-__device__ __forceinline__ int kpt_idiv(int a, int b)
-{
-    if (b == 0) return 0;
-    if (b == -1) return kpt_ineg(a);
-    int q = a / b;
-    if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
-    return q;
-}
-__device__ __forceinline__ int kpt_imod(int a, int b)
-{
-    if (b == 0 || b == -1) return 0;
-    int r = a % b;
-    if (r != 0 && ((r < 0) != (b < 0))) r += b;
-    return r;
-}
-__device__ __forceinline__ int kpt_ilog2(int a) { return a > 0 ? 31 - __clz(a) : -1; }
-__device__ __forceinline__ float kpt_ffmod(float a, float b)
-{
-    float m = fmodf(a, b);
-    if (m != 0.0f && ((m < 0.0f) != (b < 0.0f))) m += b;
-    return m;
-}
+#define KPT_DEV __device__ __forceinline__
+#define KPT_DEV_CALL __device__
+__device__ __forceinline__ int kpt_clz32(int a) { return __clz(a); }
+__device__ __forceinline__ int kpt_clz64(i64 a) { return __clzll(a); }
+__device__ __forceinline__ float kpt_fmodf(float a, float b) { return fmodf(a, b); }
 // floor, saturating to the i32 range, NaN -> 0: exactly what cvt.rmi.s32.f32 does.
 __device__ __forceinline__ int kpt_f2i(float x)
 {
@@ -104,199 +55,24 @@ __device__ __forceinline__ float kpt_h2f(u16 h)
 }
 __device__ __forceinline__ float kpt_bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
 
-// Aux tensors: an index out of range reads 0 (false), in every backend.
-__device__ __forceinline__ bool kpt_aux_off(const kpt_aux &a, int rank, int i0, int i1, int i2,
-                                            i64 *off)
+#define KPT_LANE ((int)(threadIdx.x & 31))
+#define KPT_WAVE 32
+__device__ __forceinline__ int kpt_wave_min(int v)
 {
-    if ((u32)i0 >= (u32)a.dim[0]) return false;
-    i64 o = (i64)i0 * a.stride[0];
-    if (rank > 1) {
-        if ((u32)i1 >= (u32)a.dim[1]) return false;
-        o += (i64)i1 * a.stride[1];
-    }
-    if (rank > 2) {
-        if ((u32)i2 >= (u32)a.dim[2]) return false;
-        o += (i64)i2 * a.stride[2];
-    }
-    *off = o;
-    return true;
-}
-__device__ __forceinline__ int kpt_aux_i32(const kpt_aux &a, int r, int i0, int i1, int i2)
-{
-    i64 o;
-    return kpt_aux_off(a, r, i0, i1, i2, &o) ? ((const int *)a.ptr)[o] : 0;
-}
-__device__ __forceinline__ float kpt_aux_f32(const kpt_aux &a, int r, int i0, int i1, int i2)
-{
-    i64 o;
-    return kpt_aux_off(a, r, i0, i1, i2, &o) ? ((const float *)a.ptr)[o] : 0.0f;
-}
-__device__ __forceinline__ float kpt_aux_f16(const kpt_aux &a, int r, int i0, int i1, int i2)
-{
-    i64 o;
-    return kpt_aux_off(a, r, i0, i1, i2, &o) ? kpt_h2f(((const u16 *)a.ptr)[o]) : 0.0f;
-}
-__device__ __forceinline__ float kpt_aux_bf16(const kpt_aux &a, int r, int i0, int i1, int i2)
-{
-    i64 o;
-    return kpt_aux_off(a, r, i0, i1, i2, &o) ? kpt_bf2f(((const u16 *)a.ptr)[o]) : 0.0f;
-}
-__device__ __forceinline__ bool kpt_aux_bool(const kpt_aux &a, int r, int i0, int i1, int i2)
-{
-    i64 o;
-    return kpt_aux_off(a, r, i0, i1, i2, &o) ? ((const unsigned char *)a.ptr)[o] != 0 : false;
-}
-
-// Intervals for tile classification: the value set of an i32 (or bool: within [0, 1]) expression
-// over a tile's box of (q, k). Anything that may leave the i32 range widens to the whole range,
-// because i32 arithmetic wraps.
-struct kpt_iv {
-    i64 l, h;
-};
-#define KPT_I32_MIN (-2147483647LL - 1)
-#define KPT_I32_MAX 2147483647LL
-__device__ __forceinline__ kpt_iv kpt_iv_mk(i64 l, i64 h)
-{
-    kpt_iv r;
-    if (l < KPT_I32_MIN || h > KPT_I32_MAX) { l = KPT_I32_MIN; h = KPT_I32_MAX; }
-    r.l = l;
-    r.h = h;
-    return r;
-}
-__device__ __forceinline__ kpt_iv kpt_iv_pt(i64 v) { return kpt_iv_mk(v, v); }
-__device__ __forceinline__ kpt_iv kpt_iv_any() { return kpt_iv_mk(KPT_I32_MIN, KPT_I32_MAX); }
-__device__ __forceinline__ kpt_iv kpt_iv_anyb() { return kpt_iv_mk(0, 1); }
-__device__ __forceinline__ i64 kpt_min64(i64 a, i64 b) { return a < b ? a : b; }
-__device__ __forceinline__ i64 kpt_max64(i64 a, i64 b) { return a > b ? a : b; }
-__device__ __forceinline__ kpt_iv kpt_iv_add(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l + b.l, a.h + b.h); }
-__device__ __forceinline__ kpt_iv kpt_iv_sub(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l - b.h, a.h - b.l); }
-__device__ __forceinline__ kpt_iv kpt_iv_neg(kpt_iv a) { return kpt_iv_mk(-a.h, -a.l); }
-__device__ __forceinline__ kpt_iv kpt_iv_abs(kpt_iv a)
-{
-    if (a.l >= 0) return a;
-    if (a.h <= 0) return kpt_iv_mk(-a.h, -a.l);
-    return kpt_iv_mk(0, kpt_max64(-a.l, a.h));
-}
-__device__ __forceinline__ kpt_iv kpt_iv_mul(kpt_iv a, kpt_iv b)
-{
-    i64 p0 = a.l * b.l, p1 = a.l * b.h, p2 = a.h * b.l, p3 = a.h * b.h;
-    return kpt_iv_mk(kpt_min64(kpt_min64(p0, p1), kpt_min64(p2, p3)),
-                     kpt_max64(kpt_max64(p0, p1), kpt_max64(p2, p3)));
-}
-__device__ __forceinline__ i64 kpt_fdiv64(i64 a, i64 b)
-{
-    i64 q = a / b;
-    if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
-    return q;
-}
-__device__ __forceinline__ kpt_iv kpt_iv_idiv(kpt_iv a, kpt_iv b)
-{
-    // Floor division is monotone in a for a fixed divisor sign and in b on each side of 0, so
-    // the corners bound it; a divisor interval that holds 0 or -1 (wrapping) gives no bound.
-    if (!(b.l > 0 || b.h < -1)) return kpt_iv_any();
-    i64 c0 = kpt_fdiv64(a.l, b.l), c1 = kpt_fdiv64(a.l, b.h);
-    i64 c2 = kpt_fdiv64(a.h, b.l), c3 = kpt_fdiv64(a.h, b.h);
-    return kpt_iv_mk(kpt_min64(kpt_min64(c0, c1), kpt_min64(c2, c3)),
-                     kpt_max64(kpt_max64(c0, c1), kpt_max64(c2, c3)));
-}
-__device__ __forceinline__ kpt_iv kpt_iv_mod(kpt_iv a, kpt_iv b)
-{
-    if (b.l == b.h && b.l > 0) {
-        if (kpt_fdiv64(a.l, b.l) == kpt_fdiv64(a.h, b.l))
-            return kpt_iv_mk(a.l - kpt_fdiv64(a.l, b.l) * b.l, a.h - kpt_fdiv64(a.h, b.l) * b.l);
-        return kpt_iv_mk(0, b.l - 1);
-    }
-    if (b.l > 0) return kpt_iv_mk(0, b.h - 1);
-    if (b.h < -1) return kpt_iv_mk(b.l + 1, 0);
-    return kpt_iv_mk(kpt_min64(b.l + 1, 0), kpt_max64(b.h - 1, 0));
-}
-__device__ __forceinline__ kpt_iv kpt_iv_min(kpt_iv a, kpt_iv b) { return kpt_iv_mk(kpt_min64(a.l, b.l), kpt_min64(a.h, b.h)); }
-__device__ __forceinline__ kpt_iv kpt_iv_max(kpt_iv a, kpt_iv b) { return kpt_iv_mk(kpt_max64(a.l, b.l), kpt_max64(a.h, b.h)); }
-__device__ __forceinline__ i64 kpt_ilog2_64(i64 v) { return v > 0 ? 63 - __clzll(v) : -1; }
-__device__ __forceinline__ kpt_iv kpt_iv_ilog2(kpt_iv a) { return kpt_iv_mk(kpt_ilog2_64(a.l), kpt_ilog2_64(a.h)); }
-__device__ __forceinline__ kpt_iv kpt_iv_lt(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.h < b.l, a.l < b.h); }
-__device__ __forceinline__ kpt_iv kpt_iv_le(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.h <= b.l, a.l <= b.h); }
-__device__ __forceinline__ kpt_iv kpt_iv_gt(kpt_iv a, kpt_iv b) { return kpt_iv_lt(b, a); }
-__device__ __forceinline__ kpt_iv kpt_iv_ge(kpt_iv a, kpt_iv b) { return kpt_iv_le(b, a); }
-__device__ __forceinline__ kpt_iv kpt_iv_eq(kpt_iv a, kpt_iv b)
-{
-    bool same = a.l == a.h && b.l == b.h && a.l == b.l;
-    bool apart = a.h < b.l || b.h < a.l;
-    return kpt_iv_mk(same, !apart);
-}
-__device__ __forceinline__ kpt_iv kpt_iv_ne(kpt_iv a, kpt_iv b)
-{
-    kpt_iv e = kpt_iv_eq(a, b);
-    return kpt_iv_mk(1 - e.h, 1 - e.l);
-}
-// The values an i32 or bool aux load can take over a box of indices (one interval per index),
-// read by the whole warp: only the block-map kernel classifies tiles of masks that load, and its
-// warps call kpt_tile_interval together. Boxes over KPT_IV_LOAD_MAX elements give no bound. For
-// a document mask this settles every tile inside one document or across two apart, so only the
-// tiles a boundary crosses are evaluated pair by pair.
-#define KPT_IV_LOAD_MAX 1024
-__device__ __forceinline__ i64 kpt_iv_len(kpt_iv a) { return a.h - a.l + 1; }
-template <bool BOOL>
-__device__ kpt_iv kpt_iv_load(const kpt_aux &a, int r, kpt_iv x, kpt_iv y, kpt_iv z)
-{
-    const i64 nx = kpt_iv_len(x), ny = kpt_iv_len(y), nz = kpt_iv_len(z);
-    if (nx > KPT_IV_LOAD_MAX || ny > KPT_IV_LOAD_MAX || nz > KPT_IV_LOAD_MAX ||
-        nx * ny * nz > KPT_IV_LOAD_MAX)
-        return BOOL ? kpt_iv_anyb() : kpt_iv_any();
-    const int n = (int)(nx * ny * nz), w = (int)nx, wy = (int)ny;
-    int lo = 2147483647, hi = -2147483647 - 1;
-    for (int e = (int)(threadIdx.x & 31); e < n; e += 32) {
-        const int i0 = (int)x.l + e % w, i1 = (int)y.l + (e / w) % wy, i2 = (int)z.l + e / (w * wy);
-        const int v = BOOL ? (int)kpt_aux_bool(a, r, i0, i1, i2) : kpt_aux_i32(a, r, i0, i1, i2);
-        lo = min(lo, v);
-        hi = max(hi, v);
-    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    return kpt_iv_mk(lo, hi);
+    for (int o = 16; o > 0; o >>= 1)
+        v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
-__device__ __forceinline__ kpt_iv kpt_iv_and(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l & b.l, a.h & b.h); }
-__device__ __forceinline__ kpt_iv kpt_iv_or(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l | b.l, a.h | b.h); }
-__device__ __forceinline__ kpt_iv kpt_iv_not(kpt_iv a) { return kpt_iv_mk(1 - a.h, 1 - a.l); }
-__device__ __forceinline__ kpt_iv kpt_iv_select(kpt_iv c, kpt_iv a, kpt_iv b)
+__device__ __forceinline__ int kpt_wave_max(int v)
 {
-    if (c.l == 1) return a;
-    if (c.h == 0) return b;
-    return kpt_iv_mk(kpt_min64(a.l, b.l), kpt_max64(a.h, b.h));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
 
-// ---- the pattern (generated from its IR) -----------------------------------------------------
-
-struct kpt_uniform {
-@UNIFORM_FIELDS@
-};
-
-__device__ __forceinline__ void kpt_uniform_init(const kpt_args &A, int b, int h, kpt_uniform &U)
-{
-@UNIFORM_INIT@
-}
-
-__device__ __forceinline__ float kpt_score(const kpt_args &A, const kpt_uniform &U, float s, int b,
-                                           int h, int q, int k)
-{
-@SCORE@
-}
-
-__device__ __forceinline__ bool kpt_mask(const kpt_args &A, const kpt_uniform &U, int b, int h,
-                                         int q, int k)
-{
-@MASK@
-}
-
-// 0: no pair of the tile is kept; 2: every pair is; 1: maybe some (evaluate per element).
-__device__ __forceinline__ int kpt_tile_interval(const kpt_args &A, int b, int h, int q0, int q1,
-                                                 int k0, int k1)
-{
-@TILE@
-}
+@EXPR@
 
 // ---- PTX wrappers ----------------------------------------------------------------------------
 

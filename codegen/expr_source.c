@@ -1,0 +1,35 @@
+/* The target-independent C++ fragment (see expr_source.h). */
+#include "codegen/expr_source.h"
+#include "codegen/template.h"
+#include "ir/diag.h"
+
+extern const char kpt_tmpl_common_expr[]; /* templates/common/expr.inc, embedded */
+
+kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_dialect *d,
+                           kpt_diag *diag)
+{
+    kpt_strbuf score = {0}, mask = {0}, tile = {0}, ufields = {0}, uinit = {0};
+    kpt_emit_uniform(&ufields, &uinit, p, d);
+    kpt_emit_score_body(&score, p, d);
+    kpt_emit_mask_body(&mask, p, d);
+    kpt_emit_tile_body(&tile, p, d);
+    kpt_status st = KPT_OK;
+    char err[256];
+    if (score.failed || mask.failed || tile.failed || ufields.failed || uinit.failed) {
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%s codegen)", d->name);
+    } else {
+        const kpt_hole holes[] = {
+            {"SCORE", score.data},          {"MASK", mask.data},
+            {"TILE", tile.data},            {"UNIFORM_FIELDS", ufields.data},
+            {"UNIFORM_INIT", uinit.data},
+        };
+        if (!kpt_template_fill(out, kpt_tmpl_common_expr, holes, 5, err, sizeof(err)))
+            st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "expression template: %s", err);
+    }
+    kpt_sb_free(&score);
+    kpt_sb_free(&mask);
+    kpt_sb_free(&tile);
+    kpt_sb_free(&ufields);
+    kpt_sb_free(&uinit);
+    return st;
+}

@@ -1,0 +1,17 @@
+/* The part of the C++ kernel sources (CUDA, HIP) that does not depend on the target: the launch
+ * arguments, the expression helpers and the pattern's generated functions
+ * (templates/common/expr.inc), filled for one pattern in one dialect. Each target's template
+ * takes the result in its @EXPR@ hole, after defining the primitives expr.inc lists. */
+#ifndef KPT_CODEGEN_EXPR_SOURCE_H
+#define KPT_CODEGEN_EXPR_SOURCE_H
+
+#include <kpt/status.h>
+
+#include "codegen/emit_c.h"
+#include "ir/strbuf.h"
+
+/* Appends the filled fragment to `out`. */
+kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_dialect *d,
+                           kpt_diag *diag);
+
+#endif

@@ -1,0 +1,49 @@
+/* HIP source generation (see hip_source.h). */
+#include <stdlib.h>
+
+#include "codegen/emit_c.h"
+#include "codegen/expr_source.h"
+#include "codegen/hip_source.h"
+#include "codegen/template.h"
+#include "ir/diag.h"
+
+extern const char kpt_tmpl_hip_attention[]; /* templates/hip/attention.hip, embedded */
+
+static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
+{
+    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, gfx%x\n",
+                  kpt_dtype_name(pl->cfg.dtype), pl->cfg.dqk, pl->cfg.dv, (unsigned)pl->cfg.gfx);
+    kpt_sb_printf(sb, "#define KPT_BF16 %d\n", pl->cfg.dtype == KPT_DTYPE_BF16);
+    kpt_sb_printf(sb, "#define KPT_DQK %d\n#define KPT_DV %d\n", pl->cfg.dqk, pl->cfg.dv);
+    kpt_sb_printf(sb, "#define KPT_BM %d\n#define KPT_BN %d\n", pl->bm, pl->bn);
+    kpt_sb_printf(sb, "#define KPT_WAVES %d\n", pl->warps);
+    kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,
+                  pl->has_score);
+    kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
+}
+
+kpt_status kpt_hip_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
+                          kpt_diag *diag)
+{
+    kpt_strbuf cfg = {0}, expr = {0}, src = {0};
+    emit_config(&cfg, plan);
+    kpt_status st = kpt_expr_source(&expr, p, &kpt_dialect_hip, diag);
+    char err[256];
+    if (!st && (cfg.failed || expr.failed)) {
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (HIP codegen)");
+    } else if (!st) {
+        const kpt_hole holes[] = {{"CONFIG", cfg.data}, {"EXPR", expr.data}};
+        if (!kpt_template_fill(&src, kpt_tmpl_hip_attention, holes, 2, err, sizeof(err)))
+            st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "HIP template: %s", err);
+    }
+    kpt_sb_free(&cfg);
+    kpt_sb_free(&expr);
+    if (st) {
+        kpt_sb_free(&src);
+        return st;
+    }
+    *out = kpt_sb_take(&src);
+    if (!*out)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (HIP codegen)");
+    return KPT_OK;
+}
