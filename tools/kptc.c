@@ -33,6 +33,7 @@
 #include "compiler/plan_tiles.h"
 #include "codegen/cuda_source.h"
 #include "codegen/glsl_source.h"
+#include "codegen/hip_source.h"
 #include "ir/diag.h"
 #include "ir/numeric.h"
 #include "runtime/attention_args.h"
@@ -42,6 +43,7 @@
 #include "runtime/backend_vulkan.h"
 #include "runtime/clock.h"
 #include "runtime/spirv.h"
+#include "runtime/hiprtc.h"
 #include "runtime/rng.h"
 #include "tools/kptc.h"
 
@@ -52,20 +54,24 @@ static const char usage_text[] =
     "commands:\n"
     "  patterns            list the built-in pattern terms\n"
     "  emit                compile PATTERN and print it\n"
-    "      --emit ir|cuda|ptx|cubin|glsl|spirv  what to print: the IR; the CUDA kernel as source,\n"
-    "                                PTX or CUBIN (NVRTC); the Vulkan kernel as GLSL or SPIR-V\n"
-    "                                (validated; binary only to a file or pipe)\n"
+    "      --emit ir|cuda|ptx|cubin|glsl|spirv|hip|hsaco  what to print: the IR; the CUDA\n"
+    "                                kernel as source, PTX or CUBIN (NVRTC); the Vulkan kernel\n"
+    "                                as GLSL or SPIR-V (validated); the AMD kernel as HIP or a\n"
+    "                                code object (hipRTC, else clang); binaries only to a file\n"
+    "                                or pipe\n"
     "      --dump-after STAGE        print the IR after STAGE: parse, opt_fold, opt_simplify, all\n"
     "      --target T                cuda:sm_80 (default for cuda), cuda:sm_86, cuda:sm_89,\n"
-    "                                cuda:sm_90; spirv (the only one for glsl and spirv)\n"
-    "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256 (CUDA);\n"
+    "                                cuda:sm_90; spirv (the only one for glsl and spirv);\n"
+    "                                hip:gfx90a (default for hip), hip:gfx940, hip:gfx942\n"
+    "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256 (CUDA, HIP);\n"
     "                                1 to 256 (spirv)\n"
-    "      --dtype T                 input dtype of the kernel: f16 or bf16 (CUDA, default\n"
-    "                                bf16); f16 or f32 (spirv, default f16)\n"
+    "      --dtype T                 input dtype of the kernel: f16 or bf16 (CUDA and HIP,\n"
+    "                                default bf16); f16 or f32 (spirv, default f16)\n"
     "      --smem BYTES              spirv: the shared memory to plan for (default 32768, what\n"
     "                                the runtime plans for on devices with at least that)\n"
     "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n"
-    "      --verbose                 print NVRTC's time and ptxas's register/spill report to stderr\n"
+    "      --verbose                 print the compiler's time and log (ptxas's register/spill\n"
+    "                                report for CUDA) to stderr\n"
     "  check               run PATTERN on random inputs and check the result\n"
     "      --backend cpu|cuda|vulkan cpu: the double-precision reference only (default); cuda,\n"
     "                                vulkan: also that backend's kernel on this machine,\n"
@@ -458,6 +464,63 @@ static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
     return rc;
 }
 
+/* The HIP kernel for an AMD target: its source, or a code object from hipRTC when the local one
+ * lists the arch, else from clang (the offline route). */
+static int emit_hip(const options *o, kpt_pattern *p, const char *what)
+{
+    kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .gfx = 0x90a};
+    if (o->target && (cfg.gfx = kpt_hip_target_gfx(o->target)) < 0)
+        return usage_error("--target '%s': --emit %s takes hip:gfx90a, hip:gfx940 or hip:gfx942",
+                           o->target, what);
+    if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
+        return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
+    if (o->dtype) {
+        cfg.dtype = kpt_dtype_from_name(o->dtype);
+        if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_BF16)
+            return usage_error("--dtype '%s': the HIP backend takes f16 or bf16", o->dtype);
+    }
+    kpt_diag d = {0};
+    kpt_kernel_plan plan;
+    char *src = NULL;
+    kpt_status st = kpt_plan_tiles_hip(p, &cfg, &plan, &d);
+    if (!st)
+        st = kpt_hip_source(p, &plan, &src, &d);
+    if (st)
+        return report(&d, st);
+    if (!strcmp(what, "hip")) {
+        fputs(src, stdout);
+        free(src);
+        return 0;
+    }
+    char arch[16];
+    snprintf(arch, sizeof(arch), "gfx%x", (unsigned)cfg.gfx);
+    kpt_diag why = {0};
+    bool rtc = kpt_hiprtc_has_arch(arch, &why);
+    kpt_hip_output out;
+    st = rtc ? kpt_hiprtc_compile(src, arch, &out, &d) : kpt_hip_clang_compile(src, arch, &out, &d);
+    free(src);
+    if (st) {
+        if (!rtc)
+            fprintf(stderr, "kptc: not through hipRTC: %s\n", why.message);
+        fprintf(stderr, "kptc: %s\n", d.message);
+        kpt_hip_output_free(&out);
+        return 1;
+    }
+    if (o->verbose)
+        fprintf(stderr, "kptc: %s %.1f ms for %s, %zu bytes%s%s\n%s", rtc ? "hipRTC" : "clang",
+                out.ms, arch, out.size, rtc ? "" : "; not hipRTC: ", rtc ? "" : why.message,
+                out.log ? out.log : "");
+    int rc = 0;
+    if (isatty(fileno(stdout))) {
+        fprintf(stderr, "kptc: not writing a code object to a terminal; redirect stdout to a file\n");
+        rc = EXIT_USAGE;
+    } else if (fwrite(out.code, 1, out.size, stdout) != out.size) {
+        rc = 1;
+    }
+    kpt_hip_output_free(&out);
+    return rc;
+}
+
 static int cmd_emit(int argc, char **argv)
 {
     options o = {0};
@@ -469,21 +532,16 @@ static int cmd_emit(int argc, char **argv)
     const char *what = o.emit ? o.emit : "ir";
     bool cuda = !strcmp(what, "cuda") || !strcmp(what, "ptx") || !strcmp(what, "cubin");
     bool spirv = !strcmp(what, "glsl") || !strcmp(what, "spirv");
-    if (strcmp(what, "ir") != 0 && !cuda && !spirv) {
-        static const char *const later[] = {"hip", "hsaco", NULL};
-        for (int i = 0; later[i]; i++)
-            if (!strcmp(what, later[i]))
-                return usage_error("--emit %s is not available in this build (no %s backend yet)",
-                                   what, what);
-        return usage_error("unknown --emit '%s' (expected ir, cuda, ptx, cubin, glsl or spirv)",
-                           what);
-    }
-    if (!cuda && !spirv && (o.target || o.head_dim || o.dtype || o.verbose))
+    bool hip = !strcmp(what, "hip") || !strcmp(what, "hsaco");
+    if (strcmp(what, "ir") != 0 && !cuda && !spirv && !hip)
+        return usage_error("unknown --emit '%s' (expected ir, cuda, ptx, cubin, glsl, spirv, hip "
+                           "or hsaco)", what);
+    if (!cuda && !spirv && !hip && (o.target || o.head_dim || o.dtype || o.verbose))
         return usage_error("--target, --head-dim, --dtype and --verbose go with --emit "
-                           "cuda|ptx|cubin|glsl|spirv");
+                           "cuda|ptx|cubin|glsl|spirv|hip|hsaco");
     if (!spirv && (o.smem || o.blockmap))
         return usage_error("--smem and --blockmap go with --emit glsl|spirv");
-    if ((cuda || spirv) && o.dump_after)
+    if ((cuda || spirv || hip) && o.dump_after)
         return usage_error("--dump-after goes with --emit ir");
     if (o.dump_after && !kpt_pipeline_is_stage(o.dump_after))
         return usage_error("unknown stage '%s' for --dump-after (parse, opt_fold, opt_simplify, all)",
@@ -505,6 +563,8 @@ static int cmd_emit(int argc, char **argv)
         rc = emit_cuda(&o, p, what);
     } else if (spirv) {
         rc = emit_spirv(&o, p, what);
+    } else if (hip) {
+        rc = emit_hip(&o, p, what);
     } else if (!o.dump_after) {
         char *text = kpt_pattern_ir_text(p);
         if (!text) {
