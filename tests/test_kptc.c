@@ -62,8 +62,16 @@ static void test_emit(void **state)
     r = run("emit", "--emit", "cuda", "--head-dim", "64", "--dtype", "f16", "causal", NULL);
     EXPECT(r, 0, out, "#define KPT_DQK 64\n");
     EXPECT(r, 0, out, "extern \"C\" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention");
-    r = run("emit", "--emit", "hip", "causal", NULL);
-    EXPECT(r, 2, err, "--emit hip is not available in this build");
+    /* the AMD kernel: HIP source (no headers, MFMA), a code object (an ELF), clear refusals */
+    r = run("emit", "--emit", "hip", "--dtype", "f16", "--head-dim", "64", "causal", NULL);
+    EXPECT(r, 0, out, "#define KPT_DQK 64\n");
+    EXPECT(r, 0, out, "__builtin_amdgcn_mfma_f32_16x16x16f16");
+    r = run("emit", "--emit", "hsaco", "--target", "hip:gfx90a", "causal", NULL);
+    EXPECT(r, 0, out, "\x7f" "ELF");
+    r = run("emit", "--emit", "hip", "--target", "hip:gfx1100", "causal", NULL);
+    EXPECT(r, 2, err, "--target 'hip:gfx1100': --emit hip takes hip:gfx90a, hip:gfx940 or hip:gfx942");
+    r = run("emit", "--emit", "hip", "--dtype", "f32", "causal", NULL);
+    EXPECT(r, 2, err, "the HIP backend takes f16 or bf16");
     /* the Vulkan kernel: GLSL, and validated SPIR-V (the module's magic number first) */
     r = run("emit", "--emit", "glsl", "--head-dim", "64,32", "document+causal", NULL);
     EXPECT(r, 0, out, "#version 450\n");
