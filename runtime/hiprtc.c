@@ -144,20 +144,26 @@ static bool comgr_lists(const char *arch)
     return false;
 }
 
-bool kpt_hiprtc_has_arch(const char *arch, kpt_diag *diag)
+static kpt_status check_arch(const char *arch, kpt_diag *diag)
 {
-    if (ensure_loaded(diag))
-        return false;
-    if (!hr.IsaCount)
+    kpt_status st = ensure_loaded(diag);
+    if (st)
+        return st;
+    if (!hr.IsaCount || !hr.IsaName)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "hipRTC found (%s) but not its comgr library (libamd_comgr.so.2), "
-                            "which says which archs it can compile", hr.where) && false;
+                            "which says which archs it can compile", hr.where);
     if (!comgr_lists(arch))
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "this hipRTC (%s) cannot compile for %s: its comgr does not list it "
-                            "(compile offline with kptc, which uses clang for such archs)",
-                            hr.where, arch) && false;
-    return true;
+                            "(kptc emit compiles such archs with clang)",
+                            hr.where, arch);
+    return KPT_OK;
+}
+
+bool kpt_hiprtc_has_arch(const char *arch, kpt_diag *diag)
+{
+    return check_arch(arch, diag) == KPT_OK;
 }
 
 void kpt_hip_output_free(kpt_hip_output *out)
@@ -182,12 +188,12 @@ kpt_status kpt_hiprtc_compile(const char *src, const char *arch, kpt_hip_output 
                               kpt_diag *diag)
 {
     memset(out, 0, sizeof(*out));
-    if (!kpt_hiprtc_has_arch(arch, diag))
-        return diag ? diag->status : KPT_ERR_UNSUPPORTED;
+    kpt_status st = check_arch(arch, diag);
+    if (st)
+        return st;
     char opt_arch[64];
     snprintf(opt_arch, sizeof(opt_arch), "--offload-arch=%s", arch);
     const char *opts[] = {opt_arch, "-O3", "-std=c++17"};
-    kpt_status st = KPT_OK;
     double t0 = kpt_now_ms();
     pthread_mutex_lock(&hr_lock);
     hiprtcProgram prog = NULL;
