@@ -4,7 +4,6 @@
 #include "codegen/cuda_source.h"
 #include "codegen/emit_c.h"
 #include "codegen/expr_source.h"
-#include "codegen/template.h"
 #include "ir/diag.h"
 
 extern const char kpt_tmpl_cuda_attention[]; /* templates/cuda/attention.cu, embedded */
@@ -28,25 +27,10 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
                            kpt_diag *diag)
 {
-    kpt_strbuf cfg = {0}, expr = {0}, src = {0};
+    kpt_strbuf cfg = {0};
     emit_config(&cfg, plan);
-    kpt_status st = kpt_expr_source(&expr, p, &kpt_dialect_cuda, diag);
-    char err[256];
-    if (!st && (cfg.failed || expr.failed)) {
-        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (CUDA codegen)");
-    } else if (!st) {
-        const kpt_hole holes[] = {{"CONFIG", cfg.data}, {"EXPR", expr.data}};
-        if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention, holes, 2, err, sizeof(err)))
-            st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "CUDA template: %s", err);
-    }
+    kpt_status st =
+        kpt_cpp_kernel_source(p, &kpt_dialect_cuda, kpt_tmpl_cuda_attention, &cfg, out, diag);
     kpt_sb_free(&cfg);
-    kpt_sb_free(&expr);
-    if (st) {
-        kpt_sb_free(&src);
-        return st;
-    }
-    *out = kpt_sb_take(&src);
-    if (!*out)
-        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (CUDA codegen)");
-    return KPT_OK;
+    return st;
 }

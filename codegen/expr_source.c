@@ -1,4 +1,6 @@
 /* The target-independent C++ fragment (see expr_source.h). */
+#include <stdlib.h>
+
 #include "codegen/expr_source.h"
 #include "codegen/template.h"
 #include "ir/diag.h"
@@ -31,5 +33,25 @@ kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_di
     kpt_sb_free(&tile);
     kpt_sb_free(&ufields);
     kpt_sb_free(&uinit);
+    return st;
+}
+
+kpt_status kpt_cpp_kernel_source(const kpt_pattern *p, const kpt_c_dialect *d, const char *tmpl,
+                                 const kpt_strbuf *config, char **out, kpt_diag *diag)
+{
+    kpt_strbuf expr = {0}, src = {0};
+    kpt_status st = kpt_expr_source(&expr, p, d, diag);
+    char err[256];
+    if (!st && (config->failed || expr.failed)) {
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%s codegen)", d->name);
+    } else if (!st) {
+        const kpt_hole holes[] = {{"CONFIG", config->data}, {"EXPR", expr.data}};
+        if (!kpt_template_fill(&src, tmpl, holes, 2, err, sizeof(err)))
+            st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "%s template: %s", d->name, err);
+    }
+    kpt_sb_free(&expr);
+    if (!st && !(*out = kpt_sb_take(&src)))
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%s codegen)", d->name);
+    kpt_sb_free(&src);
     return st;
 }
