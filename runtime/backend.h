@@ -63,6 +63,7 @@ struct kpt_backend {
 /* Opens each backend per the context params (kind already resolved, never AUTO). */
 kpt_status kpt_backend_cuda_open(const kpt_context_params *p, kpt_backend **out,
                                  kpt_diag *diag);
+kpt_status kpt_backend_hip_open(const kpt_context_params *p, kpt_backend **out, kpt_diag *diag);
 kpt_status kpt_backend_cpu_open(const kpt_context_params *p, kpt_backend **out, kpt_diag *diag);
 
 #endif

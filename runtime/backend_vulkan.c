@@ -63,6 +63,7 @@ typedef struct vk_backend {
     size_t nallocs, cap;
     uint64_t next_va;
     double last_ms;
+    char matrix_support[512]; /* kpt_backend_vulkan_matrix_support */
 } vk_backend;
 
 typedef struct vk_kernel {
@@ -785,7 +786,56 @@ double kpt_backend_vulkan_last_ms(const kpt_backend *b)
     return b && b->ops->kind == KPT_BACKEND_VULKAN ? ((const vk_backend *)b)->last_ms : -1.0;
 }
 
+const char *kpt_backend_vulkan_matrix_support(const kpt_backend *b)
+{
+    return b && b->ops->kind == KPT_BACKEND_VULKAN ? ((const vk_backend *)b)->matrix_support : "";
+}
+
 /* ---- the device ------------------------------------------------------------------------------ */
+
+static const char *component_name(VkComponentTypeNV t)
+{
+    static const char *const names[] = {"f16", "f32", "f64", "s8", "s16", "s32", "s64",
+                                        "u8", "u16", "u32", "u64"};
+    return (unsigned)t < sizeof(names) / sizeof(names[0]) ? names[t] : "?";
+}
+
+/* Which cooperative-matrix extensions the device has, and the NV one's shapes (the kernels do
+ * not use them yet: docs/vulkan.md). Only read, never enabled. */
+static void probe_matrix_support(vk_backend *v)
+{
+    char *s = v->matrix_support;
+    size_t n = sizeof(v->matrix_support), at = 0;
+    uint32_t count = 0;
+    VkExtensionProperties *ext = NULL;
+    if (!v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, NULL) && count &&
+        (ext = calloc(count, sizeof(*ext))) &&
+        v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, ext))
+        count = 0;
+    bool nv = false, khr = false;
+    for (uint32_t i = 0; ext && i < count; i++) {
+        nv |= !strcmp(ext[i].extensionName, "VK_NV_cooperative_matrix");
+        khr |= !strcmp(ext[i].extensionName, "VK_KHR_cooperative_matrix");
+    }
+    free(ext);
+    at += (size_t)snprintf(s + at, n - at, "cooperative matrix: %s%s%s", nv ? "NV" : "",
+                           nv && khr ? " and " : "", khr ? "KHR" : !nv ? "none" : "");
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV props =
+        nv ? (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)v->vk.GetInstanceProcAddr(
+                 v->inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+           : NULL;
+    VkCooperativeMatrixPropertiesNV cm[32];
+    uint32_t ncm = 32;
+    for (uint32_t i = 0; i < ncm; i++)
+        cm[i] = (VkCooperativeMatrixPropertiesNV){
+            .sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+    if (!props || (props(v->phys, &ncm, cm) < 0))
+        ncm = 0;
+    for (uint32_t i = 0; i < ncm && at < n; i++)
+        at += (size_t)snprintf(s + at, n - at, "%s %ux%ux%u %s*%s+%s", i ? "," : ";", cm[i].MSize,
+                               cm[i].NSize, cm[i].KSize, component_name(cm[i].AType),
+                               component_name(cm[i].BType), component_name(cm[i].CType));
+}
 
 static void vk_destroy(kpt_backend *b)
 {
@@ -908,6 +958,7 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
              VK_API_VERSION_MAJOR(pr.apiVersion), VK_API_VERSION_MINOR(pr.apiVersion),
              pr.driverVersion);
     v->vk.GetPhysicalDeviceMemoryProperties(v->phys, &v->memprops);
+    probe_matrix_support(v);
     VkPhysicalDevice16BitStorageFeatures s16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,

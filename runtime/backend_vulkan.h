@@ -21,4 +21,9 @@ kpt_status kpt_backend_vulkan_open(const kpt_context_params *p, bool gpu_only, k
  * timestamps; -1 for another backend). */
 double kpt_backend_vulkan_last_ms(const kpt_backend *b);
 
+/* What the device offers for matrix products, for reports: "cooperative matrix: none", or the
+ * extensions present and the NV extension's shapes ("VK_NV_cooperative_matrix: 16x8x16
+ * f16*f16+f16 ..."). "" for another backend or offline. */
+const char *kpt_backend_vulkan_matrix_support(const kpt_backend *b);
+
 #endif

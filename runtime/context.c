@@ -112,9 +112,7 @@ static kpt_status open_backend(kpt_context *ctx, const kpt_context_params *p, kp
     case KPT_BACKEND_VULKAN:
         return kpt_backend_vulkan_open(p, false, &ctx->backend, diag);
     case KPT_BACKEND_HIP:
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "the %s backend is not part of this build of kpt",
-                            kpt_backend_name(p->backend));
+        return kpt_backend_hip_open(p, &ctx->backend, diag);
     case KPT_BACKEND_AUTO:
         break;
     }
@@ -128,14 +126,17 @@ static kpt_status open_backend(kpt_context *ctx, const kpt_context_params *p, kp
             *diag = why;
         return st;
     }
-    kpt_diag why_vk = {0};
-    q.backend = KPT_BACKEND_VULKAN;
+    kpt_diag why_hip = {0}, why_vk = {0};
+    q.backend = KPT_BACKEND_HIP;
     q.target = NULL;
+    if (!kpt_backend_hip_open(&q, &ctx->backend, &why_hip))
+        return KPT_OK;
+    q.backend = KPT_BACKEND_VULKAN;
     if (!kpt_backend_vulkan_open(&q, true, &ctx->backend, &why_vk))
         return KPT_OK;
     kpt_log(&ctx->log, KPT_LOG_WARN,
-            "no GPU backend (CUDA: %s; Vulkan: %s); using the CPU reference", why.message,
-            why_vk.message);
+            "no GPU backend (CUDA: %s; HIP: %s; Vulkan: %s); using the CPU reference",
+            why.message, why_hip.message, why_vk.message);
     q.backend = KPT_BACKEND_CPU;
     q.target = NULL;
     return kpt_backend_cpu_open(&q, &ctx->backend, diag);

@@ -15,6 +15,7 @@
 
 #include "ir/diag.h"
 #include "runtime/clock.h"
+#include "runtime/hip_driver.h"
 #include "runtime/hiprtc.h"
 
 typedef int hiprtcResult;
@@ -61,21 +62,6 @@ static bool bind_symbols(void *lib)
     return true;
 }
 
-/* dlopen `name`, plainly and then under the ROCm roots. */
-static void *open_lib(const char *name)
-{
-    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    const char *roots[] = {getenv("ROCM_PATH"), "/opt/rocm"};
-    for (int r = 0; !lib && r < 2; r++) {
-        if (!roots[r] || !*roots[r] || strchr(name, '/'))
-            continue;
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/lib/%s", roots[r], name);
-        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    return lib;
-}
-
 static void load_once(void)
 {
     static const char *const names[] = {"libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.5"};
@@ -84,7 +70,7 @@ static void load_once(void)
         const char *name = i < 0 ? env : names[i];
         if (!name || !*name)
             continue;
-        void *lib = open_lib(name);
+        void *lib = kpt_rocm_dlopen(name);
         if (lib && bind_symbols(lib)) {
             hr.lib = lib;
             snprintf(hr.where, sizeof(hr.where), "%s", name);
@@ -98,9 +84,9 @@ static void load_once(void)
         return;
     }
     const char *cenv = getenv("KPT_COMGR");
-    hr.comgr = open_lib(cenv && *cenv ? cenv : "libamd_comgr.so.2");
+    hr.comgr = kpt_rocm_dlopen(cenv && *cenv ? cenv : "libamd_comgr.so.2");
     if (!hr.comgr)
-        hr.comgr = open_lib("libamd_comgr.so");
+        hr.comgr = kpt_rocm_dlopen("libamd_comgr.so");
     if (hr.comgr) {
         *(void **)&hr.IsaCount = dlsym(hr.comgr, "amd_comgr_get_isa_count");
         *(void **)&hr.IsaName = dlsym(hr.comgr, "amd_comgr_get_isa_name");
@@ -342,5 +328,24 @@ clean:
     remove(logp);
     remove_empty_dirs(dir);
     rmdir(dir);
+    return st;
+}
+
+kpt_status kpt_hip_compile(const char *src, const char *arch, kpt_hip_output *out,
+                           kpt_diag *why_not_rtc, kpt_diag *diag)
+{
+    kpt_diag why = {0};
+    if (kpt_hiprtc_has_arch(arch, &why)) {
+        kpt_status st = kpt_hiprtc_compile(src, arch, out, diag);
+        out->route = "hipRTC";
+        return st;
+    }
+    if (why_not_rtc)
+        *why_not_rtc = why;
+    kpt_diag cd = {0};
+    kpt_status st = kpt_hip_clang_compile(src, arch, out, &cd);
+    out->route = "clang";
+    if (st)
+        kpt_diag_set(diag, st, "%s (hipRTC was not used: %s)", cd.message, why.message);
     return st;
 }

@@ -18,6 +18,7 @@ typedef struct kpt_hip_output {
     size_t size;
     char *log;   /* the compiler's log; may be "" */
     double ms;   /* wall time of the compilation */
+    const char *route; /* "hipRTC" or "clang" (kpt_hip_compile) */
 } kpt_hip_output;
 
 /* Compiles `src` for `arch` ("gfx90a", ...) with hipRTC. KPT_ERR_NO_DEVICE when hipRTC cannot be
@@ -30,6 +31,11 @@ kpt_status kpt_hiprtc_compile(const char *src, const char *arch, kpt_hip_output 
  * clang++) with -x hip --cuda-device-only -nogpulib -nogpuinc: no ROCm needed at all. */
 kpt_status kpt_hip_clang_compile(const char *src, const char *arch, kpt_hip_output *out,
                                  kpt_diag *diag);
+
+/* hipRTC when its comgr lists `arch`, else clang: out->route says which. `why_not_rtc` (may be
+ * NULL) receives the reason hipRTC was passed over; a failure of clang's says it too. */
+kpt_status kpt_hip_compile(const char *src, const char *arch, kpt_hip_output *out,
+                           kpt_diag *why_not_rtc, kpt_diag *diag);
 
 /* Whether the local hipRTC can compile for `arch` (false, with the reason in the diag, when
  * hipRTC is missing or its comgr does not list the arch). */

@@ -12,7 +12,8 @@
 #define KPT_VK_INSTANCE_FNS(X)                                                                     \
     X(DestroyInstance) X(EnumeratePhysicalDevices) X(GetPhysicalDeviceProperties)                  \
     X(GetPhysicalDeviceFeatures2) X(GetPhysicalDeviceQueueFamilyProperties)                        \
-    X(GetPhysicalDeviceMemoryProperties) X(CreateDevice) X(GetDeviceProcAddr)
+    X(GetPhysicalDeviceMemoryProperties) X(CreateDevice) X(GetDeviceProcAddr)                     \
+    X(EnumerateDeviceExtensionProperties)
 
 /* Device-level entry points. */
 #define KPT_VK_DEVICE_FNS(X)                                                                       \

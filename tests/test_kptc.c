@@ -136,7 +136,7 @@ static void test_check(void **state)
     r = run("check", "causal", "--dtype", "f8", NULL);
     EXPECT(r, 2, err, "--dtype 'f8': expected f16, bf16 or f32");
     r = run("check", "causal", "--backend", "metal", NULL);
-    EXPECT(r, 2, err, "--backend metal: expected cpu, cuda or vulkan");
+    EXPECT(r, 2, err, "--backend metal: expected cpu, cuda, hip or vulkan");
     /* lavapipe in CI; a machine without any Vulkan device says so after the reference ran */
     r = run("check", "prefix_lm(40)", "--backend", "vulkan", "--dtype", "f32", "--shape",
             "2,4,2,45,70,32", NULL);
@@ -150,6 +150,13 @@ static void test_check(void **state)
     r = run("check", "causal", "--backend", "cuda", "--shape", "1,2,1,33,33,64", NULL);
     if (r->status == 2)
         assert_non_null(strstr(r->err, "CUDA"));
+    else
+        EXPECT(r, 0, out, "max relative error");
+    /* no AMD GPU here: the HIP backend refuses cleanly after the reference ran */
+    r = run("check", "causal", "--backend", "hip", "--dtype", "f16", "--shape", "1,2,1,33,33,64",
+            NULL);
+    if (r->status == 2)
+        assert_non_null(strstr(r->err, "HIP"));
     else
         EXPECT(r, 0, out, "max relative error");
     r = run("check", "causal", "--scalar", "w=3", NULL);

@@ -1,7 +1,8 @@
 /* The runtime API (include/kpt/runtime.h): contexts, kernels, launches on the CPU backend against
  * a hand-written attention, misuse of every entry point, and, where NVRTC is installed, offline
  * CUDA contexts: memory and disk cache hits (also across processes), an unwritable cache
- * directory, bundle round trips and every refusal, and `kptc bundle`.
+ * directory, bundle round trips and every refusal, and `kptc bundle`; offline HIP contexts
+ * (hipRTC or clang) and bundles for the HIP and Vulkan targets.
  *
  * Usage: test_runtime KPTC  (or test_runtime --child CACHE_DIR, used by the test itself) */
 #include <math.h>
@@ -242,8 +243,14 @@ static void test_context_misuse(void **state)
     EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "flags");
     bad = (kpt_context_params){.log_level = (kpt_log_level)9};
     EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "log level");
-    bad = (kpt_context_params){.backend = KPT_BACKEND_HIP};
-    EXPECT(KPT_ERR_UNSUPPORTED, kpt_context_create(&bad, &ctx, DIAG), "hip");
+    /* no ROCm, ROCm without an AMD GPU (CI), or no device 99: the same status */
+    bad = (kpt_context_params){.backend = KPT_BACKEND_HIP, .device = 99};
+    EXPECT(KPT_ERR_NO_DEVICE, kpt_context_create(&bad, &ctx, DIAG), "HIP");
+    bad = (kpt_context_params){.backend = KPT_BACKEND_HIP, .target = "hip:gfx1100"};
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG),
+           "expected hip:gfx90a");
+    bad = (kpt_context_params){.backend = KPT_BACKEND_HIP, .flags = KPT_CONTEXT_OFFLINE};
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "needs a target");
     bad = (kpt_context_params){.backend = KPT_BACKEND_VULKAN, .target = "cuda:sm_90"};
     EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_context_create(&bad, &ctx, DIAG), "('spirv')");
     /* no loader, no driver, or (lavapipe in CI) no device 99: the same status */
@@ -672,6 +679,121 @@ static void test_kptc_bundle(void **state)
     remove_dir(dir);
 }
 
+/* ---- the HIP backend offline (no AMD GPU here): compile, bundle, preload --------------------- */
+
+static kpt_context *offline_on(kpt_backend_kind backend, const char *target)
+{
+    kpt_context_params cp = {.backend = backend, .target = target,
+                             .flags = KPT_CONTEXT_OFFLINE | KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context *ctx = NULL;
+    kpt_diag d = {0};
+    if (kpt_context_create(&cp, &ctx, &d))
+        fail_msg("%s", d.message);
+    return ctx;
+}
+
+static void test_hip_offline(void **state)
+{
+    (void)state;
+    kpt_context *ctx = offline_on(KPT_BACKEND_HIP, "hip:gfx90a");
+    assert_string_equal(kpt_context_target(ctx), "hip:gfx90a");
+    assert_int_equal(kpt_context_backend(ctx), KPT_BACKEND_HIP);
+    kpt_pattern *p = parse("document+causal");
+    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_BF16, .head_dim = 64};
+    kpt_kernel *k = NULL;
+    kpt_diag d = {0};
+    kpt_status st = kpt_kernel_get(ctx, p, &desc, &k, &d);
+    if (st == KPT_ERR_NO_DEVICE) { /* neither hipRTC nor clang on this machine */
+        print_message("no HIP compiler (%s), skipping\n", d.message);
+        kpt_pattern_destroy(&p);
+        kpt_context_destroy(&ctx);
+        skip();
+    }
+    if (st)
+        fail_msg("%s", d.message);
+    kpt_kernel_info info;
+    kpt_kernel_get_info(k, &info);
+    assert_string_equal(info.source, "compiled");
+    assert_int_equal(info.tile_q, 64);
+    static problem pr;
+    problem_init(&pr, 3);
+    EXPECT(KPT_ERR_UNSUPPORTED, kpt_kernel_launch(k, &pr.a, NULL, NULL, DIAG), "offline");
+    desc.dtype = KPT_DTYPE_F32;
+    EXPECT(KPT_ERR_UNSUPPORTED, kpt_kernel_get(ctx, p, &desc, &k, DIAG), "f16 or bf16");
+    /* the binary is an AMDGPU code object (ELF, e_machine EM_AMDGPU = 224) */
+    entries es = {0};
+    kpt_context_foreach_binary(ctx, keep, &es);
+    assert_int_equal(es.n, 1);
+    assert_string_equal(es.v[0].target, "hip:gfx90a");
+    assert_true(es.v[0].size > 64);
+    assert_memory_equal(es.v[0].payload, "\x7f" "ELF", 4);
+    assert_int_equal(es.v[0].payload[18] | es.v[0].payload[19] << 8, 224);
+    char *dir = temp_dir(), path[128];
+    snprintf(path, sizeof(path), "%s/hip.kpt", dir);
+    assert_int_equal(kpt_bundle_write(path, es.v, es.n, &d), KPT_OK);
+    free(es.copies[0]);
+    kpt_context_destroy(&ctx);
+    /* preloaded: the same kernel compiles nothing; another arch's context takes none of it */
+    ctx = offline_on(KPT_BACKEND_HIP, "hip:gfx90a");
+    int loaded = 0;
+    assert_int_equal(kpt_context_load_bundle(ctx, path, &loaded, &d), KPT_OK);
+    assert_int_equal(loaded, 1);
+    desc.dtype = KPT_DTYPE_BF16;
+    assert_int_equal(kpt_kernel_get(ctx, p, &desc, &k, &d), KPT_OK);
+    kpt_kernel_get_info(k, &info);
+    assert_string_equal(info.source, "bundle");
+    assert_int_equal(stats(ctx).compiles, 0);
+    kpt_context_destroy(&ctx);
+    ctx = offline_on(KPT_BACKEND_HIP, "hip:gfx940");
+    EXPECT(KPT_ERR_UNSUPPORTED, kpt_context_load_bundle(ctx, path, NULL, DIAG),
+           "no kernel for hip:gfx940");
+    kpt_context_destroy(&ctx);
+    kpt_pattern_destroy(&p);
+    remove_dir(dir);
+}
+
+/* kptc bundle for the Vulkan and HIP targets; the runtime preloads them. */
+static void test_kptc_bundle_other_targets(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), path[128];
+    snprintf(path, sizeof(path), "%s/o.kpt", dir);
+    tool_result r;
+    /* spirv with the default dtypes: f32 and f16 (Vulkan has no bf16) */
+    const char *argv[] = {kptc_path, "bundle", "-o", path, "--target", "spirv", "--head-dim",
+                          "64", "causal", "document", NULL};
+    assert_true(tool_run(&r, argv));
+    if (r.status)
+        fail_msg("kptc bundle: %s", r.err);
+    assert_non_null(strstr(r.out, "4 kernels for 1 target"));
+    kpt_context *ctx = offline_on(KPT_BACKEND_VULKAN, "spirv");
+    int loaded = 0;
+    assert_int_equal(kpt_context_load_bundle(ctx, path, &loaded, NULL), KPT_OK);
+    assert_int_equal(loaded, 4);
+    kpt_pattern *p = parse("document");
+    get(ctx, p, KPT_DTYPE_F32, 64);
+    get(ctx, p, KPT_DTYPE_F16, 64);
+    assert_int_equal(stats(ctx).bundle_hits, 2);
+    assert_int_equal(stats(ctx).compiles, 0);
+    kpt_context_destroy(&ctx);
+    /* hip:gfx90a where a HIP compiler is installed */
+    const char *hip[] = {kptc_path, "bundle", "-o", path, "--target", "hip:gfx90a",
+                         "--head-dim", "64", "--dtype", "f16", "document", NULL};
+    assert_true(tool_run(&r, hip));
+    if (r.status == 0) {
+        ctx = offline_on(KPT_BACKEND_HIP, "hip:gfx90a");
+        assert_int_equal(kpt_context_load_bundle(ctx, path, &loaded, NULL), KPT_OK);
+        assert_int_equal(loaded, 1);
+        get(ctx, p, KPT_DTYPE_F16, 64);
+        assert_int_equal(stats(ctx).bundle_hits, 1);
+        kpt_context_destroy(&ctx);
+    } else if (!strstr(r.err, "hipRTC") && !strstr(r.err, "clang")) {
+        fail_msg("kptc bundle --target hip:gfx90a: %s", r.err);
+    }
+    kpt_pattern_destroy(&p);
+    remove_dir(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--child"))
@@ -697,6 +819,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_unwritable_cache),
         cmocka_unit_test(test_bundles),
         cmocka_unit_test(test_kptc_bundle),
+        cmocka_unit_test(test_hip_offline),
+        cmocka_unit_test(test_kptc_bundle_other_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -73,8 +73,8 @@ static const char usage_text[] =
     "      --verbose                 print the compiler's time and log (ptxas's register/spill\n"
     "                                report for CUDA) to stderr\n"
     "  check               run PATTERN on random inputs and check the result\n"
-    "      --backend cpu|cuda|vulkan cpu: the double-precision reference only (default); cuda,\n"
-    "                                vulkan: also that backend's kernel on this machine,\n"
+    "      --backend cpu|cuda|hip|vulkan  cpu: the double-precision reference only (default);\n"
+    "                                the others: also that backend's kernel on this machine,\n"
     "                                compared with it\n"
     "      --shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]   default 1,4,2,512,512,64\n"
     "      --dtype f16|bf16|f32      input dtype (default bf16)\n"
@@ -87,9 +87,10 @@ static const char usage_text[] =
     "                                (f64, [B, H, S, D] order whatever the layout)\n"
     "  bundle              pregenerate kernels into one file the runtime preloads\n"
     "      -o FILE                   the bundle to write (required)\n"
-    "      --target T[,T...]         cuda:sm_80, cuda:sm_86, cuda:sm_89, cuda:sm_90 (required)\n"
+    "      --target T[,T...]         cuda:sm_80, cuda:sm_86, cuda:sm_89, cuda:sm_90, hip:gfx90a,\n"
+    "                                hip:gfx940, hip:gfx942, spirv (required)\n"
     "      --head-dim D[:Dv][,...]   head dims (default 64,128); 128:64 is Dqk 128, Dv 64\n"
-    "      --dtype T[,T...]          f16, bf16 (default bf16,f16)\n"
+    "      --dtype T[,T...]          f16, bf16, f32 (spirv) (default bf16,f16; spirv f32,f16)\n"
     "      -j N                      compile with N threads (default: the CPUs online)\n"
     "      (several PATTERNs may be given)\n"
     "  --param NAME=VALUE  (emit, check, bundle) set a param of a Lua script (repeatable)\n"
@@ -495,20 +496,18 @@ static int emit_hip(const options *o, kpt_pattern *p, const char *what)
     char arch[16];
     snprintf(arch, sizeof(arch), "gfx%x", (unsigned)cfg.gfx);
     kpt_diag why = {0};
-    bool rtc = kpt_hiprtc_has_arch(arch, &why);
     kpt_hip_output out;
-    st = rtc ? kpt_hiprtc_compile(src, arch, &out, &d) : kpt_hip_clang_compile(src, arch, &out, &d);
+    st = kpt_hip_compile(src, arch, &out, &why, &d);
     free(src);
     if (st) {
-        if (!rtc)
-            fprintf(stderr, "kptc: not through hipRTC: %s\n", why.message);
         fprintf(stderr, "kptc: %s\n", d.message);
         kpt_hip_output_free(&out);
         return 1;
     }
+    bool rtc = !strcmp(out.route, "hipRTC");
     if (o->verbose)
-        fprintf(stderr, "kptc: %s %.1f ms for %s, %zu bytes%s%s\n%s", rtc ? "hipRTC" : "clang",
-                out.ms, arch, out.size, rtc ? "" : "; not hipRTC: ", rtc ? "" : why.message,
+        fprintf(stderr, "kptc: %s %.1f ms for %s, %zu bytes%s%s\n%s", out.route, out.ms, arch,
+                out.size, rtc ? "" : "; not hipRTC: ", rtc ? "" : why.message,
                 out.log ? out.log : "");
     int rc = 0;
     if (isatty(fileno(stdout))) {
@@ -986,8 +985,8 @@ static int cmd_check(int argc, char **argv)
     if (!c.o.pattern)
         return usage_error("check needs a PATTERN");
     if (c.o.backend && strcmp(c.o.backend, "cpu") && strcmp(c.o.backend, "cuda") &&
-        strcmp(c.o.backend, "vulkan"))
-        return usage_error("--backend %s: expected cpu, cuda or vulkan", c.o.backend);
+        strcmp(c.o.backend, "hip") && strcmp(c.o.backend, "vulkan"))
+        return usage_error("--backend %s: expected cpu, cuda, hip or vulkan", c.o.backend);
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)))
         return rc;
     kpt_diag d = {0};

@@ -29,7 +29,17 @@ typedef struct bundle_opts {
     char param_names[MAX_KV][KPT_NAME_MAX];
     int nparams;
     int jobs;
+    bool dtypes_given;
 } bundle_opts;
+
+/* The backend that compiles for a target: hip:gfx..., spirv (Vulkan), else CUDA (cuda:sm_...;
+ * the CUDA backend names what it does not know). */
+static kpt_backend_kind backend_of(const char *target)
+{
+    if (!strncmp(target, "hip:", 4))
+        return KPT_BACKEND_HIP;
+    return strcmp(target, "spirv") ? KPT_BACKEND_CUDA : KPT_BACKEND_VULKAN;
+}
 
 /* Splits a comma list into `items` (pointers into `buf`): the count, or -1 after a usage
  * message. */
@@ -90,9 +100,10 @@ static int parse_args(int argc, char **argv, bundle_opts *o)
             o->out = v;
         else if (!strcmp(a, "--target"))
             targets = v;
-        else if (!strcmp(a, "--dtype"))
+        else if (!strcmp(a, "--dtype")) {
             dtypes = v;
-        else if (!strcmp(a, "--head-dim"))
+            o->dtypes_given = true;
+        } else if (!strcmp(a, "--head-dim"))
             dims = v;
         else if (!strcmp(a, "-j") && parse_int(v, 1, 256, &j))
             o->jobs = (int)j;
@@ -109,7 +120,8 @@ static int parse_args(int argc, char **argv, bundle_opts *o)
     if (!o->out)
         return usage_error("bundle: -o FILE is required");
     if (!targets)
-        return usage_error("bundle: --target is required (e.g. cuda:sm_80,cuda:sm_90)");
+        return usage_error("bundle: --target is required (e.g. cuda:sm_80,cuda:sm_90, hip:gfx90a, "
+                           "spirv)");
     if (!o->npatterns)
         return usage_error("bundle: no PATTERN given");
     int n = split("--target", targets, tbuf, sizeof(tbuf), o->targets);
@@ -163,6 +175,10 @@ static void *worker(void *arg)
         int p = r / (o->ndtypes * o->ndims), d = r % (o->ndtypes * o->ndims);
         kpt_kernel_desc desc = {.dtype = o->dtypes[d / o->ndims], .head_dim = o->dqk[d % o->ndims],
                                 .head_dim_v = o->dv[d % o->ndims]};
+        /* the default dtypes on Vulkan, which has no bf16: f32 in its place */
+        if (!o->dtypes_given && desc.dtype == KPT_DTYPE_BF16 &&
+            backend_of(o->targets[t]) == KPT_BACKEND_VULKAN)
+            desc.dtype = KPT_DTYPE_F32;
         kpt_kernel *k;
         kpt_diag diag = {0};
         kpt_status st = kpt_kernel_get(js->ctx[t], js->pat[p], &desc, &k, &diag);
@@ -300,7 +316,7 @@ int kptc_bundle(int argc, char **argv)
     kpt_context *ctx[MAX_LIST] = {0};
     rc = load_patterns(&o, pat);
     for (int t = 0; !rc && t < o.ntargets; t++) {
-        kpt_context_params cp = {.backend = KPT_BACKEND_CUDA, .target = o.targets[t],
+        kpt_context_params cp = {.backend = backend_of(o.targets[t]), .target = o.targets[t],
                                  .flags = KPT_CONTEXT_OFFLINE | KPT_CONTEXT_NO_DISK_CACHE};
         kpt_diag d = {0};
         kpt_status st = kpt_context_create(&cp, &ctx[t], &d);

@@ -1,5 +1,6 @@
-/* kptc check --backend cuda|vulkan: the pattern's kernel, through the runtime API, on this
- * machine's GPU (or lavapipe), on the same inputs as the CPU reference, compared with it (outputs poisoned first). */
+/* kptc check --backend cuda|hip|vulkan: the pattern's kernel, through the runtime API, on this
+ * machine's GPU (or lavapipe), on the same inputs as the CPU reference, compared with it
+ * (outputs poisoned first). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,13 +84,15 @@ static double compare(const kpt_attention_args *ref, const kpt_tensor *o, const 
 int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
                       kpt_dtype dtype)
 {
-    bool vulkan = !strcmp(backend, "vulkan");
-    if (strcmp(backend, "cuda") && !vulkan)
-        return usage_error("--backend %s: expected cpu, cuda or vulkan", backend);
+    kpt_backend_kind kind = !strcmp(backend, "cuda")     ? KPT_BACKEND_CUDA
+                            : !strcmp(backend, "hip")    ? KPT_BACKEND_HIP
+                            : !strcmp(backend, "vulkan") ? KPT_BACKEND_VULKAN
+                                                         : KPT_BACKEND_AUTO;
+    if (kind == KPT_BACKEND_AUTO)
+        return usage_error("--backend %s: expected cpu, cuda, hip or vulkan", backend);
     device_run r = {0};
     kpt_diag d = {0};
-    kpt_context_params cp = {.backend = vulkan ? KPT_BACKEND_VULKAN : KPT_BACKEND_CUDA,
-                             .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
     if (st)
         return report(&d, st);

@@ -1,5 +1,5 @@
-/* What gpu_check (CUDA) and vulkan_check share: a case, its inputs and the comparison of a
- * backend's output with the CPU reference. Header-only; each checker includes it once. */
+/* What gpu_check (CUDA) and api_check (any backend) share: a case, its inputs and the comparison
+ * of a backend's output with the CPU reference. Header-only; each checker includes it once. */
 #ifndef KPT_TESTS_GPU_CHECK_COMMON_H
 #define KPT_TESTS_GPU_CHECK_COMMON_H
 

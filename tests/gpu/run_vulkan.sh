@@ -1,11 +1,11 @@
 #!/bin/sh
-# The Vulkan backend on a GPU machine: the whole vulkan_check matrix (--full, with the example Lua
+# The Vulkan backend on a GPU machine: the whole api_check matrix (--full, with the example Lua
 # scripts) against the CPU reference, then --bench (full and causal, Vulkan beside CUDA in one
 # process). Logs go to $OUT (default ./gpu-logs).
 #
-#   tests/gpu/run_vulkan.sh [vulkan_check options...]
+#   tests/gpu/run_vulkan.sh [api_check options...]
 #
-# KPT_GPU_BIN=DIR: where vulkan_check is (default build-gpu/tests/gpu). The Vulkan loader is
+# KPT_GPU_BIN=DIR: where api_check is (default build-gpu/tests/gpu). The Vulkan loader is
 # libvulkan.so.1 from the system, else $KPT_VULKAN, else DIR/../../libvulkan.so.1: our H100 image
 # has NVIDIA's driver but no loader, so copy Debian's there before sending the build:
 #   cp /usr/lib/x86_64-linux-gnu/libvulkan.so.1 build-gpu/
@@ -18,7 +18,7 @@ set -u
 OUT=${OUT:-$PWD/gpu-logs}
 mkdir -p "$OUT"
 BIN=${KPT_GPU_BIN:-build-gpu/tests/gpu}
-CHECK="$BIN/vulkan_check"
+CHECK="$BIN/api_check"
 [ -x "$CHECK" ] || { echo "run_vulkan.sh: no $CHECK (build with meson first)" >&2; exit 1; }
 if [ -z "${KPT_VULKAN:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
     loader="$(cd "$BIN/../.." && pwd)/libvulkan.so.1"
@@ -26,7 +26,7 @@ if [ -z "${KPT_VULKAN:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so
 fi
 echo "loader: ${KPT_VULKAN:-system libvulkan.so.1}"
 
-"$CHECK" --filter full >"$OUT/vulkan_probe.log" 2>&1
+"$CHECK" --backend vulkan --filter full >"$OUT/vulkan_probe.log" 2>&1
 if [ $? = 77 ] && grep -q 'no Vulkan driver' "$OUT/vulkan_probe.log"; then
     manifest="$OUT/nvidia_egl_icd.json"
     printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "%s"}}\n' \
@@ -36,12 +36,12 @@ if [ $? = 77 ] && grep -q 'no Vulkan driver' "$OUT/vulkan_probe.log"; then
 fi
 
 status=0
-"$CHECK" --full --scripts examples/patterns "$@" >"$OUT/vulkan_check.log" 2>&1
+"$CHECK" --backend vulkan --full --scripts examples/patterns "$@" >"$OUT/vulkan_check.log" 2>&1
 rc=$?
-grep -E "^FAIL|vulkan_check:" "$OUT/vulkan_check.log" | head -40
+grep -E "^FAIL|api_check:" "$OUT/vulkan_check.log" | head -40
 [ $rc = 0 ] || [ $rc = 77 ] || status=1
 if [ $rc = 0 ]; then
-    "$CHECK" --bench >"$OUT/vulkan_bench.log" 2>&1 || status=1
+    "$CHECK" --backend vulkan --bench >"$OUT/vulkan_bench.log" 2>&1 || status=1
     cat "$OUT/vulkan_bench.log"
 fi
 exit $status

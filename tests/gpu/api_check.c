@@ -1,13 +1,16 @@
-/* vulkan_check: patterns x dtypes x head dims x GQA x lengths on the Vulkan backend, through the
- * public API (context, buffers, kernels, block maps), against the CPU reference on fresh random
- * inputs with poisoned outputs; and, with --bench, TFLOP/s of full and causal attention.
+/* api_check: patterns x dtypes x head dims x GQA x lengths on one backend (Vulkan, HIP or CUDA),
+ * through the public API only (context, buffers, kernels, block maps), against the CPU reference
+ * on fresh random inputs with poisoned outputs; and, with --bench, TFLOP/s of full and causal
+ * attention (beside the CUDA backend in the same process when the backend is another).
  *
- *   vulkan_check [--full] [--filter TEXT] [--seed N] [--scripts DIR] [--device N] [--bench]
+ *   api_check --backend vulkan|hip|cuda [--full] [--filter TEXT] [--seed N] [--scripts DIR]
+ *             [--device N] [--bench]
  *
  * The default matrix is small enough for lavapipe (Mesa's CPU Vulkan driver), where CI runs it
- * through meson test; --full adds the lengths tests/gpu/run.sh uses on a GPU (1000, 4133).
- * Prints one line per failing case and a summary; exits 0 when every case passes, 1 when one
- * fails, 77 (skip) when there is no Vulkan device. */
+ * through meson test; --full adds the lengths tests/gpu/run.sh uses on a GPU (1000, 4133). The
+ * dtypes are f32 and f16 on Vulkan, bf16 and f16 on HIP and CUDA. Prints one line per failing
+ * case and a summary; exits 0 when every case passes, 1 when one fails, 77 (skip) when the
+ * backend has no device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,7 @@ static const char *const all_patterns[] = {
 #define NPAT ((int)(sizeof(all_patterns) / sizeof(all_patterns[0])))
 
 static kpt_context *ctx;
+static kpt_backend_kind backend;
 
 static double now_s(void)
 {
@@ -195,14 +199,19 @@ static void build_matrix(bool full, const char *scripts, char paths[][512], int 
 {
     static const int lens[][2] = {{1, 1}, {17, 17}, {77, 45}, {1, 33}, {33, 1}, {130, 130}};
     static const int big[][2] = {{1000, 1000}, {1000, 777}, {17, 1000}, {4133, 4133}};
-    static const kpt_dtype dts[] = {KPT_DTYPE_F32, KPT_DTYPE_F16};
+    /* the wide dtype: f32 on Vulkan, bf16 on the tensor-core backends */
+    const kpt_dtype dts[] = {backend == KPT_BACKEND_VULKAN ? KPT_DTYPE_F32 : KPT_DTYPE_BF16,
+                             KPT_DTYPE_F16};
     for (int pi = 0; pi < NPAT; pi++)
         for (int di = 0; di < 2; di++)
             for (int li = 0; li < 6; li++) /* MHA and GQA 4:1, both layouts, across lengths */
                 add(all_patterns[pi], dts[di], 64, 64, li % 2 + 1, 4, li % 3 == 1 ? 1 : 4,
                     lens[li][0], lens[li][1], (li + di) % 2 == 1);
-    static const int dims[][2] = {{32, 32}, {128, 128}, {128, 64}, {40, 24}};
-    for (int i = 0; i < 4; i++)
+    /* Vulkan takes any head dim up to 256 (40/24 here); the others 32, 64, 96, 128 and 256 */
+    const int dims[][2] = {{32, 32}, {128, 128}, {128, 64},
+                           {backend == KPT_BACKEND_VULKAN ? 40 : 96,
+                            backend == KPT_BACKEND_VULKAN ? 24 : 96}, {256, 256}};
+    for (int i = 0; i < (backend == KPT_BACKEND_VULKAN ? 4 : 5); i++)
         for (int di = 0; di < 2; di++) {
             add("causal", dts[di], dims[i][0], dims[i][1], 1, 2, 1, 77, 77, i % 2);
             add("document+causal", dts[di], dims[i][0], dims[i][1], 2, 2, 2, 45, 130, i % 2 == 0);
@@ -230,9 +239,9 @@ static void build_matrix(bool full, const char *scripts, char paths[][512], int 
         }
 }
 
-/* ---- --bench: full and causal at D = 128, B * S = 16k tokens, Vulkan beside CUDA ------------- */
+/* ---- --bench: full and causal at D = 128, B * S = 16k tokens, beside CUDA ------------------- */
 
-/* Milliseconds of one launch: the dispatch's timestamps on Vulkan; on CUDA the wall time of a
+/* Milliseconds of one launch: the dispatch's timestamps on Vulkan; elsewhere the wall time of a
  * launch followed by kpt_context_synchronize (a few microseconds of launch cost included). */
 static double launch_ms(kpt_context *c, kpt_kernel *k, const kpt_attention_args *a, kpt_diag *d)
 {
@@ -289,38 +298,52 @@ static int bench(void)
 {
     static const char *const pats[] = {"full", "causal"};
     const int H = 16, D = 128, tokens = 16384;
-    const kpt_dtype dt = f16_ok ? KPT_DTYPE_F16 : KPT_DTYPE_F32;
+    const kpt_dtype dt = !f16_ok ? KPT_DTYPE_F32 : backend == KPT_BACKEND_VULKAN ? KPT_DTYPE_F16
+                                                                                : KPT_DTYPE_BF16;
+    const char *name = kpt_backend_name(backend);
     kpt_context *cuda = NULL;
     kpt_context_params cp = {.backend = KPT_BACKEND_CUDA, .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_diag cd = {0};
-    if (kpt_context_create(&cp, &cuda, &cd))
+    if (backend != KPT_BACKEND_CUDA && kpt_context_create(&cp, &cuda, &cd))
         printf("bench: no CUDA comparison: %s\n", cd.message);
     printf("bench: %s, %s, D=%d, H=%d, B*S=%d; median of 5 launches after a warm-up (Vulkan: "
-           "the dispatch's timestamps; CUDA: launch + synchronise, wall time)\n",
+           "the dispatch's timestamps; otherwise launch + synchronise, wall time)\n",
            kpt_context_device_name(ctx), kpt_dtype_name(dt), D, H, tokens);
-    printf("  %-7s %-7s %-4s %12s %10s %12s %10s %8s\n", "pattern", "S", "B", "vulkan ms",
-           "TFLOP/s", "cuda ms", "TFLOP/s", "vk/cuda");
+    printf("  %-7s %-7s %-4s %9s ms %10s %12s %10s %8s\n", "pattern", "S", "B", name, "TFLOP/s",
+           "cuda ms", "TFLOP/s", "/cuda");
     for (int pi = 0; pi < 2; pi++)
         for (int S = 1024; S <= tokens; S *= 4) {
             const int B = tokens / S;
             double kept = pi ? (double)(S + 1) / (2.0 * S) : 1.0;
             double tflop = 4.0 * B * H * (double)S * S * D * kept / 1e12;
             kpt_diag d = {0};
-            double vk = bench_one(ctx, pats[pi], dt, B, H, S, D, &d);
-            if (vk < 0) {
-                printf("  %-7s %-7d failed on Vulkan: %s\n", pats[pi], S, d.message);
+            double ms = bench_one(ctx, pats[pi], dt, B, H, S, D, &d);
+            if (ms < 0) {
+                printf("  %-7s %-7d failed on %s: %s\n", pats[pi], S, name, d.message);
                 continue;
             }
             double cu = cuda ? bench_one(cuda, pats[pi], dt, B, H, S, D, &d) : -1;
             if (cu < 0 && cuda)
                 printf("  %-7s %-7d failed on CUDA: %s\n", pats[pi], S, d.message);
-            printf("  %-7s %-7d %-4d %12.3f %10.2f", pats[pi], S, B, vk, tflop / (vk * 1e-3));
+            printf("  %-7s %-7d %-4d %12.3f %10.2f", pats[pi], S, B, ms, tflop / (ms * 1e-3));
             if (cu > 0)
-                printf(" %12.3f %10.2f %8.3f", cu, tflop / (cu * 1e-3), cu / vk);
+                printf(" %12.3f %10.2f %8.3f", cu, tflop / (cu * 1e-3), cu / ms);
             printf("\n");
         }
     kpt_context_destroy(&cuda);
     return 0;
+}
+
+static bool parse_backend(const char *s)
+{
+    static const kpt_backend_kind kinds[] = {KPT_BACKEND_VULKAN, KPT_BACKEND_HIP,
+                                             KPT_BACKEND_CUDA};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, kpt_backend_name(kinds[i]))) {
+            backend = kinds[i];
+            return true;
+        }
+    return false;
 }
 
 int main(int argc, char **argv)
@@ -342,18 +365,24 @@ int main(int argc, char **argv)
             scripts = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && parse_backend(argv[i + 1]))
+            i++;
         else {
-            fprintf(stderr, "usage: vulkan_check [--full] [--filter TEXT] [--seed N] "
-                            "[--scripts DIR] [--device N] [--bench]\n");
+            fprintf(stderr, "usage: api_check --backend vulkan|hip|cuda [--full] [--filter TEXT] "
+                            "[--seed N] [--scripts DIR] [--device N] [--bench]\n");
             return 2;
         }
     }
+    if (backend == KPT_BACKEND_AUTO) {
+        fprintf(stderr, "api_check: --backend vulkan|hip|cuda is required\n");
+        return 2;
+    }
     kpt_diag d = {0};
-    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .device = device,
+    kpt_context_params cp = {.backend = backend, .device = device,
                              .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_status st = kpt_context_create(&cp, &ctx, &d);
     if (st) {
-        printf("vulkan_check: skipped: %s\n", d.message);
+        printf("api_check: %s skipped: %s\n", kpt_backend_name(backend), d.message);
         return st == KPT_ERR_NO_DEVICE || st == KPT_ERR_UNSUPPORTED ? 77 : 1;
     }
     kpt_pattern *probe = load("full", &d);
@@ -361,8 +390,11 @@ int main(int argc, char **argv)
     kpt_kernel_desc f16 = {.dtype = KPT_DTYPE_F16, .head_dim = 64};
     f16_ok = probe && kpt_kernel_get(ctx, probe, &f16, &pk, &d) != KPT_ERR_UNSUPPORTED;
     kpt_pattern_destroy(&probe);
-    printf("vulkan_check: %s (%s), f16 %s\n", kpt_context_device_name(ctx),
+    printf("api_check: %s (%s), f16 %s\n", kpt_context_device_name(ctx),
            kpt_context_target(ctx), f16_ok ? "yes" : "no (storageBuffer16BitAccess missing)");
+    if (backend == KPT_BACKEND_VULKAN)
+        printf("api_check: %s\n",
+               kpt_backend_vulkan_matrix_support(kpt_context_backend_impl(ctx)));
     if (do_bench) {
         int rc = bench();
         kpt_context_destroy(&ctx);
@@ -397,7 +429,7 @@ int main(int argc, char **argv)
     }
     kpt_stats s;
     kpt_context_get_stats(ctx, &s);
-    printf("vulkan_check: %d passed, %d failed, %d skipped (no Lua); %d kernels compiled in "
+    printf("api_check: %d passed, %d failed, %d skipped (no Lua); %d kernels compiled in "
            "%.0f ms\n", pass, fail, skipped, (int)s.compiles, s.compile_ms_total);
     kpt_context_destroy(&ctx);
     return fail ? 1 : 0;

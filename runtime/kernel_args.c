@@ -1,0 +1,123 @@
+/* The argument block of the generated C++ kernels (see kernel_args.h). */
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/attention_args.h"
+#include "runtime/kernel_args.h"
+
+static kpt_status check_tensor(const kpt_tensor *t, const char *name, kpt_dtype want, int64_t d,
+                               kpt_diag *diag)
+{
+    if (t->dtype != want)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s is %s; this kernel was compiled for %s", name,
+                            kpt_dtype_name(t->dtype), kpt_dtype_name(want));
+    if (t->shape[3] != d)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s has head dim %lld; this kernel was compiled for %lld", name,
+                            (long long)t->shape[3], (long long)d);
+    if (t->stride[3] != 1)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s: the head dim must be contiguous (stride 1, not %lld)", name,
+                            (long long)t->stride[3]);
+    for (int i = 0; i < 3; i++)
+        if (t->stride[i] % 8)
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "tensor %s: stride %d (%lld) must be a multiple of 8 elements "
+                                "(16-byte rows)", name, i, (long long)t->stride[i]);
+    if ((uintptr_t)t->data % 16)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s: the data pointer must be 16-byte aligned", name);
+    return KPT_OK;
+}
+
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                                const char *backend, const kpt_attention_args *a,
+                                kpt_kernel_args *out, kpt_diag *diag)
+{
+    if (!a)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
+    kpt_attn_binding bind;
+    kpt_status st = kpt_attn_bind(p, a, &bind, diag);
+    if (st)
+        return st;
+    kpt_dtype dt = pl->cfg.dtype;
+    if ((st = check_tensor(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
+        (st = check_tensor(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
+        (st = check_tensor(&a->v, "v", dt, pl->cfg.dv, diag)) ||
+        (st = check_tensor(&a->o, "o", dt, pl->cfg.dv, diag)))
+        return st;
+    if (a->lse.data && a->lse.dtype != KPT_DTYPE_F32)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
+                            backend);
+    const kpt_attn_shape *s = &bind.shape;
+    if (s->Sq > INT32_MAX - 256 || s->Skv > INT32_MAX - 256 || s->B > 65535 || s->Hq > 65535)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                            "shape too large for the %s kernel (Sq, Skv < 2^31; B, Hq <= 65535)",
+                            backend);
+    memset(out, 0, sizeof(*out));
+    out->q = (uint64_t)(uintptr_t)a->q.data;
+    out->k = (uint64_t)(uintptr_t)a->k.data;
+    out->v = (uint64_t)(uintptr_t)a->v.data;
+    out->o = (uint64_t)(uintptr_t)a->o.data;
+    out->lse = (uint64_t)(uintptr_t)a->lse.data;
+    for (int i = 0; i < 4; i++) {
+        out->qs[i] = a->q.stride[i];
+        out->ks[i] = a->k.stride[i];
+        out->vs[i] = a->v.stride[i];
+        out->os[i] = a->o.stride[i];
+    }
+    for (int i = 0; i < 3; i++)
+        out->lses[i] = a->lse.data ? a->lse.stride[i] : 0;
+    out->B = (int32_t)s->B;
+    out->Hq = (int32_t)s->Hq;
+    out->Hkv = (int32_t)s->Hkv;
+    out->Sq = (int32_t)s->Sq;
+    out->Skv = (int32_t)s->Skv;
+    out->group = (int32_t)(s->Hq / s->Hkv);
+    out->n_qt = (int32_t)((s->Sq + pl->bm - 1) / pl->bm);
+    out->n_kt = (int32_t)((s->Skv + pl->bn - 1) / pl->bn);
+    out->scale = (float)bind.scale;
+    out->scale_log2 = (float)(bind.scale * 1.4426950408889634);
+    for (int i = 0; i < p->num_scalars; i++)
+        out->scalars[i] = p->scalars[i].type == KPT_IR_F32 ? float_bits((float)bind.scalars[i].f)
+                                                           : (uint32_t)bind.scalars[i].i;
+    for (int i = 0; i < p->num_aux; i++) {
+        const kpt_ir_auxview *v = &bind.aux[i];
+        if ((uintptr_t)v->data % (uintptr_t)kpt_dtype_size(v->dtype))
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "aux tensor '%s': data pointer not aligned to its element size",
+                                p->aux[i].name);
+        out->aux[i].ptr = (uint64_t)(uintptr_t)v->data;
+        for (int d = 0; d < 3; d++) {
+            if (d < v->rank && v->shape[d] > INT32_MAX)
+                return kpt_diag_set(diag, KPT_ERR_LIMIT, "aux tensor '%s' is too large",
+                                    p->aux[i].name);
+            out->aux[i].dim[d] = d < v->rank ? (int32_t)v->shape[d] : 1;
+            out->aux[i].stride[d] = d < v->rank ? v->stride[d] : 0;
+        }
+    }
+    /* block map layout [b?][h?][q tile][kv tile] */
+    int64_t per_q = out->n_kt, per_h = per_q * out->n_qt;
+    int64_t per_b = per_h * (pl->bm_per_h ? s->Hq : 1);
+    out->bm_sq = per_q;
+    out->bm_sh = pl->bm_per_h ? per_h : 0;
+    out->bm_sb = pl->bm_per_b ? per_b : 0;
+    return KPT_OK;
+}
+
+size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
+{
+    if (!pl->has_blockmap)
+        return 0;
+    return (size_t)a->n_qt * (size_t)a->n_kt * (size_t)(pl->bm_per_h ? a->Hq : 1) *
+           (size_t)(pl->bm_per_b ? a->B : 1);
+}
+

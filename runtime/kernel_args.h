@@ -1,0 +1,46 @@
+/* The argument block of the generated C++ kernels (CUDA and HIP alike): the host twin of
+ * `struct kpt_args` in templates/common/expr.inc. Both sides assert the size; change them
+ * together. kpt_kernel_args_pack validates a call against a kernel and fills the block, so the
+ * two backends accept and refuse exactly the same calls. */
+#ifndef KPT_RUNTIME_KERNEL_ARGS_H
+#define KPT_RUNTIME_KERNEL_ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kpt/reference.h>
+
+#include "compiler/plan_tiles.h"
+
+typedef struct kpt_kernel_aux_arg {
+    uint64_t ptr;
+    int64_t stride[3];
+    int32_t dim[3];
+    int32_t pad;
+} kpt_kernel_aux_arg;
+
+typedef struct kpt_kernel_args {
+    uint64_t q, k, v, o, lse, blockmap;
+    int64_t qs[4], ks[4], vs[4], os[4];
+    int64_t lses[3];
+    int64_t bm_sb, bm_sh, bm_sq;
+    int32_t B, Hq, Hkv, Sq, Skv, group;
+    int32_t n_qt, n_kt;
+    float scale, scale_log2;
+    uint32_t scalars[32];
+    kpt_kernel_aux_arg aux[16];
+} kpt_kernel_args;
+
+_Static_assert(sizeof(kpt_kernel_aux_arg) == 48, "kpt_kernel_aux_arg layout");
+_Static_assert(sizeof(kpt_kernel_args) == 1160, "kpt_kernel_args layout");
+
+/* Validates `a` against the pattern and plan of a kernel (dtypes, head dims, strides, alignment,
+ * sizes; `backend` names the backend in messages) and fills `out`; out->blockmap stays 0. */
+kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                                const char *backend, const kpt_attention_args *a,
+                                kpt_kernel_args *out, kpt_diag *diag);
+
+/* Bytes of the block map for a packed call (0 when the plan needs none). */
+size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *plan, const kpt_kernel_args *a);
+
+#endif
