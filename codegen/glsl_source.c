@@ -18,6 +18,10 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,
                   pl->has_score);
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
+    kpt_sb_printf(sb, "#define KPT_COOPMAT %d\n", pl->cfg.coopmat);
+    if (pl->cfg.coopmat)
+        kpt_sb_printf(sb, "#define KPT_KV_ELEMS %zu\n",
+                      kpt_glsl_coopmat_kv_elems(pl->cfg.dqk, pl->cfg.dv));
     /* GLSL has no empty arrays */
     kpt_sb_printf(sb, "#define KPT_NSCALARS %d\n#define KPT_NAUX %d",
                   p->num_scalars > 0 ? p->num_scalars : 1, p->num_aux > 0 ? p->num_aux : 1);

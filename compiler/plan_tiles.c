@@ -115,6 +115,20 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
     return KPT_OK;
 }
 
+/* Shared memory of the cooperative-matrix GLSL kernel (templates/glsl/attention.comp, its
+ * KPT_COOPMAT part): Q staging / K and V tiles in f16 with rows padded by 8, S (f32, rows of
+ * bn + 4) and P (f16, rows of bn + 8) of 16 rows per subgroup. */
+size_t kpt_glsl_coopmat_kv_elems(int dqk, int dv)
+{
+    size_t ks = (size_t)dqk + 8, vs = (size_t)dv + 8, q = 64 * ks, kv = 32 * (ks + vs);
+    return q > kv ? q : kv;
+}
+
+static size_t glsl_coopmat_smem(int dqk, int dv)
+{
+    return kpt_glsl_coopmat_kv_elems(dqk, dv) * 2 + 4 * 16 * (32 + 4) * 4 + 4 * 16 * (32 + 8) * 2;
+}
+
 kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -130,6 +144,20 @@ kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cf
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
     pl.cfg.sm = 0;
+    pl.cfg.coopmat = cfg->coopmat && cfg->dtype == KPT_DTYPE_F16 && cfg->dqk % 16 == 0 &&
+                     cfg->dv % 16 == 0 && cfg->dqk <= 128 && cfg->dv <= 128;
+    if (pl.cfg.coopmat && (pl.smem_bytes = glsl_coopmat_smem(cfg->dqk, cfg->dv)) <=
+                              (size_t)(smem_limit > 1024 ? smem_limit - 1024 : 0)) {
+        pl.bm = 64;
+        pl.bn = 32;
+        pl.warps = 4;
+        pl.stages = 1;
+        kpt_status st = plan_mask(p, &pl, diag);
+        if (!st)
+            *out = pl;
+        return st;
+    }
+    pl.cfg.coopmat = false;
     pl.bm = 32;
     /* K and V rows of a tile in fp32, plus room for the compiler's own shared variables */
     size_t row = (size_t)(cfg->dqk + cfg->dv) * 4;

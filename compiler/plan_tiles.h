@@ -19,6 +19,8 @@ typedef struct kpt_kernel_config {
     int dqk, dv;     /* head dims */
     int sm;          /* target compute capability times ten: 80, 86, 89, 90 */
     int gfx;         /* AMD targets: the gfx name's digits as hex (0x90a, 0x940, 0x942); else 0 */
+    bool coopmat;    /* Vulkan: the device has 16x16x16 f16 cooperative matrices (NV), subgroups
+                        of 32 and shaderFloat16; f16 kernels then use them where they fit */
 } kpt_kernel_config;
 
 typedef struct kpt_kernel_plan {
@@ -46,8 +48,12 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
 
 /* The GLSL (Vulkan) kernel: one invocation per query row, bm rows per workgroup, K and V tiles of
  * bn rows in fp32 shared memory, bn as large as `smem_limit` bytes allow (at most 32). cfg->sm
- * is 0; dtype F16 or F32; head dims 1..256. */
+ * is 0; dtype F16 or F32; head dims 1..256. With cfg->coopmat, f16 and head dims that are
+ * multiples of 16 up to 128 get the cooperative-matrix kernel instead (4 subgroups of 32, bm 64,
+ * bn 32; plan.warps = 4); cfg->coopmat stays set only when that kernel is planned. */
 #define KPT_GLSL_MAX_HEAD_DIM 256
+/* f16 elements of the cooperative-matrix kernel's Q/K/V shared array (KPT_KV_ELEMS). */
+size_t kpt_glsl_coopmat_kv_elems(int dqk, int dv);
 kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag);
 

@@ -48,6 +48,7 @@ typedef struct vk_backend {
     VkPhysicalDeviceMemoryProperties memprops;
     VkPhysicalDeviceLimits limits;
     bool f16_storage;
+    bool coopmat; /* f16 kernels on VK_NV_cooperative_matrix (kpt_kernel_config.coopmat) */
     bool timestamps;
     int smem_limit;
     VkPipelineCache pcache;
@@ -307,9 +308,15 @@ static kpt_status vk_generate(kpt_backend *b, const kpt_pattern *p, const kpt_ke
 {
     vk_backend *v = vb(b);
     *source = NULL;
-    kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v};
+    kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
+                             .coopmat = !b->offline && v->coopmat};
     int smem = b->offline || v->smem_limit > KPT_VK_PLAN_SMEM ? KPT_VK_PLAN_SMEM : v->smem_limit;
-    kpt_status st = kpt_plan_tiles_glsl(p, &cfg, smem, plan, diag);
+    /* the cooperative-matrix kernel is this device's own: planned for all its shared memory */
+    kpt_status st = kpt_plan_tiles_glsl(p, &cfg, cfg.coopmat ? v->smem_limit : smem, plan, diag);
+    if (!st && cfg.coopmat && !plan->cfg.coopmat) {
+        cfg.coopmat = false; /* not a coopmat shape: the portable kernel, planned as anywhere */
+        st = kpt_plan_tiles_glsl(p, &cfg, smem, plan, diag);
+    }
     if (st)
         return st;
     if (!b->offline && d->dtype == KPT_DTYPE_F16 && !v->f16_storage)
@@ -800,10 +807,16 @@ static const char *component_name(VkComponentTypeNV t)
     return (unsigned)t < sizeof(names) / sizeof(names[0]) ? names[t] : "?";
 }
 
-/* Which cooperative-matrix extensions the device has, and the NV one's shapes (the kernels do
- * not use them yet: docs/vulkan.md). Only read, never enabled. */
-static void probe_matrix_support(vk_backend *v)
+/* What the device offers for the cooperative-matrix kernel: the extensions it needs, and whether
+ * VK_NV_cooperative_matrix has the shape the kernel uses (16x16x16, f16 inputs, f32
+ * accumulators, subgroup scope). Also written out for reports (v->matrix_support). */
+typedef struct vk_matrix_caps {
+    bool nv, khr, f16i8, shape;
+} vk_matrix_caps;
+
+static vk_matrix_caps probe_matrix_support(vk_backend *v)
 {
+    vk_matrix_caps mc = {0};
     char *s = v->matrix_support;
     size_t n = sizeof(v->matrix_support), at = 0;
     uint32_t count = 0;
@@ -812,18 +825,19 @@ static void probe_matrix_support(vk_backend *v)
         (ext = calloc(count, sizeof(*ext))) &&
         v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, ext))
         count = 0;
-    bool nv = false, khr = false;
     for (uint32_t i = 0; ext && i < count; i++) {
-        nv |= !strcmp(ext[i].extensionName, "VK_NV_cooperative_matrix");
-        khr |= !strcmp(ext[i].extensionName, "VK_KHR_cooperative_matrix");
+        mc.nv |= !strcmp(ext[i].extensionName, "VK_NV_cooperative_matrix");
+        mc.khr |= !strcmp(ext[i].extensionName, "VK_KHR_cooperative_matrix");
+        mc.f16i8 |= !strcmp(ext[i].extensionName, "VK_KHR_shader_float16_int8");
     }
     free(ext);
-    at += (size_t)snprintf(s + at, n - at, "cooperative matrix: %s%s%s", nv ? "NV" : "",
-                           nv && khr ? " and " : "", khr ? "KHR" : !nv ? "none" : "");
+    at += (size_t)snprintf(s + at, n - at, "cooperative matrix: %s%s%s", mc.nv ? "NV" : "",
+                           mc.nv && mc.khr ? " and " : "",
+                           mc.khr ? "KHR" : !mc.nv ? "none" : "");
     PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV props =
-        nv ? (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)v->vk.GetInstanceProcAddr(
-                 v->inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
-           : NULL;
+        mc.nv ? (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)v->vk.GetInstanceProcAddr(
+                    v->inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+              : NULL;
     VkCooperativeMatrixPropertiesNV cm[32];
     uint32_t ncm = 32;
     for (uint32_t i = 0; i < ncm; i++)
@@ -831,10 +845,41 @@ static void probe_matrix_support(vk_backend *v)
             .sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV};
     if (!props || (props(v->phys, &ncm, cm) < 0))
         ncm = 0;
-    for (uint32_t i = 0; i < ncm && at < n; i++)
-        at += (size_t)snprintf(s + at, n - at, "%s %ux%ux%u %s*%s+%s", i ? "," : ";", cm[i].MSize,
-                               cm[i].NSize, cm[i].KSize, component_name(cm[i].AType),
-                               component_name(cm[i].BType), component_name(cm[i].CType));
+    for (uint32_t i = 0; i < ncm; i++) {
+        const VkCooperativeMatrixPropertiesNV *c = &cm[i];
+        mc.shape |= c->MSize == 16 && c->NSize == 16 && c->KSize == 16 &&
+                    c->AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                    c->BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                    c->CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                    c->DType == VK_COMPONENT_TYPE_FLOAT32_NV && c->scope == VK_SCOPE_SUBGROUP_NV;
+        if (at < n)
+            at += (size_t)snprintf(s + at, n - at, "%s %ux%ux%u %s*%s+%s", i ? "," : ";",
+                                   c->MSize, c->NSize, c->KSize, component_name(c->AType),
+                                   component_name(c->BType), component_name(c->CType));
+    }
+    return mc;
+}
+
+/* Whether f16 kernels run on cooperative matrices: the NV extension with the kernel's shape,
+ * shaderFloat16, 16-bit storage, and subgroups of exactly 32 with shuffles and votes in compute
+ * shaders (the kernel's layout assumes 4 subgroups of 32). KPT_VK_COOPMAT=0 turns it off. */
+static bool want_coopmat(vk_backend *v, const vk_matrix_caps *mc, bool cm_feature, bool f16,
+                         bool storage16)
+{
+    const char *env = getenv("KPT_VK_COOPMAT");
+    if ((env && !strcmp(env, "0")) || !mc->nv || !mc->shape || !mc->f16i8 || !cm_feature ||
+        !f16 || !storage16)
+        return false;
+    VkPhysicalDeviceSubgroupProperties sg = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                      .pNext = &sg};
+    v->vk.GetPhysicalDeviceProperties2(v->phys, &p2);
+    const VkSubgroupFeatureFlags ops = VK_SUBGROUP_FEATURE_BASIC_BIT |
+                                       VK_SUBGROUP_FEATURE_VOTE_BIT |
+                                       VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
+    return sg.subgroupSize == 32 && (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+           (sg.supportedOperations & ops) == ops;
 }
 
 static void vk_destroy(kpt_backend *b)
@@ -958,9 +1003,16 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
              VK_API_VERSION_MAJOR(pr.apiVersion), VK_API_VERSION_MINOR(pr.apiVersion),
              pr.driverVersion);
     v->vk.GetPhysicalDeviceMemoryProperties(v->phys, &v->memprops);
-    probe_matrix_support(v);
+    const vk_matrix_caps mc = probe_matrix_support(v);
+    /* feature structs of extensions are chained only when the device has the extension */
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceShaderFloat16Int8Features f16f = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+        .pNext = mc.nv ? &cmf : NULL};
     VkPhysicalDevice16BitStorageFeatures s16 = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+        .pNext = mc.f16i8 ? &f16f : NULL};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
                                     .pNext = &s16};
     v->vk.GetPhysicalDeviceFeatures2(v->phys, &f2);
@@ -968,12 +1020,27 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "%s lacks shaderInt64, which kpt's kernels need", pr.deviceName);
     v->f16_storage = s16.storageBuffer16BitAccess;
+    v->coopmat = want_coopmat(v, &mc, cmf.cooperativeMatrix, f16f.shaderFloat16,
+                              s16.storageBuffer16BitAccess);
+    size_t ms = strlen(v->matrix_support);
+    snprintf(v->matrix_support + ms, sizeof(v->matrix_support) - ms, "; f16 kernels %s",
+             v->coopmat ? "use it" : "do not use it");
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV encm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
+        .cooperativeMatrix = VK_TRUE};
+    VkPhysicalDeviceShaderFloat16Int8Features enf16 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+        .pNext = &encm,
+        .shaderFloat16 = VK_TRUE};
     VkPhysicalDevice16BitStorageFeatures en16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+        .pNext = v->coopmat ? &enf16 : NULL,
         .storageBuffer16BitAccess = s16.storageBuffer16BitAccess};
     VkPhysicalDeviceFeatures2 en = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
                                     .pNext = &en16,
                                     .features = {.shaderInt64 = VK_TRUE}};
+    static const char *const coopmat_exts[] = {"VK_NV_cooperative_matrix",
+                                               "VK_KHR_shader_float16_int8"};
     uint32_t ts_bits = 0;
     int fam = compute_family(v, v->phys, &ts_bits);
     v->timestamps = ts_bits > 0 && pr.limits.timestampPeriod > 0;
@@ -985,7 +1052,9 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
     const VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
                                    .pNext = &en,
                                    .queueCreateInfoCount = 1,
-                                   .pQueueCreateInfos = &qi};
+                                   .pQueueCreateInfos = &qi,
+                                   .enabledExtensionCount = v->coopmat ? 2 : 0,
+                                   .ppEnabledExtensionNames = coopmat_exts};
     VkResult r = v->vk.CreateDevice(v->phys, &di, NULL, &v->dev);
     if (r)
         return kpt_vk_fail(diag, "vkCreateDevice", r);

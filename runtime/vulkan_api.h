@@ -13,7 +13,7 @@
     X(DestroyInstance) X(EnumeratePhysicalDevices) X(GetPhysicalDeviceProperties)                  \
     X(GetPhysicalDeviceFeatures2) X(GetPhysicalDeviceQueueFamilyProperties)                        \
     X(GetPhysicalDeviceMemoryProperties) X(CreateDevice) X(GetDeviceProcAddr)                     \
-    X(EnumerateDeviceExtensionProperties)
+    X(EnumerateDeviceExtensionProperties) X(GetPhysicalDeviceProperties2)
 
 /* Device-level entry points. */
 #define KPT_VK_DEVICE_FNS(X)                                                                       \

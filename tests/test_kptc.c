@@ -87,6 +87,25 @@ static void test_emit(void **state)
     EXPECT(r, 2, err, "the Vulkan backend takes f16 or f32");
     r = run("emit", "--emit", "glsl", "--target", "cuda:sm_80", "causal", NULL);
     EXPECT(r, 2, err, "--emit glsl takes spirv");
+    /* the cooperative-matrix kernel (no device here has it: compiled and validated only) */
+    static const char *const cm_patterns[] = {
+        "full", "causal", "document+causal+softcap(30)", "alibi+causal", "sliding_window($w=40)",
+        "prefix_lm(50)", "chunked(48)", "local(64,32)"};
+    for (int i = 0; i < 8; i++) {
+        r = run("emit", "--emit", "spirv", "--target", "spirv:coopmat", "--head-dim",
+                i % 2 ? "128,64" : "64", cm_patterns[i], NULL);
+        EXPECT(r, 0, out, "\x03\x02\x23\x07");
+    }
+    r = run("emit", "--emit", "glsl", "--target", "spirv:coopmat", "--head-dim", "128", "causal",
+            NULL);
+    EXPECT(r, 0, out, "#define KPT_COOPMAT 1\n");
+    /* shapes it does not take get the portable kernel */
+    r = run("emit", "--emit", "glsl", "--target", "spirv:coopmat", "--head-dim", "256", "causal",
+            NULL);
+    EXPECT(r, 0, out, "#define KPT_COOPMAT 0\n");
+    r = run("emit", "--emit", "glsl", "--target", "spirv:coopmat", "--dtype", "f32", "causal",
+            NULL);
+    EXPECT(r, 0, out, "#define KPT_COOPMAT 0\n");
     r = run("emit", "--emit", "glsl", "--head-dim", "300", "causal", NULL);
     EXPECT(r, 2, err, "the Vulkan backend supports 1 to 256");
     r = run("emit", "--emit", "cuda", "--smem", "4096", "causal", NULL);

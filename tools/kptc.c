@@ -61,8 +61,9 @@ static const char usage_text[] =
     "                                or pipe\n"
     "      --dump-after STAGE        print the IR after STAGE: parse, opt_fold, opt_simplify, all\n"
     "      --target T                cuda:sm_80 (default for cuda), cuda:sm_86, cuda:sm_89,\n"
-    "                                cuda:sm_90; spirv (the only one for glsl and spirv);\n"
-    "                                hip:gfx90a (default for hip), hip:gfx940, hip:gfx942\n"
+    "                                cuda:sm_90; spirv (default for glsl and spirv);\n"
+    "                                hip:gfx90a (default for hip), hip:gfx940, hip:gfx942;\n"
+    "                                spirv:coopmat (Vulkan, cooperative-matrix kernel)\n"
     "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256 (CUDA, HIP);\n"
     "                                1 to 256 (spirv)\n"
     "      --dtype T                 input dtype of the kernel: f16 or bf16 (CUDA and HIP,\n"
@@ -412,8 +413,11 @@ static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
 static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
 {
     kpt_kernel_config cfg = {.dtype = KPT_DTYPE_F16};
-    if (o->target && strcmp(o->target, "spirv"))
-        return usage_error("--target '%s': --emit %s takes spirv", o->target, what);
+    /* spirv:coopmat plans for a device with cooperative matrices (f16 kernels use them) */
+    cfg.coopmat = o->target && !strcmp(o->target, "spirv:coopmat");
+    if (o->target && strcmp(o->target, "spirv") && !cfg.coopmat)
+        return usage_error("--target '%s': --emit %s takes spirv or spirv:coopmat", o->target,
+                           what);
     if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
         return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
     if (o->dtype) {
@@ -421,7 +425,7 @@ static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
         if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_F32)
             return usage_error("--dtype '%s': the Vulkan backend takes f16 or f32", o->dtype);
     }
-    int64_t smem = KPT_VK_PLAN_SMEM;
+    int64_t smem = cfg.coopmat ? 49152 : KPT_VK_PLAN_SMEM; /* coopmat: NVIDIA's 48 KiB */
     if (o->smem && !parse_int(o->smem, 1024, 1 << 30, &smem))
         return usage_error("--smem wants a byte count from 1024, got '%s'", o->smem);
     kpt_diag d = {0};

@@ -5,6 +5,7 @@
 // One workgroup owns one (q tile, head, batch row); each invocation owns one query row: its Q row,
 // its output accumulator and its softmax statistics stay in registers, and the workgroup stages
 // one K and V tile at a time in shared memory (sized from the device's limit by the planner).
+// On devices with cooperative matrices, f16 kernels take the KPT_COOPMAT variant instead.
 // The source is compiled twice: as the attention kernel, and with KPT_ENTRY_BLOCKMAP defined (the
 // compiler's preamble) as the block-map kernel of data-dependent masks.
 @CONFIG@
@@ -18,6 +19,14 @@
 #endif
 #ifndef KPT_ENTRY_BLOCKMAP
 #define KPT_ENTRY_BLOCKMAP 0
+#endif
+#if KPT_COOPMAT && !KPT_ENTRY_BLOCKMAP
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #endif
 
 #define KPT_NINF uintBitsToFloat(0xff800000u)
@@ -309,6 +318,189 @@ void main()
     }
     BMb.cls[G.bmo + uint(b) * G.bms[0] + uint(h) * G.bms[1] + uint(qt) * G.bms[2] + uint(t)] =
         uint(c);
+}
+
+#elif KPT_COOPMAT
+// ---- the attention kernel on cooperative matrices (VK_NV_cooperative_matrix) -----------------
+// Four subgroups of 32 invocations, 16 query rows each (KPT_BM = 64); kv tiles of KPT_BN = 32
+// keys. S = Q K^T and O += P V run on 16x16x16 f16 matrices with f32 accumulators. The online
+// softmax, score mods and masks run on scalars between the two products, on S staged in shared
+// memory: two invocations per query row, 16 keys each. O stays in matrices; since a matrix's
+// elements cannot be addressed by row, its per-row rescale goes through shared memory, and only
+// when the maximum of some row of the subgroup grew. The host checks subgroups of 32.
+layout(local_size_x = 128) in;
+
+#define KPT_KS (KPT_DQK + 8) // row strides in shared memory: 16-byte multiples, fewer conflicts
+#define KPT_VS (KPT_DV + 8)
+#define KPT_SS (KPT_BN + 4)
+#define KPT_PS (KPT_BN + 8)
+#define KPT_VOFF (KPT_BN * KPT_KS)
+#define KPT_MA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define KPT_MC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+
+shared float16_t sKV[KPT_KV_ELEMS];     // the Q tile first; then K (rows of keys) and V
+shared float sS[4 * 16 * KPT_SS];        // per subgroup: S of its 16 rows, or one O block
+shared float16_t sP[4 * 16 * KPT_PS];    // per subgroup: P of its 16 rows
+
+int kpt_tile_class(int b, int h, int qt, int q0, int q1, int t)
+{
+#if KPT_HAS_BLOCKMAP
+    return int(BMb.cls[G.bmo + uint(b) * G.bms[0] + uint(h) * G.bms[1] + uint(qt) * G.bms[2] +
+                       uint(t)]);
+#elif KPT_HAS_MASK
+    const int k0 = t * KPT_BN;
+    return kpt_tile_interval(b, h, q0, q1, k0, min(k0 + KPT_BN, A.Skv) - 1);
+#else
+    return 2;
+#endif
+}
+
+void kpt_sub_sync()
+{
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+}
+
+void main()
+{
+    const int tid = int(gl_LocalInvocationID.x);
+    const int warp = int(gl_SubgroupID), lane = int(gl_SubgroupInvocationID);
+    const int r = lane & 15, hf = lane >> 4; // this invocation's row of the subgroup; key half
+    const int qt = int(gl_WorkGroupID.x), h = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
+    const int hk = h / A.group;
+    const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    const int qi = q0 + warp * 16 + r;
+    const bool live = qi < A.Sq;
+    kpt_uniform U;
+    kpt_uniform_init(b, h, U);
+
+    // Q: staged (rows past Sq as zeros), then held as matrices for the whole kv loop
+    for (int i = tid; i < KPT_BM * KPT_DQK; i += 128) {
+        const int rr = i / KPT_DQK, d = i - rr * KPT_DQK, q = q0 + rr;
+        sKV[rr * KPT_KS + d] = q < A.Sq ? Qb.q[G.qo + uint(b) * G.qs[0] + uint(h) * G.qs[1] +
+                                              uint(q) * G.qs[2] + uint(d) * G.qs[3]]
+                                        : float16_t(0.0);
+    }
+    barrier();
+    KPT_MA qa[KPT_DQK / 16];
+    [[unroll]] for (int c = 0; c < KPT_DQK / 16; c++)
+        coopMatLoadNV(qa[c], sKV, uint(warp * 16 * KPT_KS + c * 16), uint(KPT_KS), false);
+    KPT_MC oa[KPT_DV / 16];
+    [[unroll]] for (int i = 0; i < KPT_DV / 16; i++)
+        oa[i] = KPT_MC(0.0);
+    float m = KPT_NINF, l = 0.0;
+    const uint kbase = G.ko + uint(b) * G.ks[0] + uint(hk) * G.ks[1];
+    const uint vbase = G.vo + uint(b) * G.vs[0] + uint(hk) * G.vs[1];
+    const uint sb = uint(warp * 16 * KPT_SS), pb = uint(warp * 16 * KPT_PS);
+
+    for (int t = 0; t < A.n_kt; t++) {
+        const int cls = kpt_tile_class(b, h, qt, q0, q1, t);
+        if (cls == 0)
+            continue; // uniform: the whole workgroup skips the tile
+        const int k0 = t * KPT_BN, nk = min(KPT_BN, A.Skv - k0);
+        barrier();
+        for (int i = tid; i < KPT_BN * KPT_DQK; i += 128) {
+            const int rr = i / KPT_DQK, d = i - rr * KPT_DQK;
+            sKV[rr * KPT_KS + d] = rr < nk ? Kb.k[kbase + uint(k0 + rr) * G.ks[2] +
+                                                  uint(d) * G.ks[3]]
+                                           : float16_t(0.0);
+        }
+        for (int i = tid; i < KPT_BN * KPT_DV; i += 128) {
+            const int rr = i / KPT_DV, d = i - rr * KPT_DV;
+            sKV[KPT_VOFF + rr * KPT_VS + d] = rr < nk ? Vb.v[vbase + uint(k0 + rr) * G.vs[2] +
+                                                             uint(d) * G.vs[3]]
+                                                      : float16_t(0.0);
+        }
+        barrier();
+        // S = Q K^T, 16 keys at a time (K read column-major is K^T)
+        [[unroll]] for (int n = 0; n < KPT_BN / 16; n++) {
+            KPT_MC s = KPT_MC(0.0);
+            [[unroll]] for (int c = 0; c < KPT_DQK / 16; c++) {
+                KPT_MA kb;
+                coopMatLoadNV(kb, sKV, uint(n * 16 * KPT_KS + c * 16), uint(KPT_KS), true);
+                s = coopMatMulAddNV(qa[c], kb, s);
+            }
+            coopMatStoreNV(s, sS, sb + uint(n * 16), uint(KPT_SS), false);
+        }
+        kpt_sub_sync();
+        // scores in base 2, masked ones -inf, on this invocation's 16 keys of row r
+        float x[KPT_BN / 2];
+        float mx = KPT_NINF;
+        [[unroll]] for (int jj = 0; jj < KPT_BN / 2; jj++) {
+            const int j = hf * (KPT_BN / 2) + jj;
+            float v = KPT_NINF;
+            if (live && j < nk) {
+                const float dot = sS[sb + uint(r * KPT_SS + j)];
+#if KPT_HAS_SCORE
+                v = kpt_score(U, dot * A.scale, b, h, qi, k0 + j) * KPT_LOG2E;
+#else
+                v = dot * A.scale_log2;
+#endif
+#if KPT_HAS_MASK
+                if (cls == 1 && !kpt_mask(U, b, h, qi, k0 + j))
+                    v = KPT_NINF;
+#endif
+            }
+            x[jj] = v;
+            mx = max(mx, v);
+        }
+        mx = max(mx, subgroupShuffleXor(mx, 16u));
+        const float mn = max(m, mx);
+        const float alpha = m == mn ? 1.0 : exp2(m - mn); // m = -inf < mn: 0
+        float ps = 0.0;
+        [[unroll]] for (int jj = 0; jj < KPT_BN / 2; jj++) {
+            const float p = x[jj] == KPT_NINF ? 0.0 : exp2(x[jj] - mn);
+            ps += p;
+            sP[pb + uint(r * KPT_PS + hf * (KPT_BN / 2) + jj)] = float16_t(p);
+        }
+        ps += subgroupShuffleXor(ps, 16u);
+        l = l * alpha + ps;
+        m = mn;
+        kpt_sub_sync();
+        if (!subgroupAll(alpha == 1.0)) {
+            // lane pair (2 rr, 2 rr + 1) scales row rr of each 16x16 block of O
+            const int rr = lane >> 1, c0 = (lane & 1) * 8;
+            const float ar = subgroupShuffle(alpha, uint(rr));
+            [[unroll]] for (int i = 0; i < KPT_DV / 16; i++) {
+                coopMatStoreNV(oa[i], sS, sb, uint(KPT_SS), false);
+                kpt_sub_sync();
+                for (int e = 0; e < 8; e++)
+                    sS[sb + uint(rr * KPT_SS + c0 + e)] *= ar;
+                kpt_sub_sync();
+                coopMatLoadNV(oa[i], sS, sb, uint(KPT_SS), false);
+                kpt_sub_sync();
+            }
+        }
+        // O += P V
+        [[unroll]] for (int c = 0; c < KPT_BN / 16; c++) {
+            KPT_MA pa;
+            coopMatLoadNV(pa, sP, pb + uint(c * 16), uint(KPT_PS), false);
+            [[unroll]] for (int i = 0; i < KPT_DV / 16; i++) {
+                KPT_MA vb;
+                coopMatLoadNV(vb, sKV, uint(KPT_VOFF + c * 16 * KPT_VS + i * 16), uint(KPT_VS),
+                              false);
+                oa[i] = coopMatMulAddNV(pa, vb, oa[i]);
+            }
+        }
+    }
+    // O / l, block by block through shared memory; rows with nothing kept: O = 0, LSE = -inf
+    const float inv = l > 0.0 ? 1.0 / l : 0.0;
+    const int rr = lane >> 1, c0 = (lane & 1) * 8, qo = q0 + warp * 16 + rr;
+    const float ir = subgroupShuffle(inv, uint(rr));
+    const uint obase = G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qo) * G.os[2];
+    kpt_sub_sync();
+    [[unroll]] for (int i = 0; i < KPT_DV / 16; i++) {
+        coopMatStoreNV(oa[i], sS, sb, uint(KPT_SS), false);
+        kpt_sub_sync();
+        if (qo < A.Sq)
+            for (int e = 0; e < 8; e++)
+                Ob.o[obase + uint(i * 16 + c0 + e) * G.os[3]] =
+                    KPT_ELEM(sS[sb + uint(rr * KPT_SS + c0 + e)] * ir);
+        kpt_sub_sync();
+    }
+    if (live && hf == 0 && G.lo != KPT_NO_LSE)
+        Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
+            l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;
 }
 
 #else
