@@ -144,10 +144,13 @@ kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cf
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
     pl.cfg.sm = 0;
+    /* what the shared memory holds, less room for the compiler's own shared variables */
+    size_t avail = smem_limit > 1024 ? (size_t)smem_limit - 1024 : 0;
     pl.cfg.coopmat = cfg->coopmat && cfg->dtype == KPT_DTYPE_F16 && cfg->dqk % 16 == 0 &&
-                     cfg->dv % 16 == 0 && cfg->dqk <= 128 && cfg->dv <= 128;
-    if (pl.cfg.coopmat && (pl.smem_bytes = glsl_coopmat_smem(cfg->dqk, cfg->dv)) <=
-                              (size_t)(smem_limit > 1024 ? smem_limit - 1024 : 0)) {
+                     cfg->dv % 16 == 0 && cfg->dqk <= 128 && cfg->dv <= 128 &&
+                     glsl_coopmat_smem(cfg->dqk, cfg->dv) <= avail;
+    if (pl.cfg.coopmat) {
+        pl.smem_bytes = glsl_coopmat_smem(cfg->dqk, cfg->dv);
         pl.bm = 64;
         pl.bn = 32;
         pl.warps = 4;
@@ -157,11 +160,9 @@ kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cf
             *out = pl;
         return st;
     }
-    pl.cfg.coopmat = false;
     pl.bm = 32;
-    /* K and V rows of a tile in fp32, plus room for the compiler's own shared variables */
+    /* K and V rows of a tile in fp32 */
     size_t row = (size_t)(cfg->dqk + cfg->dv) * 4;
-    size_t avail = smem_limit > 1024 ? (size_t)smem_limit - 1024 : 0;
     for (pl.bn = 32; pl.bn > 1 && (size_t)pl.bn * row > avail; pl.bn /= 2)
         ;
     pl.smem_bytes = (size_t)pl.bn * row;

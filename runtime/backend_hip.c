@@ -118,7 +118,6 @@ static kpt_status hip_load(kpt_backend *b, const kpt_pattern *p, const kpt_kerne
         hip_unload(b, k);
         return st;
     }
-    (void)size;
     *kernel = k;
     return KPT_OK;
 }

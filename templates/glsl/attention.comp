@@ -320,7 +320,23 @@ void main()
         uint(c);
 }
 
-#elif KPT_COOPMAT
+#else // the attention kernels
+// The class of kv tile t for this workgroup: from the block map when the pattern needs one, else
+// from interval reasoning on the tile's corners. The same for every invocation of the group.
+int kpt_tile_class(int b, int h, int qt, int q0, int q1, int t)
+{
+#if KPT_HAS_BLOCKMAP
+    return int(BMb.cls[G.bmo + uint(b) * G.bms[0] + uint(h) * G.bms[1] + uint(qt) * G.bms[2] +
+                       uint(t)]);
+#elif KPT_HAS_MASK
+    const int k0 = t * KPT_BN;
+    return kpt_tile_interval(b, h, q0, q1, k0, min(k0 + KPT_BN, A.Skv) - 1);
+#else
+    return 2;
+#endif
+}
+
+#if KPT_COOPMAT
 // ---- the attention kernel on cooperative matrices (VK_NV_cooperative_matrix) -----------------
 // Four subgroups of 32 invocations, 16 query rows each (KPT_BM = 64); kv tiles of KPT_BN = 32
 // keys. S = Q K^T and O += P V run on 16x16x16 f16 matrices with f32 accumulators. The online
@@ -341,19 +357,6 @@ layout(local_size_x = 128) in;
 shared float16_t sKV[KPT_KV_ELEMS];     // the Q tile first; then K (rows of keys) and V
 shared float sS[4 * 16 * KPT_SS];        // per subgroup: S of its 16 rows, or one O block
 shared float16_t sP[4 * 16 * KPT_PS];    // per subgroup: P of its 16 rows
-
-int kpt_tile_class(int b, int h, int qt, int q0, int q1, int t)
-{
-#if KPT_HAS_BLOCKMAP
-    return int(BMb.cls[G.bmo + uint(b) * G.bms[0] + uint(h) * G.bms[1] + uint(qt) * G.bms[2] +
-                       uint(t)]);
-#elif KPT_HAS_MASK
-    const int k0 = t * KPT_BN;
-    return kpt_tile_interval(b, h, q0, q1, k0, min(k0 + KPT_BN, A.Skv) - 1);
-#else
-    return 2;
-#endif
-}
 
 void kpt_sub_sync()
 {
@@ -510,21 +513,6 @@ layout(local_size_x = KPT_BM) in;
 shared float sK[KPT_BN * KPT_DQK];
 shared float sV[KPT_BN * KPT_DV];
 
-// The class of kv tile t for this workgroup: from the block map when the pattern needs one, else
-// from interval reasoning on the tile's corners. The same for every invocation of the group.
-int kpt_tile_class(int b, int h, int qt, int q0, int q1, int t)
-{
-#if KPT_HAS_BLOCKMAP
-    return int(BMb.cls[G.bmo + uint(b) * G.bms[0] + uint(h) * G.bms[1] + uint(qt) * G.bms[2] +
-                       uint(t)]);
-#elif KPT_HAS_MASK
-    const int k0 = t * KPT_BN;
-    return kpt_tile_interval(b, h, q0, q1, k0, min(k0 + KPT_BN, A.Skv) - 1);
-#else
-    return 2;
-#endif
-}
-
 void main()
 {
     const int tid = int(gl_LocalInvocationID.x);
@@ -610,4 +598,5 @@ void main()
         Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
             l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;
 }
-#endif
+#endif // KPT_COOPMAT
+#endif // KPT_ENTRY_BLOCKMAP
