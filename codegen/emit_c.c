@@ -106,6 +106,29 @@ static const char *infix(kpt_ir_op op)
     }
 }
 
+/* Float division in the C dialects. IEEE division (what `/` means to NVRTC) is a dozen
+ * instructions with a slow-path call per element; score mods divide by constants (softcap's
+ * s / cap) or scalars, where 2 ulp is far inside the output budget (docs/architecture.md,
+ * "Transcendentals"). A constant divisor becomes a product with its rounded reciprocal; any
+ * other divisor goes through kpt_fdiv, a reciprocal approximation and a product (the compiler
+ * hoists the reciprocal of a uniform value out of the element loop). GLSL's `/` is already
+ * approximate. */
+static void emit_fdiv(kpt_strbuf *sb, const kpt_ir_graph *g, kpt_ir_ref x, kpt_ir_ref y,
+                      const kpt_c_dialect *d)
+{
+    const kpt_ir_node *ny = kpt_ir_node_get(g, y);
+    if (ny->op == KPT_IR_CONST && isfinite(ny->imm.f) && ny->imm.f != 0.0f) {
+        float r = (float)(1.0 / (double)ny->imm.f);
+        if (isnormal(r)) {
+            kpt_sb_printf(sb, "(v%u * ", (unsigned)x);
+            emit_float(sb, r, d);
+            kpt_sb_puts(sb, ")");
+            return;
+        }
+    }
+    kpt_sb_printf(sb, "kpt_fdiv(v%u, v%u)", (unsigned)x, (unsigned)y);
+}
+
 /* The right-hand side of node r's value statement. */
 static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const kpt_c_dialect *d)
 {
@@ -170,6 +193,12 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
     case KPT_IR_SELECT:
         kpt_sb_printf(sb, "(v%u ? v%u : v%u)", (unsigned)a[0], (unsigned)a[1], (unsigned)a[2]);
         return;
+    case KPT_IR_DIV:
+        if (at == KPT_IR_F32 && !d->glsl) {
+            emit_fdiv(sb, g, a[0], a[1], d);
+            return;
+        }
+        break;
     default: break;
     }
     const char *fn = at == KPT_IR_F32 ? float_fn(op) : int_fn(op);

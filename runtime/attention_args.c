@@ -218,6 +218,12 @@ kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
         return st;
     if (!isfinite(args->scale))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "scale is not finite");
+    /* GPU kernels fold the scale into the exponent in float; a magnitude outside this range
+     * would underflow or overflow there */
+    if (args->scale != 0 && (fabs(args->scale) < 1e-30 || fabs(args->scale) > 1e30))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "scale %g is out of range: its magnitude must lie in [1e-30, 1e30]",
+                            args->scale);
     out->scale = args->scale != 0 ? args->scale : 1.0 / sqrt((double)out->shape.Dqk);
     if ((st = bind_scalars(p, args, out, diag)))
         return st;

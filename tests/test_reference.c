@@ -457,6 +457,9 @@ static void test_validation(void **state)
     a.scale = INFINITY;
     expect_bad(p, a, KPT_ERR_INVALID_ARGUMENT, "scale is not finite", pr.o, no);
     a = good;
+    a.scale = -1e-31;
+    expect_bad(p, a, KPT_ERR_INVALID_ARGUMENT, "scale -1e-31 is out of range", pr.o, no);
+    a = good;
     a.lse.shape[2] = 4;
     expect_bad(p, a, KPT_ERR_INVALID_ARGUMENT, "query length differs: q has 5, lse has 4", pr.o, no);
     kpt_diag d = {0};

@@ -35,7 +35,7 @@ typedef struct kpt_aux_tensor {
  * Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv). */
 typedef struct kpt_attention_args {
     kpt_tensor q, k, v, o, lse;
-    double scale; /* 0 means 1/sqrt(Dqk) */
+    double scale; /* 0 means 1/sqrt(Dqk); else finite, magnitude in [1e-30, 1e30] */
     const kpt_scalar_value *scalars;
     int num_scalars;
     const kpt_aux_tensor *aux;

@@ -47,6 +47,13 @@ __device__ __forceinline__ float kpt_ftanh(float x)
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+// x / y within 2 ulp (rcp.approx, then a product): no IEEE slow path in score mods.
+__device__ __forceinline__ float kpt_fdiv(float x, float y)
+{
+    float r;
+    asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(y));
+    return x * r;
+}
 __device__ __forceinline__ float kpt_h2f(u16 h)
 {
     float f;
@@ -117,6 +124,19 @@ __device__ __forceinline__ void kpt_mma(float *c, const u32 *a, u32 b0, u32 b1)
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The same product into zeroed accumulators (the first k step of S = Q K^T): no zeroing moves.
+__device__ __forceinline__ void kpt_mma_z(float *c, const u32 *a, u32 b0, u32 b1)
+{
+    const float z = 0.0f;
+#if KPT_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+                 : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+}
 // Two floats to a packed pair of 16-bit values, lo in the low half.
 __device__ __forceinline__ u32 kpt_pack(float lo, float hi)
 {
@@ -130,17 +150,31 @@ __device__ __forceinline__ u32 kpt_pack(float lo, float hi)
 }
 
 // Copies ROWS rows of D 16-bit elements (row r from src + r * stride) into shared memory with row
-// stride STR; rows at or past `valid` are zero-filled, so padding keys contribute nothing.
+// stride STR; rows at or past `valid` are zero-filled, so padding keys contribute nothing. The
+// trip count is a compile-time constant, so the loop unrolls into straight 16-byte copies whose
+// addresses step by a constant; the row test only runs for the last, short tile.
 template <int ROWS, int D, int STR>
 __device__ __forceinline__ void kpt_load_tile(u32 dst, const u16 *src, i64 stride, int valid)
 {
-    constexpr int CH = D / 8;
+    constexpr int CH = D / 8, N = ROWS * CH, ITERS = (N + KPT_THREADS - 1) / KPT_THREADS;
+    const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
+    constexpr int RSTEP = KPT_THREADS / CH; // rows between a thread's copies when CH divides it
+    if (KPT_THREADS % CH == 0 && N % KPT_THREADS == 0 && valid >= ROWS) {
+        const u16 *g = src + (i64)r0 * stride + c * 8;
+        const u32 d = dst + (u32)(r0 * STR + c * 8) * 2u;
 #pragma unroll
-    for (int i = threadIdx.x; i < ROWS * CH; i += KPT_THREADS) {
-        int r = i / CH, c = i % CH;
-        bool ok = r < valid;
-        const u16 *g = src + (ok ? (i64)r * stride : 0) + c * 8;
-        kpt_cp16(dst + (u32)(r * STR + c * 8) * 2u, g, ok);
+        for (int it = 0; it < ITERS; it++)
+            kpt_cp16(d + (u32)(it * RSTEP * STR) * 2u, g + (i64)(it * RSTEP) * stride, true);
+        return;
+    }
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int i = (int)threadIdx.x + it * KPT_THREADS;
+        if (N % KPT_THREADS != 0 && i >= N) break;
+        const int r = i / CH, cc = i % CH;
+        const bool ok = r < valid;
+        const u16 *g = src + (ok ? (i64)r * stride : 0) + cc * 8;
+        kpt_cp16(dst + (u32)(r * STR + cc * 8) * 2u, g, ok);
     }
 }
 
@@ -231,6 +265,22 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
     }
     kpt_cp_commit();
 
+#if !KPT_HAS_SCORE
+    // Without a score mod the scale is folded into the exponent (p = 2^(s*c - m), one FFMA),
+    // which needs c > 0 to take the row max on raw scores; a negative scale negates Q instead.
+    if (A.scale_log2 < 0.0f) {
+        kpt_cp_wait<0>();
+        __syncthreads();
+        for (int i = tid; i < KPT_BM * KPT_DQK / 2; i += KPT_THREADS) {
+            u32 *w = (u32 *)kpt_smem + (i / (KPT_DQK / 2)) * (KPT_QSTR / 2) + i % (KPT_DQK / 2);
+            *w ^= 0x80008000u;
+        }
+        __syncthreads();
+    }
+    const float sc = fabsf(A.scale_log2);
+#else
+    const float sc = KPT_LOG2E; // kpt_score's results are natural-log units
+#endif
 #if KPT_Q_IN_REGS
     u32 qf[KPT_MT][KPT_DQK / 16][4];
     kpt_cp_wait<0>();
@@ -297,12 +347,6 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
         // S = Q K^T
         float S[KPT_MT][KPT_BN / 8][4];
 #pragma unroll
-        for (int mt = 0; mt < KPT_MT; mt++)
-#pragma unroll
-            for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) S[mt][n][e] = 0.0f;
-#pragma unroll
         for (int kk = 0; kk < KPT_DQK / 16; kk++) {
             u32 a[KPT_MT][4];
 #pragma unroll
@@ -322,58 +366,103 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
                                    ((lane >> 3) & 1) * 8) * 2);
 #pragma unroll
                 for (int mt = 0; mt < KPT_MT; mt++) {
-                    kpt_mma(S[mt][2 * np], a[mt], bk[0], bk[1]);
-                    kpt_mma(S[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+                    if (kk == 0) {
+                        kpt_mma_z(S[mt][2 * np], a[mt], bk[0], bk[1]);
+                        kpt_mma_z(S[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+                    } else {
+                        kpt_mma(S[mt][2 * np], a[mt], bk[0], bk[1]);
+                        kpt_mma(S[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+                    }
                 }
             }
         }
 
-        // Score mods, the mask bits, online softmax in base 2.
+        // Score mods, then the mask bits: only partial tiles test them.
+#if KPT_HAS_SCORE
 #pragma unroll
-        for (int mt = 0; mt < KPT_MT; mt++) {
+        for (int mt = 0; mt < KPT_MT; mt++)
 #pragma unroll
             for (int n = 0; n < KPT_BN / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-#if KPT_HAS_SCORE
                     const int qi = q0 + wrow + mt * 16 + (lane >> 2) + (e >> 1) * 8;
                     const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
-                    float t = kpt_score(A, U, S[mt][n][e] * A.scale, b, h, qi, ki) * KPT_LOG2E;
-#else
-                    float t = S[mt][n][e] * A.scale_log2;
-#endif
-                    if (!((keep >> ((mt * (KPT_BN / 8) + n) * 4 + e)) & 1)) t = KPT_NINF;
-                    S[mt][n][e] = t;
+                    S[mt][n][e] = kpt_score(A, U, S[mt][n][e] * A.scale, b, h, qi, ki);
                 }
+#endif
+        if (partial) {
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = KPT_NINF;
+            for (int mt = 0; mt < KPT_MT; mt++)
 #pragma unroll
                 for (int n = 0; n < KPT_BN / 8; n++)
-                    mx = fmaxf(mx, fmaxf(S[mt][n][2 * r], S[mt][n][2 * r + 1]));
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (!((keep >> ((mt * (KPT_BN / 8) + n) * 4 + e)) & 1))
+                            S[mt][n][e] = KPT_NINF;
+        }
+
+        // Online softmax in base 2: p = 2^(s*sc - m), m the running row max in log2 units.
+        // First the new maxima and the factors alpha that rescale what was summed before.
+        float alpha[KPT_MT][2];
+        bool grew = false;
+#pragma unroll
+        for (int mt = 0; mt < KPT_MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                // pairwise trees, not serial chains: log2 dependent steps instead of BN / 4
+                float t[KPT_BN / 8];
+#pragma unroll
+                for (int n = 0; n < KPT_BN / 8; n++)
+                    t[n] = fmaxf(S[mt][n][2 * r], S[mt][n][2 * r + 1]);
+#pragma unroll
+                for (int w = KPT_BN / 16; w > 0; w >>= 1)
+#pragma unroll
+                    for (int i = 0; i < w; i++)
+                        t[i] = fmaxf(t[i], t[i + w]);
+                float mx = t[0];
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[mt][r], mx);
+                const float mnew = fmaxf(m[mt][r], mx * sc);
                 const float muse = mnew == KPT_NINF ? 0.0f : mnew; // no -inf - -inf
-                const float alpha = kpt_ex2(m[mt][r] - muse);
+                alpha[mt][r] = kpt_ex2(m[mt][r] - muse);
+                grew = grew || alpha[mt][r] != 1.0f;
                 m[mt][r] = mnew;
-                float sum = 0.0f;
+                l[mt][r] *= alpha[mt][r]; // per-thread partial sums; quad-reduced at the end
+            }
+        // Once the row maxima settle, most tiles leave every row max of the warp unchanged:
+        // alpha is exactly 1 and the rescale of O is skipped (a warp-uniform branch).
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-                for (int n = 0; n < KPT_BN / 8; n++) {
-                    float p0 = kpt_ex2(S[mt][n][2 * r] - muse);
-                    float p1 = kpt_ex2(S[mt][n][2 * r + 1] - muse);
-                    S[mt][n][2 * r] = p0;
-                    S[mt][n][2 * r + 1] = p1;
-                    sum += p0 + p1;
-                }
-                l[mt][r] = l[mt][r] * alpha + sum; // per-thread partial; quad-reduced at the end
+            for (int mt = 0; mt < KPT_MT; mt++)
 #pragma unroll
                 for (int n = 0; n < KPT_DV / 8; n++) {
-                    O[mt][n][2 * r] *= alpha;
-                    O[mt][n][2 * r + 1] *= alpha;
+                    O[mt][n][0] *= alpha[mt][0];
+                    O[mt][n][1] *= alpha[mt][0];
+                    O[mt][n][2] *= alpha[mt][1];
+                    O[mt][n][3] *= alpha[mt][1];
                 }
-            }
         }
+#pragma unroll
+        for (int mt = 0; mt < KPT_MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float muse = m[mt][r] == KPT_NINF ? 0.0f : m[mt][r];
+                float t[KPT_BN / 8];
+#pragma unroll
+                for (int n = 0; n < KPT_BN / 8; n++) {
+                    const float p0 = kpt_ex2(fmaf(S[mt][n][2 * r], sc, -muse));
+                    const float p1 = kpt_ex2(fmaf(S[mt][n][2 * r + 1], sc, -muse));
+                    S[mt][n][2 * r] = p0;
+                    S[mt][n][2 * r + 1] = p1;
+                    t[n] = p0 + p1;
+                }
+#pragma unroll
+                for (int w = KPT_BN / 16; w > 0; w >>= 1)
+#pragma unroll
+                    for (int i = 0; i < w; i++)
+                        t[i] += t[i + w];
+                l[mt][r] += t[0];
+            }
 
         // O += P V, P repacked from the score registers as A fragments.
 #pragma unroll

@@ -46,6 +46,8 @@ KPT_DEV float kpt_fmodf(float a, float b) { return __builtin_fmodf(a, b); }
 #define powf(x, y) kpt_powf(x, y)
 KPT_DEV float kpt_ex2(float x) { return __builtin_exp2f(x); }
 KPT_DEV float kpt_fexp(float x) { return __builtin_exp2f(x * KPT_LOG2E); }
+// x / y within a few ulp: a reciprocal and a product, no IEEE division sequence per element.
+KPT_DEV float kpt_fdiv(float x, float y) { return x * __builtin_amdgcn_rcpf(y); }
 // tanh from one exp2 of a non-positive argument: no inf/inf for large |x|.
 KPT_DEV float kpt_ftanh(float x)
 {

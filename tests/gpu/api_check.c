@@ -192,7 +192,7 @@ static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, i
     if (ncases == (int)(sizeof(cases) / sizeof(cases[0])) || (dt == KPT_DTYPE_F16 && !f16_ok))
         return;
     const char *scalar = strstr(pat, "$w") ? "w=40" : NULL;
-    cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd};
+    cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, 0};
 }
 
 static void build_matrix(bool full, const char *scripts, char paths[][512], int *npaths)
@@ -259,7 +259,7 @@ static double bench_one(kpt_context *c, const char *pat, kpt_dtype dt, int B, in
     kpt_pattern *p = load(pat, d);
     kpt_kernel *k = NULL;
     kpt_kernel_desc desc = {.dtype = dt, .head_dim = D};
-    gcase gc = {pat, dt, D, D, B, H, H, S, S, NULL, false};
+    gcase gc = {pat, dt, D, D, B, H, H, S, S, NULL, false, 0};
     size_t n = (size_t)B * H * S * D * (size_t)kpt_dtype_size(dt);
     kpt_buffer *q = NULL, *kv = NULL, *o = NULL;
     double ms[6] = {-1};

@@ -22,6 +22,7 @@ typedef struct gcase {
     int B, Hq, Hkv, Sq, Skv;
     const char *scalar; /* "name=value" or NULL */
     bool bshd;
+    double scale; /* the softmax scale; 0: the default, 1/sqrt(Dqk) */
 } gcase;
 
 /* A [B, H, S, D] tensor, bhsd or bshd. */
@@ -188,7 +189,7 @@ static bool check_inputs_make(const gcase *c, const kpt_pattern *p, uint64_t see
         .o = tensor4(in->ref_o, KPT_DTYPE_F64, c, c->Hq, c->Sq, c->dv),
         .lse = kpt_tensor_contiguous(in->ref_l, KPT_DTYPE_F64, 3, (int64_t[]){c->B, c->Hq, c->Sq}),
         .scalars = c->scalar ? &in->sv : NULL, .num_scalars = c->scalar ? 1 : 0,
-        .aux = in->host_aux, .num_aux = p->num_aux,
+        .aux = in->host_aux, .num_aux = p->num_aux, .scale = c->scale,
     };
     kpt_diag d = {0};
     if (kpt_reference_attention(p, &in->ref, &d)) {

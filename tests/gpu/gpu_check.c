@@ -196,11 +196,29 @@ out:
 static int ncases;
 static gcase cases[4096];
 
+static void add_scaled(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, int Hkv,
+                       int Sq, int Skv, const char *scalar, bool bshd, double scale)
+{
+    if (ncases < 4096)
+        cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, scale};
+}
+
 static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, int Hkv, int Sq,
                 int Skv, const char *scalar, bool bshd)
 {
-    if (ncases < 4096)
-        cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd};
+    add_scaled(pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, 0);
+}
+
+/* Negative and unusual scales: without a score mod the kernel folds the scale into the
+ * exponent and negates Q for a negative one (templates/cuda/attention.cu). */
+static void add_scales(void)
+{
+    static const char *const sp[] = {"full", "causal", "softcap(20)", "sliding_window(100)"};
+    for (int i = 0; i < 4; i++) {
+        add_scaled(sp[i], KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 300, 333, NULL, false, -0.09);
+        add_scaled(sp[i], KPT_DTYPE_F16, 64, 64, 1, 2, 1, 129, 1000, NULL, true, -0.2);
+        add_scaled(sp[i], KPT_DTYPE_BF16, 64, 128, 1, 2, 2, 1000, 17, NULL, false, 0.5);
+    }
 }
 
 /* Every .lua of dir, over dtypes, head dims 64/128, GQA and MHA, odd and unequal lengths. */
@@ -236,6 +254,8 @@ static void build_matrix(bool quick)
             add(qp[i], KPT_DTYPE_BF16, 64, 64, 1, 4, 1, 200, 333, NULL, false);
             add(qp[i], KPT_DTYPE_F16, 128, 128, 2, 2, 2, 129, 129, NULL, true);
         }
+        add_scaled("full", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 300, 333, NULL, false, -0.09);
+        add_scaled("causal", KPT_DTYPE_F16, 64, 64, 1, 2, 1, 129, 1000, NULL, true, -0.2);
         return;
     }
     for (int pi = 0; pi < NPAT; pi++)
@@ -263,6 +283,7 @@ static void build_matrix(bool quick)
     add("sliding_window($w=256)", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 1000, 1000, "w=77", false);
     add("sliding_window($w=256)", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 1000, 1000, "w=1", false);
     add("sliding_window($w=256)", KPT_DTYPE_F16, 64, 64, 1, 2, 2, 1000, 1000, "w=5000", false);
+    add_scales();
 }
 
 int main(int argc, char **argv)
@@ -321,6 +342,8 @@ int main(int argc, char **argv)
                kpt_dtype_name(c->dtype), dims, heads, lens_s, r.rel, r.lse_err,
                ok ? "pass" : "FAIL", c->bshd ? " bshd" : "", c->scalar ? " $" : "",
                c->scalar ? c->scalar : "", ok ? "" : "  ");
+        if (c->scale != 0)
+            printf("    (scale %g)\n", c->scale);
         if (!ok)
             printf("    %s\n", r.why);
         fflush(stdout);

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Runs a few benchmark cases a handful of times each, for a profiler to capture (Nsight
+Compute, compute-sanitizer): kpt's kernel and, where SDPA has it, FLASH_ATTENTION's beside it.
+
+    ncu --clock-control none -k regex:'kpt_attention|flash_fwd' --launch-skip 2 \\
+        --launch-count 4 python3 bench/profile_cases.py --lib build-gpu/libkpt.so full causal
+
+Cases are bench/cases.py's (bf16, 16k tokens, H = 2048 / D).
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+import cases  # noqa: E402
+import kpt  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib")
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("patterns", nargs="+")
+    args = ap.parse_args()
+    kpt.library(args.lib)
+    ctx = kpt.Context(backend="cuda")
+    S, D = args.seq, args.dim
+    B, H = max(1, 16384 // S), 2048 // D
+    for name in args.patterns:
+        case = cases.make_case(name, B, S, H)
+        q = torch.randn(B, case.hq, S, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, case.hkv, S, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, case.hkv, S, D, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty_like(q)
+        ker = ctx.kernel(case.pattern(kpt), "bf16", D)
+        stream = torch.cuda.current_stream().cuda_stream
+        bm = None
+        if ker.needs_blockmap:
+            bm = ker.blockmap(q, k, v, o, scalars=case.scalars, aux=case.aux, stream=stream)
+        for _ in range(args.reps):
+            ker(q, k, v, o, scalars=case.scalars, aux=case.aux, blockmap=bm, stream=stream)
+        if case.sdpa in ("plain", "causal"):
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                for _ in range(args.reps):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=case.sdpa == "causal",
+                                                   enable_gqa=case.hq != case.hkv)
+        torch.cuda.synchronize()
+        print(f"{name}: {args.reps} runs of kpt" + (" and flash" if case.sdpa else ""))
+
+
+if __name__ == "__main__":
+    main()
