@@ -6,12 +6,17 @@
 #include "codegen/expr_source.h"
 #include "ir/diag.h"
 
-extern const char kpt_tmpl_cuda_attention[]; /* templates/cuda/attention.cu, embedded */
+/* templates/cuda/: common.cu around one of the attention kernels, embedded */
+extern const char kpt_tmpl_cuda_common[];
+extern const char kpt_tmpl_cuda_attention[];
+extern const char kpt_tmpl_cuda_attention_sm90[];
 
 static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
 {
-    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, sm_%d\n",
-                  kpt_dtype_name(pl->cfg.dtype), pl->cfg.dqk, pl->cfg.dv, pl->cfg.sm);
+    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, sm_%d%s\n",
+                  kpt_dtype_name(pl->cfg.dtype), pl->cfg.dqk, pl->cfg.dv, pl->cfg.sm,
+                  pl->cfg.wgmma ? "a" : "");
+    kpt_sb_printf(sb, "#define KPT_WGMMA %d\n", pl->cfg.wgmma);
     kpt_sb_printf(sb, "#define KPT_BF16 %d\n", pl->cfg.dtype == KPT_DTYPE_BF16);
     kpt_sb_printf(sb, "#define KPT_DQK %d\n#define KPT_DV %d\n", pl->cfg.dqk, pl->cfg.dv);
     kpt_sb_printf(sb, "#define KPT_BM %d\n#define KPT_BN %d\n", pl->bm, pl->bn);
@@ -30,7 +35,10 @@ kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, ch
     kpt_strbuf cfg = {0};
     emit_config(&cfg, plan);
     kpt_status st =
-        kpt_cpp_kernel_source(p, &kpt_dialect_cuda, kpt_tmpl_cuda_attention, &cfg, out, diag);
+        kpt_cpp_kernel_source(p, &kpt_dialect_cuda, kpt_tmpl_cuda_common,
+                              plan->cfg.wgmma ? kpt_tmpl_cuda_attention_sm90
+                                              : kpt_tmpl_cuda_attention,
+                              &cfg, out, diag);
     kpt_sb_free(&cfg);
     return st;
 }

@@ -37,7 +37,8 @@ kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_di
 }
 
 kpt_status kpt_cpp_kernel_source(const kpt_pattern *p, const kpt_c_dialect *d, const char *tmpl,
-                                 const kpt_strbuf *config, char **out, kpt_diag *diag)
+                                 const char *kernel, const kpt_strbuf *config, char **out,
+                                 kpt_diag *diag)
 {
     kpt_strbuf expr = {0}, src = {0};
     kpt_status st = kpt_expr_source(&expr, p, d, diag);
@@ -45,8 +46,9 @@ kpt_status kpt_cpp_kernel_source(const kpt_pattern *p, const kpt_c_dialect *d, c
     if (!st && (config->failed || expr.failed)) {
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%s codegen)", d->name);
     } else if (!st) {
-        const kpt_hole holes[] = {{"CONFIG", config->data}, {"EXPR", expr.data}};
-        if (!kpt_template_fill(&src, tmpl, holes, 2, err, sizeof(err)))
+        const kpt_hole holes[] = {{"CONFIG", config->data}, {"EXPR", expr.data},
+                                  {"KERNEL", kernel}};
+        if (!kpt_template_fill(&src, tmpl, holes, kernel ? 3 : 2, err, sizeof(err)))
             st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "%s template: %s", d->name, err);
     }
     kpt_sb_free(&expr);

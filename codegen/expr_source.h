@@ -14,9 +14,11 @@
 kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_dialect *d,
                            kpt_diag *diag);
 
-/* A whole C++ kernel source: `tmpl` (a target's template, holes CONFIG and EXPR) filled with
- * `config` and the fragment above in dialect `d`. Returns malloc'ed source in *out. */
+/* A whole C++ kernel source: `tmpl` (a target's template, holes CONFIG and EXPR, and KERNEL
+ * when `kernel` is not NULL) filled with `config`, the fragment above in dialect `d` and the
+ * kernel text. Returns malloc'ed source in *out. */
 kpt_status kpt_cpp_kernel_source(const kpt_pattern *p, const kpt_c_dialect *d, const char *tmpl,
-                                 const kpt_strbuf *config, char **out, kpt_diag *diag);
+                                 const char *kernel, const kpt_strbuf *config, char **out,
+                                 kpt_diag *diag);
 
 #endif

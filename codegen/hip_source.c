@@ -27,7 +27,7 @@ kpt_status kpt_hip_source(const kpt_pattern *p, const kpt_kernel_plan *plan, cha
     kpt_strbuf cfg = {0};
     emit_config(&cfg, plan);
     kpt_status st =
-        kpt_cpp_kernel_source(p, &kpt_dialect_hip, kpt_tmpl_hip_attention, &cfg, out, diag);
+        kpt_cpp_kernel_source(p, &kpt_dialect_hip, kpt_tmpl_hip_attention, NULL, &cfg, out, diag);
     kpt_sb_free(&cfg);
     return st;
 }

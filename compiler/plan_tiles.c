@@ -96,6 +96,22 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
     kpt_status st = plan_mask(p, &pl, diag);
     if (st)
         return st;
+    /* sm_90a (templates/cuda/attention_sm90.cu): two warpgroups of 64 rows, 128-key tiles, two
+     * stages of swizzled K and V; head dims 64 and 128 (the 128-byte swizzle atoms are 64
+     * elements wide). Other shape classes take the sm_80 kernel. */
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && (cfg->dqk == 64 || cfg->dqk == 128) &&
+                   (cfg->dv == 64 || cfg->dv == 128);
+    if (pl.cfg.wgmma) {
+        pl.warps = 8;
+        pl.mt = 1;
+        pl.bm = 128;
+        pl.bn = 128;
+        pl.q_in_regs = false;
+        pl.smem_bytes = 1024 + 2 * ((size_t)pl.bm * (size_t)cfg->dqk +
+                                    (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv));
+        *out = pl;
+        return KPT_OK;
+    }
     if (dmax <= 64) {
         pl.mt = 2;
         pl.bn = 64;

@@ -18,6 +18,8 @@ typedef struct kpt_kernel_config {
     kpt_dtype dtype; /* F16 or BF16 */
     int dqk, dv;     /* head dims */
     int sm;          /* target compute capability times ten: 80, 86, 89, 90 */
+    bool wgmma;      /* sm_90a: the Hopper kernel (wgmma); sm is 90. The planner clears it for
+                        shape classes that kernel does not cover (they take the sm_80 kernel) */
     int gfx;         /* AMD targets: the gfx name's digits as hex (0x90a, 0x940, 0x942); else 0 */
     bool coopmat;    /* Vulkan: the device has 16x16x16 f16 cooperative matrices (NV), subgroups
                         of 32 and shaderFloat16; f16 kernels then use them where they fit */

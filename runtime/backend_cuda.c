@@ -33,6 +33,7 @@ static kpt_status cuda_generate(kpt_backend *b, const kpt_pattern *p, const kpt_
 {
     kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
                              .sm = cb(b)->sm};
+    cfg.wgmma = !b->offline && kpt_cuda_wgmma_enabled(cb(b)->dev.sm, cfg.sm);
     return kpt_cuda_generate(p, &cfg, b->offline ? 0 : cb(b)->dev.smem_optin, plan, source, diag);
 }
 
@@ -40,7 +41,8 @@ static kpt_status cuda_compile(kpt_backend *b, const char *source, const kpt_ker
                                void **binary, size_t *size, kpt_diag *diag)
 {
     kpt_nvrtc_output nv = {0};
-    kpt_status st = kpt_nvrtc_compile(source, plan->cfg.sm, true, false, &nv, diag);
+    kpt_status st =
+        kpt_nvrtc_compile(source, plan->cfg.sm, plan->cfg.wgmma, true, false, &nv, diag);
     if (!st) {
         *binary = nv.cubin;
         *size = nv.cubin_size;

@@ -12,6 +12,12 @@
 #include "runtime/cuda_backend.h"
 #include "runtime/nvrtc.h"
 
+bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
+{
+    const char *e = getenv("KPT_CUDA_WGMMA");
+    return device_sm == 90 && target_sm == 90 && e && !strcmp(e, "1");
+}
+
 int kpt_cuda_target_sm(const char *t)
 {
     static const char *const known[] = {"cuda:sm_80", "cuda:sm_86", "cuda:sm_89", "cuda:sm_90"};
@@ -147,6 +153,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     kpt_kernel_config c = *cfg;
     if (!c.sm)
         c.sm = dev->sm >= 90 ? 90 : dev->sm;
+    c.wgmma = c.wgmma || kpt_cuda_wgmma_enabled(dev->sm, c.sm);
     double t0 = kpt_now_ms();
     kpt_kernel_plan plan;
     char *src = NULL;
@@ -154,7 +161,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     double codegen_ms = kpt_now_ms() - t0;
     kpt_nvrtc_output nv = {0};
     if (!st)
-        st = kpt_nvrtc_compile(src, c.sm, true, true, &nv, diag);
+        st = kpt_nvrtc_compile(src, c.sm, plan.cfg.wgmma, true, true, &nv, diag);
     free(src);
     if (!st)
         st = kpt_cuda_kernel_load(dev, p, &plan, nv.cubin, out, diag);

@@ -34,6 +34,11 @@ typedef struct kpt_cuda_kernel {
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
 } kpt_cuda_kernel;
 
+/* Whether kernels for a device of compute capability `device_sm` compiled for `target_sm` use
+ * the sm_90a (wgmma) kernel: opt-in with KPT_CUDA_WGMMA=1 until that kernel has passed the GPU
+ * checks on an H100 (docs/architecture.md). */
+bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm);
+
 /* "cuda:sm_80" -> 80: the targets kpt compiles for (80, 86, 89, 90); -1 for anything else. */
 int kpt_cuda_target_sm(const char *target);
 

@@ -135,8 +135,8 @@ static char *program_log(nvrtcProgram prog)
     return log;
 }
 
-kpt_status kpt_nvrtc_compile(const char *src, int sm, bool cubin, bool ptxas_verbose,
-                             kpt_nvrtc_output *out, kpt_diag *diag)
+kpt_status kpt_nvrtc_compile(const char *src, int sm, bool arch_specific, bool cubin,
+                             bool ptxas_verbose, kpt_nvrtc_output *out, kpt_diag *diag)
 {
     memset(out, 0, sizeof(*out));
     kpt_status st = ensure_loaded(diag);
@@ -144,7 +144,8 @@ kpt_status kpt_nvrtc_compile(const char *src, int sm, bool cubin, bool ptxas_ver
         return st;
     char arch[64];
     /* compute_XX yields PTX only; sm_XX yields PTX and CUBIN. */
-    snprintf(arch, sizeof(arch), "--gpu-architecture=%s_%d", cubin ? "sm" : "compute", sm);
+    snprintf(arch, sizeof(arch), "--gpu-architecture=%s_%d%s", cubin ? "sm" : "compute", sm,
+             arch_specific ? "a" : "");
     const char *opts[] = {arch, "--std=c++17", "--device-as-default-execution-space",
                           "--ptxas-options=-v"};
     int nopts = ptxas_verbose && cubin ? 4 : 3;

@@ -17,11 +17,12 @@ typedef struct kpt_nvrtc_output {
     double ms;        /* wall time of the compilation */
 } kpt_nvrtc_output;
 
-/* Compiles `src` for sm_`sm` (80, 86, 89, 90). With `cubin` the output holds machine code too;
+/* Compiles `src` for sm_`sm` (80, 86, 89, 90; with `arch_specific`, sm_90a: the wgmma kernel).
+ * With `cubin` the output holds machine code too;
  * with `ptxas_verbose` the log holds ptxas's register, spill and shared-memory figures. On a
  * compilation error the status is KPT_ERR_COMPILE and the diag holds the start of the log. */
-kpt_status kpt_nvrtc_compile(const char *src, int sm, bool cubin, bool ptxas_verbose,
-                             kpt_nvrtc_output *out, kpt_diag *diag);
+kpt_status kpt_nvrtc_compile(const char *src, int sm, bool arch_specific, bool cubin,
+                             bool ptxas_verbose, kpt_nvrtc_output *out, kpt_diag *diag);
 void kpt_nvrtc_output_free(kpt_nvrtc_output *out);
 
 /* NVRTC's version as major * 1000 + minor * 10 (13000 for 13.0), or a negative status when the

@@ -18,6 +18,7 @@
 #include "codegen/cuda_source.h"
 #include "codegen/template.h"
 #include "compiler/plan_tiles.h"
+#include "ir/diag.h"
 #include "runtime/nvrtc.h"
 
 static void test_template_fill(void **state)
@@ -116,6 +117,19 @@ static void test_plan_refuses(void **state)
     assert_non_null(strstr(d.message, "Dqk = 80"));
     kpt_kernel_config bad_dt = {.dtype = KPT_DTYPE_F32, .dqk = 64, .dv = 64, .sm = 80};
     assert_int_equal(kpt_plan_tiles(p, &bad_dt, &plan, &d), KPT_ERR_UNSUPPORTED);
+    /* sm_90a covers head dims 64 and 128; others fall back to the sm_80 kernel */
+    kpt_kernel_config a96 = {.dtype = KPT_DTYPE_BF16, .dqk = 96, .dv = 96, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles(p, &a96, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
+    assert_int_equal(plan.warps, 4);
+    kpt_kernel_config a128 = {.dtype = KPT_DTYPE_F16, .dqk = 128, .dv = 64, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles(p, &a128, &plan, &d), KPT_OK);
+    assert_true(plan.cfg.wgmma);
+    assert_int_equal(plan.warps, 8);
+    assert_int_equal(plan.bm, 128);
+    kpt_kernel_config a80 = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 80, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles(p, &a80, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
     kpt_kernel_config old = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 75};
     assert_int_equal(kpt_plan_tiles(p, &old, &plan, &d), KPT_ERR_UNSUPPORTED);
     kpt_pattern_destroy(&p);
@@ -132,7 +146,9 @@ static const char *const patterns[] = {
 static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 256}, {128, 64},
                               {64, 128}};
 #define NDIM (sizeof(dims) / sizeof(dims[0]))
-#define NJOBS (NPAT * 2 * NDIM * 2)
+/* sm_90a (the wgmma kernel) covers head dims 64 and 128: these entries of dims[] */
+static const int wgmma_dims[] = {1, 3, 5, 6};
+#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * 4)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
 #define MAX_SCRIPTS 32
@@ -142,15 +158,16 @@ static const int script_dims[] = {1 /* 64 */, 3 /* 128 */};
 
 typedef struct job {
     int pat, dt, dim, sm;
+    bool wgmma;  /* cuda:sm_90a */
     int script; /* index into scripts, or -1 */
     kpt_status st;
-    bool mma, ldmatrix, cp_async, cubin;
+    bool mma, ldmatrix, cp_async, cubin, wgmma_ptx;
     long spill_bytes;
     double ms;
     char msg[1100];
 } job;
 
-static job jobs[NJOBS + MAX_SCRIPTS * 4];
+static job jobs[NJOBS + MAX_SCRIPTS * 6];
 static int next_job, njobs;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -183,20 +200,24 @@ static void *worker(void *arg)
         kpt_kernel_plan plan;
         char *src = NULL;
         kpt_kernel_config cfg = {.dtype = j->dt ? KPT_DTYPE_F16 : KPT_DTYPE_BF16,
-                                 .dqk = dims[j->dim][0], .dv = dims[j->dim][1], .sm = j->sm};
+                                 .dqk = dims[j->dim][0], .dv = dims[j->dim][1], .sm = j->sm,
+                                 .wgmma = j->wgmma};
         if (j->script >= 0)
             j->st = kpt_pattern_from_lua_file(scripts[j->script], NULL, &p, &d);
         else
             j->st = kpt_pattern_parse(patterns[j->pat], &p, &d);
         if (!j->st)
             j->st = kpt_plan_tiles(p, &cfg, &plan, &d);
+        if (!j->st && plan.cfg.wgmma != j->wgmma)
+            j->st = kpt_diag_set(&d, KPT_ERR_INTERNAL, "the plan did not keep sm_90a");
         if (!j->st)
             j->st = kpt_cuda_source(p, &plan, &src, &d);
         kpt_nvrtc_output out = {0};
         if (!j->st)
-            j->st = kpt_nvrtc_compile(src, j->sm, true, true, &out, &d);
+            j->st = kpt_nvrtc_compile(src, j->sm, j->wgmma, true, true, &out, &d);
         if (!j->st) {
             j->mma = strstr(out.ptx, "mma.sync.aligned.m16n8k16.row.col.f32") != NULL;
+            j->wgmma_ptx = strstr(out.ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32") != NULL;
             j->ldmatrix = strstr(out.ptx, "ldmatrix.sync.aligned") != NULL;
             j->cp_async = strstr(out.ptx, "cp.async.cg.shared.global") != NULL;
             j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
@@ -226,10 +247,16 @@ static void test_nvrtc_matrix(void **state)
                 for (int a = 0; a < 2; a++)
                     jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = (int)dim, .sm = a ? 90 : 80,
                                       .script = -1};
+    for (size_t p = 0; p < NPAT; p++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int dim = 0; dim < 4; dim++)
+                jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = wgmma_dims[dim], .sm = 90,
+                                  .wgmma = true, .script = -1};
     for (int sc = 0; sc < nscripts; sc++)
         for (int dim = 0; dim < 2; dim++)
-            for (int a = 0; a < 2; a++)
-                jobs[n++] = (job){.dim = script_dims[dim], .sm = a ? 90 : 80, .script = sc};
+            for (int a = 0; a < 3; a++)
+                jobs[n++] = (job){.dim = script_dims[dim], .sm = a ? 90 : 80, .wgmma = a == 2,
+                                  .script = sc};
     njobs = n;
     const char *env = getenv("KPT_TEST_JOBS");
     int nthreads = env ? atoi(env) : 4;
@@ -246,12 +273,20 @@ static void test_nvrtc_matrix(void **state)
         job *j = &jobs[i];
         const char *what = j->script >= 0 ? scripts[j->script] : patterns[j->pat];
         if (j->st)
-            fail_msg("%s %s %d/%d sm_%d: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
-                     dims[j->dim][1], j->sm, j->msg);
-        assert_true(j->mma);
-        assert_true(j->ldmatrix);
+            fail_msg("%s %s %d/%d sm_%d%s: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
+                     dims[j->dim][1], j->sm, j->wgmma ? "a" : "", j->msg);
+        if (j->wgmma) {
+            assert_true(j->wgmma_ptx); /* warpgroup MMAs, not mma.sync */
+            assert_false(j->mma);
+        } else {
+            assert_true(j->mma);
+            assert_true(j->ldmatrix);
+        }
         assert_true(j->cp_async);
         assert_true(j->cubin);
+        /* the sm_90a kernel's full and causal compile without spills at every head dim */
+        if (j->wgmma && j->script < 0 && j->pat <= 1)
+            assert_int_equal(j->spill_bytes, 0);
         /* the main configurations of the head dims up to 64 compile without spills */
         if (j->script < 0 && j->pat <= 1 && dims[j->dim][0] <= 64 && dims[j->dim][1] <= 64)
             assert_int_equal(j->spill_bytes, 0);
@@ -259,9 +294,10 @@ static void test_nvrtc_matrix(void **state)
         if (j->ms > max_ms)
             max_ms = j->ms;
     }
-    print_message("NVRTC %d.%d: %d kernels compiled to PTX+CUBIN, %d scripts' among them "
-                  "(slowest %.0f ms); %d with ptxas spills (see docs/architecture.md)\n",
-                  ver / 1000, ver % 1000 / 10, n, nscripts * 4, max_ms, spilling);
+    print_message("NVRTC %d.%d: %d kernels compiled to PTX+CUBIN (sm_80, sm_90, sm_90a), %d "
+                  "scripts' among them (slowest %.0f ms); %d with ptxas spills (see "
+                  "docs/architecture.md)\n",
+                  ver / 1000, ver % 1000 / 10, n, nscripts * 6, max_ms, spilling);
 }
 
 static int compare_paths(const void *a, const void *b)

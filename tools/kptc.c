@@ -61,7 +61,8 @@ static const char usage_text[] =
     "                                or pipe\n"
     "      --dump-after STAGE        print the IR after STAGE: parse, opt_fold, opt_simplify, all\n"
     "      --target T                cuda:sm_80 (default for cuda), cuda:sm_86, cuda:sm_89,\n"
-    "                                cuda:sm_90; spirv (default for glsl and spirv);\n"
+    "                                cuda:sm_90; cuda:sm_90a (the wgmma kernel, experimental);\n"
+    "                                spirv (default for glsl and spirv);\n"
     "                                hip:gfx90a (default for hip), hip:gfx940, hip:gfx942;\n"
     "                                spirv:coopmat (Vulkan, cooperative-matrix kernel)\n"
     "      --head-dim D[,Dv]         head dims (default 128): 32, 64, 96, 128, 256 (CUDA, HIP);\n"
@@ -359,9 +360,13 @@ static int parse_head_dims(const char *s, int *dqk, int *dv)
 static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
 {
     kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .sm = 80};
-    if (o->target && (cfg.sm = kpt_cuda_target_sm(o->target)) < 0)
-        return usage_error("--target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89 or cuda:sm_90",
-                           o->target);
+    if (o->target && !strcmp(o->target, "cuda:sm_90a")) {
+        cfg.sm = 90; /* the Hopper kernel (wgmma) where the head dims allow it */
+        cfg.wgmma = true;
+    } else if (o->target && (cfg.sm = kpt_cuda_target_sm(o->target)) < 0) {
+        return usage_error("--target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89, "
+                           "cuda:sm_90 or cuda:sm_90a", o->target);
+    }
     if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
         return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
     if (o->dtype) {
@@ -384,7 +389,8 @@ static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
     }
     bool cubin = !strcmp(what, "cubin");
     kpt_nvrtc_output out;
-    st = kpt_nvrtc_compile(src, cfg.sm, cubin || o->verbose, o->verbose != NULL, &out, &d);
+    st = kpt_nvrtc_compile(src, cfg.sm, plan.cfg.wgmma, cubin || o->verbose, o->verbose != NULL,
+                           &out, &d);
     free(src);
     if (st) {
         kpt_nvrtc_output_free(&out);
@@ -392,7 +398,8 @@ static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
         return 1;
     }
     if (o->verbose)
-        fprintf(stderr, "kptc: NVRTC %.1f ms for sm_%d\n%s", out.ms, cfg.sm, out.log ? out.log : "");
+        fprintf(stderr, "kptc: NVRTC %.1f ms for sm_%d%s\n%s", out.ms, cfg.sm,
+                plan.cfg.wgmma ? "a" : "", out.log ? out.log : "");
     int rc = 0;
     if (cubin) {
         if (isatty(fileno(stdout))) {
