@@ -202,30 +202,12 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1) kpt_attention(const
     const u16 *gK = (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1];
     const u16 *gV = (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1];
 
+    // The kv tiles that may hold a kept pair lie in [lo, hi].
     int lo = 0, hi = A.n_kt - 1;
 #if KPT_HAS_MASK
     __shared__ int s_lo, s_hi;
     __shared__ unsigned char s_cls[KPT_CLS_CAP];
-    if (tid == 0) { s_lo = A.n_kt; s_hi = -1; }
-    __syncthreads();
-    {
-        int my_lo = A.n_kt, my_hi = -1;
-        for (int t = tid; t < A.n_kt; t += KPT_THREADS) {
-            const int c = kpt_tile_class(A, b, h, qt, q0, q1, t);
-            if (t < KPT_CLS_CAP) s_cls[t] = (unsigned char)c;
-            if (c != 0) {
-                my_lo = min(my_lo, t);
-                my_hi = t;
-            }
-        }
-        if (my_hi >= 0) {
-            atomicMin(&s_lo, my_lo);
-            atomicMax(&s_hi, my_hi);
-        }
-    }
-    __syncthreads();
-    lo = s_lo;
-    hi = s_hi;
+    kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
 #endif
 
     float O[KPT_DV / 8][4];
@@ -414,25 +396,6 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1) kpt_attention(const
     }
     kpt_cp_wait<0>();
 
-    // Epilogue: normalise, write O (and LSE). Rows with nothing kept give O = 0, LSE = -inf.
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const int qi = q0 + wrow + (lane >> 2) + r * 8;
-        if (qi >= A.Sq) continue;
-        u16 *go = (u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)qi * A.os[2];
-#pragma unroll
-        for (int n = 0; n < KPT_DV / 8; n++) {
-            const int d = n * 8 + (lane & 3) * 2;
-            *(u32 *)(go + d) = kpt_pack(O[n][2 * r] * inv, O[n][2 * r + 1] * inv);
-        }
-        if (A.lse && (lane & 3) == 0) {
-            float *gl = (float *)A.lse;
-            gl[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] =
-                sum > 0.0f ? (m[r] + __log2f(sum)) * KPT_LN2 : KPT_NINF;
-        }
-    }
+    // Epilogue: normalise, write O (and LSE).
+    kpt_store_rows(A, b, h, q0 + wrow, lane, O, m, l);
 }

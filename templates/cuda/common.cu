@@ -164,6 +164,69 @@ __device__ __forceinline__ int kpt_tile_class(const kpt_args &A, int b, int h, i
 #endif
 }
 
+#if KPT_HAS_MASK
+// The kv tiles of this CTA that may hold a kept pair lie in [lo, hi]: every thread classifies a
+// share. The classes of the first KPT_CLS_CAP tiles are kept in `cls` (shared memory), so the kv
+// loop reads a byte instead of re-running the interval code while the accumulators hold
+// registers. Every thread of the CTA calls it (it synchronises).
+__device__ __forceinline__ void kpt_live_tiles(const kpt_args &A, int b, int h, int qt, int q0,
+                                               int q1, unsigned char *cls, int *s_lo, int *s_hi,
+                                               int &lo, int &hi)
+{
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        *s_lo = A.n_kt;
+        *s_hi = -1;
+    }
+    __syncthreads();
+    int my_lo = A.n_kt, my_hi = -1;
+    for (int t = tid; t < A.n_kt; t += KPT_THREADS) {
+        const int c = kpt_tile_class(A, b, h, qt, q0, q1, t);
+        if (t < KPT_CLS_CAP) cls[t] = (unsigned char)c;
+        if (c != 0) {
+            my_lo = min(my_lo, t);
+            my_hi = t;
+        }
+    }
+    if (my_hi >= 0) {
+        atomicMin(s_lo, my_lo);
+        atomicMax(s_hi, my_hi);
+    }
+    __syncthreads();
+    lo = *s_lo;
+    hi = *s_hi;
+}
+#endif
+
+// Normalises and writes one m16 row block of O, and its LSE: this thread's rows row0 + lane / 4
+// and row0 + lane / 4 + 8 (the mma.sync / wgmma accumulator layout). Rows with nothing kept give
+// O = 0 and LSE = -inf.
+__device__ __forceinline__ void kpt_store_rows(const kpt_args &A, int b, int h, int row0,
+                                               int lane, const float (&O)[KPT_DV / 8][4],
+                                               const float *m, const float *l)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int qi = row0 + (lane >> 2) + r * 8;
+        if (qi >= A.Sq) continue;
+        u16 *go = (u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)qi * A.os[2];
+#pragma unroll
+        for (int n = 0; n < KPT_DV / 8; n++) {
+            const int d = n * 8 + (lane & 3) * 2;
+            *(u32 *)(go + d) = kpt_pack(O[n][2 * r] * inv, O[n][2 * r + 1] * inv);
+        }
+        if (A.lse && (lane & 3) == 0) {
+            float *gl = (float *)A.lse;
+            gl[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] =
+                sum > 0.0f ? (m[r] + __log2f(sum)) * KPT_LN2 : KPT_NINF;
+        }
+    }
+}
+
 @KERNEL@
 #if KPT_HAS_BLOCKMAP
 // The block map of a data-dependent mask: one byte per (q tile, kv tile), 0 empty, 1 partial,
