@@ -219,68 +219,22 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
                             S[mt][n][e] = KPT_NINF;
         }
 
-        // Online softmax in base 2: p = 2^(s*sc - m), m the running row max in log2 units.
-        // First the new maxima and the factors alpha that rescale what was summed before.
+        // Online softmax in base 2. Once the row maxima settle, most tiles leave every row max
+        // of the warp unchanged: alpha is exactly 1 and the rescale of O is skipped (a
+        // warp-uniform branch).
         float alpha[KPT_MT][2];
         bool grew = false;
 #pragma unroll
         for (int mt = 0; mt < KPT_MT; mt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                // pairwise trees, not serial chains: log2 dependent steps instead of BN / 4
-                float t[KPT_BN / 8];
-#pragma unroll
-                for (int n = 0; n < KPT_BN / 8; n++)
-                    t[n] = fmaxf(S[mt][n][2 * r], S[mt][n][2 * r + 1]);
-#pragma unroll
-                for (int w = KPT_BN / 16; w > 0; w >>= 1)
-#pragma unroll
-                    for (int i = 0; i < w; i++)
-                        t[i] = fmaxf(t[i], t[i + w]);
-                float mx = t[0];
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[mt][r], mx * sc);
-                const float muse = mnew == KPT_NINF ? 0.0f : mnew; // no -inf - -inf
-                alpha[mt][r] = kpt_ex2(m[mt][r] - muse);
-                grew = grew || alpha[mt][r] != 1.0f;
-                m[mt][r] = mnew;
-                l[mt][r] *= alpha[mt][r]; // per-thread partial sums; quad-reduced at the end
-            }
-        // Once the row maxima settle, most tiles leave every row max of the warp unchanged:
-        // alpha is exactly 1 and the rescale of O is skipped (a warp-uniform branch).
+            grew = kpt_softmax_max(S[mt], m[mt], l[mt], sc, alpha[mt]) || grew;
         if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
             for (int mt = 0; mt < KPT_MT; mt++)
-#pragma unroll
-                for (int n = 0; n < KPT_DV / 8; n++) {
-                    O[mt][n][0] *= alpha[mt][0];
-                    O[mt][n][1] *= alpha[mt][0];
-                    O[mt][n][2] *= alpha[mt][1];
-                    O[mt][n][3] *= alpha[mt][1];
-                }
+                kpt_rescale_rows(O[mt], alpha[mt]);
         }
 #pragma unroll
         for (int mt = 0; mt < KPT_MT; mt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float muse = m[mt][r] == KPT_NINF ? 0.0f : m[mt][r];
-                float t[KPT_BN / 8];
-#pragma unroll
-                for (int n = 0; n < KPT_BN / 8; n++) {
-                    const float p0 = kpt_ex2(fmaf(S[mt][n][2 * r], sc, -muse));
-                    const float p1 = kpt_ex2(fmaf(S[mt][n][2 * r + 1], sc, -muse));
-                    S[mt][n][2 * r] = p0;
-                    S[mt][n][2 * r + 1] = p1;
-                    t[n] = p0 + p1;
-                }
-#pragma unroll
-                for (int w = KPT_BN / 16; w > 0; w >>= 1)
-#pragma unroll
-                    for (int i = 0; i < w; i++)
-                        t[i] += t[i + w];
-                l[mt][r] += t[0];
-            }
+            kpt_softmax_exp(S[mt], m[mt], l[mt], sc);
 
         // O += P V, P repacked from the score registers as A fragments.
 #pragma unroll

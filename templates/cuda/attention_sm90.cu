@@ -134,27 +134,6 @@ __device__ __forceinline__ void kpt_fence_proxy_async()
 #define kpt_wgmma_regs_o kpt_wgmma_regs_n64
 #endif
 
-// t[0] op ... op t[N-1] as a pairwise tree (N a power of two). The inner bound is a constant
-// so both loops unroll fully and t stays in registers.
-template <int N> __device__ __forceinline__ float kpt_tree_max(float *t)
-{
-#pragma unroll
-    for (int w = N / 2; w > 0; w >>= 1)
-#pragma unroll
-        for (int i = 0; i < N / 2; i++)
-            if (i < w) t[i] = fmaxf(t[i], t[i + w]);
-    return t[0];
-}
-template <int N> __device__ __forceinline__ float kpt_tree_sum(float *t)
-{
-#pragma unroll
-    for (int w = N / 2; w > 0; w >>= 1)
-#pragma unroll
-        for (int i = 0; i < N / 2; i++)
-            if (i < w) t[i] += t[i + w];
-    return t[0];
-}
-
 // A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and
 // stride byte offsets (each stored divided by 16), swizzle mode 1 in bits 62-63.
 __device__ __forceinline__ u64 kpt_sw128_desc(u32 addr, u32 lbo, u32 sbo)
@@ -328,48 +307,11 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1) kpt_attention(const
                     if (!((keep >> (n * 4 + e)) & 1)) S[n][e] = KPT_NINF;
         }
 
-        // online softmax in base 2, as in the sm_80 kernel
+        // online softmax in base 2, the O rescale skipped when no row max of the warp grew
         float alpha[2];
-        bool grew = false;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float t[KPT_BN / 8];
-#pragma unroll
-            for (int n = 0; n < KPT_BN / 8; n++)
-                t[n] = fmaxf(S[n][2 * r], S[n][2 * r + 1]);
-            float mx = kpt_tree_max<KPT_BN / 8>(t);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(m[r], mx * sc);
-            const float muse = mnew == KPT_NINF ? 0.0f : mnew;
-            alpha[r] = kpt_ex2(m[r] - muse);
-            grew = grew || alpha[r] != 1.0f;
-            m[r] = mnew;
-            l[r] *= alpha[r];
-        }
-        if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-            for (int n = 0; n < KPT_DV / 8; n++) {
-                O[n][0] *= alpha[0];
-                O[n][1] *= alpha[0];
-                O[n][2] *= alpha[1];
-                O[n][3] *= alpha[1];
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const float muse = m[r] == KPT_NINF ? 0.0f : m[r];
-            float t[KPT_BN / 8];
-#pragma unroll
-            for (int n = 0; n < KPT_BN / 8; n++) {
-                const float p0 = kpt_ex2(fmaf(S[n][2 * r], sc, -muse));
-                const float p1 = kpt_ex2(fmaf(S[n][2 * r + 1], sc, -muse));
-                S[n][2 * r] = p0;
-                S[n][2 * r + 1] = p1;
-                t[n] = p0 + p1;
-            }
-            l[r] += kpt_tree_sum<KPT_BN / 8>(t);
-        }
+        if (__any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha)))
+            kpt_rescale_rows(O, alpha);
+        kpt_softmax_exp(S, m, l, sc);
 
         // O += P V: P from registers (the A-fragment layout), V N-major from shared memory; the
         // leading byte offset steps over 64-column blocks of V, the stride over 8-row groups

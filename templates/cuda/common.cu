@@ -198,6 +198,84 @@ __device__ __forceinline__ void kpt_live_tiles(const kpt_args &A, int b, int h, 
 }
 #endif
 
+// t[0] op ... op t[N-1] as a pairwise tree (N a power of two). The inner bound is a constant
+// so both loops unroll fully and t stays in registers.
+template <int N> __device__ __forceinline__ float kpt_tree_max(float *t)
+{
+#pragma unroll
+    for (int w = N / 2; w > 0; w >>= 1)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++)
+            if (i < w) t[i] = fmaxf(t[i], t[i + w]);
+    return t[0];
+}
+template <int N> __device__ __forceinline__ float kpt_tree_sum(float *t)
+{
+#pragma unroll
+    for (int w = N / 2; w > 0; w >>= 1)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++)
+            if (i < w) t[i] += t[i + w];
+    return t[0];
+}
+
+// The online softmax in base 2 over one m16 row block of scores (this thread's rows r = 0, 1:
+// lane / 4 and lane / 4 + 8): p = 2^(s * sc - m), m the running row max in log2 units.
+// kpt_softmax_max takes the new maxima and the factors alpha that rescale what was summed
+// before (l is rescaled here, O by the caller); it returns whether some alpha is not 1.
+__device__ __forceinline__ bool kpt_softmax_max(const float (&S)[KPT_BN / 8][4], float *m,
+                                                float *l, float sc, float *alpha)
+{
+    bool grew = false;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float t[KPT_BN / 8];
+#pragma unroll
+        for (int n = 0; n < KPT_BN / 8; n++)
+            t[n] = fmaxf(S[n][2 * r], S[n][2 * r + 1]);
+        float mx = kpt_tree_max<KPT_BN / 8>(t);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[r], mx * sc);
+        const float muse = mnew == KPT_NINF ? 0.0f : mnew; // no -inf - -inf
+        alpha[r] = kpt_ex2(m[r] - muse);
+        grew = grew || alpha[r] != 1.0f;
+        m[r] = mnew;
+        l[r] *= alpha[r]; // per-thread partial sums; quad-reduced in kpt_store_rows
+    }
+    return grew;
+}
+// The scores become probabilities in place; their row sums are added to l.
+__device__ __forceinline__ void kpt_softmax_exp(float (&S)[KPT_BN / 8][4], const float *m,
+                                                float *l, float sc)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float muse = m[r] == KPT_NINF ? 0.0f : m[r];
+        float t[KPT_BN / 8];
+#pragma unroll
+        for (int n = 0; n < KPT_BN / 8; n++) {
+            const float p0 = kpt_ex2(fmaf(S[n][2 * r], sc, -muse));
+            const float p1 = kpt_ex2(fmaf(S[n][2 * r + 1], sc, -muse));
+            S[n][2 * r] = p0;
+            S[n][2 * r + 1] = p1;
+            t[n] = p0 + p1;
+        }
+        l[r] += kpt_tree_sum<KPT_BN / 8>(t);
+    }
+}
+// O's rows times their alpha.
+__device__ __forceinline__ void kpt_rescale_rows(float (&O)[KPT_DV / 8][4], const float *alpha)
+{
+#pragma unroll
+    for (int n = 0; n < KPT_DV / 8; n++) {
+        O[n][0] *= alpha[0];
+        O[n][1] *= alpha[0];
+        O[n][2] *= alpha[1];
+        O[n][3] *= alpha[1];
+    }
+}
+
 // Normalises and writes one m16 row block of O, and its LSE: this thread's rows row0 + lane / 4
 // and row0 + lane / 4 + 8 (the mma.sync / wgmma accumulator layout). Rows with nothing kept give
 // O = 0 and LSE = -inf.
