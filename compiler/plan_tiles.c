@@ -96,13 +96,14 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
     kpt_status st = plan_mask(p, &pl, diag);
     if (st)
         return st;
-    /* sm_90a (templates/cuda/attention_sm90.cu): two warpgroups of 64 rows, 128-key tiles, two
-     * stages of swizzled K and V; head dims 64 and 128 (the 128-byte swizzle atoms are 64
-     * elements wide). Other shape classes take the sm_80 kernel. */
+    /* sm_90a (templates/cuda/attention_sm90.cu): a producer warpgroup (TMA) and two consumer
+     * warpgroups of 64 rows, 128-key tiles, a ring of two stages of swizzled K and V; head dims
+     * 64 and 128 (the 128-byte swizzle atoms are 64 elements wide). Other shape classes take
+     * the sm_80 kernel. */
     pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && (cfg->dqk == 64 || cfg->dqk == 128) &&
                    (cfg->dv == 64 || cfg->dv == 128);
     if (pl.cfg.wgmma) {
-        pl.warps = 8;
+        pl.warps = 12;
         pl.mt = 1;
         pl.bm = 128;
         pl.bn = 128;

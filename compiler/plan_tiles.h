@@ -28,7 +28,8 @@ typedef struct kpt_kernel_config {
 typedef struct kpt_kernel_plan {
     kpt_kernel_config cfg;
     int bm, bn;        /* q rows and kv rows per tile */
-    int warps, mt;     /* warps per CTA; m16 row blocks per warp (bm = warps * mt * 16) */
+    int warps, mt;     /* warps per CTA; m16 row blocks per warp (bm = warps * mt * 16, but for
+                        * wgmma: 128 rows on two consumer warpgroups, plus the producer) */
     int stages;        /* kv tiles in flight (cp.async ring) */
     bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
     bool has_mask, has_score;

@@ -10,12 +10,13 @@
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_tma.h"
 #include "runtime/nvrtc.h"
 
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
 {
     const char *e = getenv("KPT_CUDA_WGMMA");
-    return device_sm == 90 && target_sm == 90 && e && !strcmp(e, "1");
+    return device_sm == 90 && target_sm == 90 && !(e && !strcmp(e, "0"));
 }
 
 int kpt_cuda_target_sm(const char *t)
@@ -249,6 +250,10 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
     if ((st = kpt_cuda_make_current(k->dev, diag)))
         return st;
     const kpt_cu_api *cu = k->dev->cu;
+    /* the sm_90a kernel reads q, k and v through TMA maps, its second parameter */
+    kpt_kernel_tma tma;
+    if (k->plan.cfg.wgmma && (st = kpt_cuda_tma_pack(cu, &k->plan, &a, &tma, diag)))
+        return st;
     CUdeviceptr tmp = 0;
     if (k->plan.has_blockmap && !map) {
         size_t bytes = kpt_kernel_args_map_bytes(&k->plan, &a);
@@ -263,7 +268,7 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
     } else {
         a.blockmap = map;
     }
-    void *params[] = {&a};
+    void *params[] = {&a, &tma};
     CUresult r = cu->LaunchKernel(k->attention, (unsigned)a.n_qt, (unsigned)a.Hq, (unsigned)a.B,
                                   (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);

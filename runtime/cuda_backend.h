@@ -35,8 +35,9 @@ typedef struct kpt_cuda_kernel {
 } kpt_cuda_kernel;
 
 /* Whether kernels for a device of compute capability `device_sm` compiled for `target_sm` use
- * the sm_90a (wgmma) kernel: opt-in with KPT_CUDA_WGMMA=1 until that kernel has passed the GPU
- * checks on an H100 (docs/architecture.md). */
+ * the sm_90a kernel (TMA, wgmma, warp specialisation): yes on sm_90 devices for sm_90 targets,
+ * unless the environment sets KPT_CUDA_WGMMA=0 (the sm_80 kernel, for comparison or as a way
+ * around a problem). */
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm);
 
 /* "cuda:sm_80" -> 80: the targets kpt compiles for (80, 86, 89, 90); -1 for anything else. */

@@ -54,6 +54,8 @@ static bool bind(void *lib)
     SYM(EventSynchronize, "cuEventSynchronize");
     SYM(EventElapsedTime, "cuEventElapsedTime_v2");
 #undef SYM
+    /* optional: only the sm_90a kernel needs it, and it says so when it is missing */
+    *(void **)&api.TensorMapEncodeTiled = dlsym(lib, "cuTensorMapEncodeTiled");
     return true;
 }
 

@@ -58,6 +58,12 @@ typedef struct kpt_cu_api {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    /* cuTensorMapEncodeTiled (CUDA 12+ drivers; NULL on older ones): the sm_90a kernel's TMA
+     * maps. The enum arguments are ints here; kpt_tensor_map is CUtensorMap's size and
+     * alignment. */
+    CUresult (*TensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
+                                     const uint64_t *, const unsigned *, const unsigned *, int,
+                                     int, int, int);
 } kpt_cu_api;
 
 /* Loads libcuda.so.1 ($KPT_LIBCUDA overrides) and runs cuInit once; thread-safe. Returns NULL

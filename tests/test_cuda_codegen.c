@@ -125,7 +125,7 @@ static void test_plan_refuses(void **state)
     kpt_kernel_config a128 = {.dtype = KPT_DTYPE_F16, .dqk = 128, .dv = 64, .sm = 90, .wgmma = true};
     assert_int_equal(kpt_plan_tiles(p, &a128, &plan, &d), KPT_OK);
     assert_true(plan.cfg.wgmma);
-    assert_int_equal(plan.warps, 8);
+    assert_int_equal(plan.warps, 12);
     assert_int_equal(plan.bm, 128);
     kpt_kernel_config a80 = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 80, .wgmma = true};
     assert_int_equal(kpt_plan_tiles(p, &a80, &plan, &d), KPT_OK);

@@ -1,13 +1,17 @@
-// The sm_90a attention kernel (warpgroup MMA), inserted into templates/cuda/common.cu by
-// codegen/cuda_source.c for cuda:sm_90a.
+// The sm_90a attention kernel (Hopper: TMA, mbarriers, warpgroup MMA, warp specialisation),
+// inserted into templates/cuda/common.cu by codegen/cuda_source.c for cuda:sm_90a.
 //
-// One CTA of two warpgroups owns one (q tile of 128 rows, head, batch row); each warpgroup owns
-// 64 rows and every column of the kv tile, each of its warps 16 rows with the same per-thread
-// layout as the sm_80 kernel's m16 blocks, so masks, score mods and the online softmax are the
-// same code. S = Q K^T and O += P V are wgmma.mma_async: Q, K and V sit in shared memory in the
-// 128-byte-swizzled layout the tensor cores read directly (Q and K as K-major operands, V as an
-// N-major one), P goes from registers. Loads are cp.async into two stages, one tile ahead.
-// Not yet here (issue "Hopper path"): TMA, producer/consumer warp specialisation, ping-pong.
+// One CTA of three warpgroups owns one (q tile of 128 rows, head, batch row). Warpgroup 0 is the
+// producer: it gives most of its registers away (setmaxnreg) and one of its threads issues TMA
+// bulk tensor copies of Q once and of K and V tile by tile into a ring of KPT_STAGES stages in
+// shared memory, each stage completing on an mbarrier ("full") and handed back by the consumers
+// on another ("empty"). Warpgroups 1 and 2 are consumers of 64 rows each: S = Q K^T and O += P V
+// are wgmma.mma_async (Q and K K-major from the 128-byte-swizzled shared tiles TMA writes, P from
+// registers, V as an N-major operand). Within a consumer, the product S of the next kv tile runs
+// while the softmax of the current one does; between the two consumers, named barriers take
+// turns (ping-pong) so one issues its products while the other does its softmax. Each warp holds
+// 16 rows in the sm_80 kernel's m16 accumulator layout, so masks, score mods, the online softmax
+// and the epilogue are the same code (common.cu).
 
 #if KPT_BF16
 #define KPT_WG_T "bf16"
@@ -15,22 +19,6 @@
 #define KPT_WG_T "f16"
 #endif
 
-// D (64 x 64, f32) += A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major)^T;
-// scale_d = 0 ignores D's old value.
-__device__ __forceinline__ void kpt_wgmma_ss_n64(float *d, u64 da, u64 db, int scale_d)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                   , "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                   , "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                   , "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
 // D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
 // B (16 x 64, shared, MN-major: N contiguous).
 __device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db, int scale_d)
@@ -110,6 +98,7 @@ __device__ __forceinline__ void kpt_wgmma_regs_n128(float *d)
 }
 
 
+
 __device__ __forceinline__ void kpt_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void kpt_wgmma_commit()
 {
@@ -119,8 +108,8 @@ template <int N> __device__ __forceinline__ void kpt_wgmma_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async
-// proxy: each writing thread fences before the barrier that publishes a tile.
+// Writes to shared memory through the generic proxy (the Q negation) must be fenced before the
+// async proxy (wgmma) reads them.
 __device__ __forceinline__ void kpt_fence_proxy_async()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -142,44 +131,260 @@ __device__ __forceinline__ u64 kpt_sw128_desc(u32 addr, u32 lbo, u32 sbo)
            (1ull << 62);
 }
 
-// Copies ROWS rows of D 16-bit elements (row r from src + r * stride) into the swizzled layout:
-// D / 64 column blocks of ROWS rows x 128 bytes, 16-byte chunk c of row r stored at chunk
-// c ^ (r % 8) of its row. Rows at or past `valid` are zero-filled.
-template <int ROWS, int D>
-__device__ __forceinline__ void kpt_load_sw(u32 dst, const u16 *src, i64 stride, int valid)
+// ---- mbarriers, TMA, named barriers, register reallocation ----------------------------------
+
+__device__ __forceinline__ void kpt_mbar_init(u32 bar, u32 count)
 {
-    constexpr int CH = D / 8, N = ROWS * CH;
-    static_assert(N % KPT_THREADS == 0, "tile copies must divide among the threads");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void kpt_mbar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// The producer's arrival, announcing the bytes the TMA copies will complete on the barrier.
+__device__ __forceinline__ void kpt_mbar_expect_tx(u32 bar, u32 bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void kpt_mbar_arrive(u32 bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the completion of the barrier's phase of the given parity.
+__device__ __forceinline__ void kpt_mbar_wait(u32 bar, u32 parity)
+{
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// One box (64 columns x ROWS rows, 128-byte swizzle) of a 4-d tensor map (D, S, heads, batch)
+// into shared memory; rows outside the tensor read as zeros.
+__device__ __forceinline__ void kpt_tma_box(u32 dst, const void *map, int d0, int row, int hc,
+                                            int bc, u32 bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(d0), "r"(row), "r"(hc), "r"(bc), "r"(bar)
+                 : "memory");
+}
+// A tile of ROWS rows x D columns: D / 64 boxes, each a block of ROWS x 128 bytes.
+template <int ROWS, int D>
+__device__ __forceinline__ void kpt_tma_tile(u32 dst, const void *map, int row, int hc, int bc,
+                                             u32 bar)
+{
 #pragma unroll
-    for (int it = 0; it < N / KPT_THREADS; it++) {
-        const int i = (int)threadIdx.x + it * KPT_THREADS;
-        const int r = i / CH, cg = i % CH;
-        const bool ok = r < valid;
-        const u32 d = dst + (u32)((cg >> 3) * ROWS * 128 + r * 128 + (((cg & 7) ^ (r & 7)) << 4));
-        kpt_cp16(d, src + (ok ? (i64)r * stride : 0) + cg * 8, ok);
+    for (int c = 0; c < D / 64; c++)
+        kpt_tma_box(dst + c * ROWS * 128, map, c * 64, row, hc, bc, bar);
+}
+__device__ __forceinline__ void kpt_bar_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void kpt_bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N> __device__ __forceinline__ void kpt_regs_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void kpt_regs_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// The TMA tensor maps of Q, K and V (the runtime builds them with cuTensorMapEncodeTiled:
+// dims D, S, heads, batch; boxes of 64 columns x 128 rows, 128-byte swizzle) and, per tensor,
+// the factors of the head and batch coordinates (0 where the tensor broadcasts that dim with a
+// zero stride and the map has extent 1 there). Host twin: kpt_kernel_tma in
+// runtime/kernel_args.h.
+struct __align__(64) kpt_tmap {
+    u64 w[16];
+};
+struct kpt_tma {
+    kpt_tmap q, k, v;
+    int hq, bq, hk, bk, hv, bv;
+};
+static_assert(sizeof(kpt_tma) == 448, "kpt_tma layout");
+
+#define KPT_PRODUCER_REGS 24 // 128 x 24 + 256 x 240 = 384 x 168, what the CTA is given
+#define KPT_CONSUMER_REGS 240
+#ifndef KPT_PINGPONG
+#define KPT_PINGPONG 1
+#endif
+
+// The class of kv tile t (0 empty, 1 partial, 2 full): the cached byte for the first
+// KPT_CLS_CAP tiles. Both roles walk the same sequence of live tiles with kpt_next_tile.
+__device__ __forceinline__ int kpt_class_of(const kpt_args &A, const unsigned char *cls, int b,
+                                            int h, int qt, int q0, int q1, int t)
+{
+#if KPT_HAS_MASK
+    return t < KPT_CLS_CAP ? (int)cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, t);
+#else
+    return 2;
+#endif
+}
+__device__ __forceinline__ int kpt_next_tile(const kpt_args &A, const unsigned char *cls, int b,
+                                             int h, int qt, int q0, int q1, int t, int hi)
+{
+#if KPT_HAS_MASK
+    for (t++; t <= hi; t++)
+        if (kpt_class_of(A, cls, b, h, qt, q0, q1, t) != 0)
+            break;
+    return t;
+#else
+    return t + 1;
+#endif
+}
+
+// The mbarriers, in static shared memory: Q's, then per stage K full, V full, K empty, V empty.
+#define KPT_BAR_Q 0
+#define KPT_BAR_KF(s) (1 + (s))
+#define KPT_BAR_VF(s) (1 + KPT_STAGES + (s))
+#define KPT_BAR_KE(s) (1 + 2 * KPT_STAGES + (s))
+#define KPT_BAR_VE(s) (1 + 3 * KPT_STAGES + (s))
+#define KPT_NBARS (1 + 4 * KPT_STAGES)
+#define KPT_CONSUMERS 256 // threads of the two consumer warpgroups
+#define KPT_K_BYTES (KPT_BN * KPT_DQK * 2)
+#define KPT_V_BYTES (KPT_BN * KPT_DV * 2)
+
+// The producer (one thread): Q once, then K and V of every live tile into the ring, each stage
+// refilled once the consumers have handed it back.
+__device__ __forceinline__ void kpt_produce(const kpt_args &A, const kpt_tma &T,
+                                            const unsigned char *cls, u32 bar, u32 sQ, u32 sK,
+                                            u32 sV, int b, int h, int hk, int qt, int q0, int q1,
+                                            int lo, int hi)
+{
+    kpt_mbar_expect_tx(bar + 8 * KPT_BAR_Q, KPT_BM * KPT_DQK * 2);
+    kpt_tma_tile<KPT_BM, KPT_DQK>(sQ, &T.q, q0, h * T.hq, b * T.bq, bar + 8 * KPT_BAR_Q);
+    int i = 0;
+    for (int j = lo; j <= hi; j = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi), i++) {
+        const int s = i % KPT_STAGES;
+        const u32 parity = ((i / KPT_STAGES) & 1) ^ 1; // the previous use of the stage
+        if (i >= KPT_STAGES)
+            kpt_mbar_wait(bar + 8 * KPT_BAR_KE(s), parity);
+        kpt_mbar_expect_tx(bar + 8 * KPT_BAR_KF(s), KPT_K_BYTES);
+        kpt_tma_tile<KPT_BN, KPT_DQK>(sK + s * KPT_K_BYTES, &T.k, j * KPT_BN, hk * T.hk, b * T.bk,
+                                      bar + 8 * KPT_BAR_KF(s));
+        if (i >= KPT_STAGES)
+            kpt_mbar_wait(bar + 8 * KPT_BAR_VE(s), parity);
+        kpt_mbar_expect_tx(bar + 8 * KPT_BAR_VF(s), KPT_V_BYTES);
+        kpt_tma_tile<KPT_BN, KPT_DV>(sV + s * KPT_V_BYTES, &T.v, j * KPT_BN, hk * T.hv, b * T.bv,
+                                     bar + 8 * KPT_BAR_VF(s));
     }
 }
 
-extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1) kpt_attention(const kpt_args A)
+// Ping-pong of the two consumer warpgroups (named barriers 1 and 2): warpgroup c waits for its
+// turn before issuing its products and, once they are issued, gives the turn to the other.
+__device__ __forceinline__ void kpt_turn_wait(int c)
+{
+#if KPT_PINGPONG
+    kpt_bar_sync(1 + c, KPT_CONSUMERS);
+#endif
+}
+__device__ __forceinline__ void kpt_turn_give(int c)
+{
+#if KPT_PINGPONG
+    kpt_bar_arrive(2 - c, KPT_CONSUMERS);
+#endif
+}
+
+// S = Q K^T for one warpgroup's 64 rows (Q block qa) against a kv tile at tK, issued and
+// committed, not waited for. The first k step ignores S's old contents.
+__device__ __forceinline__ void kpt_issue_s(float (&S)[KPT_BN / 8][4], u32 qa, u32 tK)
+{
+    kpt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KPT_DQK / 16; kk++) {
+        const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
+        const u64 da = kpt_sw128_desc(qa + (kk >> 2) * KPT_BM * 128 + kb, 16, 1024);
+        const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
+        kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
+    }
+    kpt_wgmma_commit();
+}
+// O += P V: P from registers (the A-fragment layout), V N-major from shared memory; the leading
+// byte offset steps over 64-column blocks of V, the stride over 8-row groups. Issued and
+// committed, not waited for.
+__device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
+                                             const u32 (&P)[KPT_BN / 16][4], u32 tV)
+{
+    kpt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KPT_BN / 16; kk++) {
+        const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
+        kpt_wgmma_rs_o(&O[0][0], P[kk], dv, 1);
+    }
+    kpt_wgmma_commit();
+}
+
+// Masks and score mods on one tile of scores: thread rows row0 + lane / 4 (+ 8), keys from k0.
+__device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_uniform &U,
+                                               float (&S)[KPT_BN / 8][4], int b, int h, int row0,
+                                               int k0, int lane, bool partial)
+{
+#if KPT_HAS_SCORE
+#pragma unroll
+    for (int n = 0; n < KPT_BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int qi = row0 + (lane >> 2) + (e >> 1) * 8;
+            const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
+            S[n][e] = kpt_score(A, U, S[n][e] * A.scale, b, h, qi, ki);
+        }
+#endif
+    if (partial) {
+        KPT_MASK_UNROLL
+        for (int n = 0; n < KPT_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
+                bool kp = ki < A.Skv;
+#if KPT_HAS_MASK
+                const int qi = row0 + (lane >> 2) + (e >> 1) * 8;
+                kp = kp && kpt_mask(A, U, b, h, qi, ki);
+#endif
+                if (!kp) S[n][e] = KPT_NINF;
+            }
+    }
+}
+
+// Probabilities (in S) to the packed A fragments of the P V product.
+__device__ __forceinline__ void kpt_pack_p(u32 (&P)[KPT_BN / 16][4], const float (&S)[KPT_BN / 8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < KPT_BN / 16; kk++) {
+        P[kk][0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
+        P[kk][1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
+        P[kk][2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
+        P[kk][3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
+kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
+    __shared__ __align__(8) u64 s_bar[KPT_NBARS];
     // swizzle atoms repeat every 1024 bytes: the tiles start 1024-byte aligned (the plan adds
     // the slack)
     const u32 sQ = (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u;
     const u32 sK = sQ + KPT_BM * KPT_DQK * 2;
-    const u32 sV = sK + 2 * KPT_BN * KPT_DQK * 2;
+    const u32 sV = sK + KPT_STAGES * KPT_K_BYTES;
+    const u32 bar = kpt_smem_addr(s_bar);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int qt = A.n_qt - 1 - (int)blockIdx.x; // heaviest (last) q tiles first under causal masks
     const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
-    kpt_uniform U;
-    kpt_uniform_init(A, b, h, U);
     const int q0 = qt * KPT_BM;
     const int q1 = min(q0 + KPT_BM, A.Sq) - 1;
-
-    const u16 *gQ = (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2];
-    const u16 *gK = (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1];
-    const u16 *gV = (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1];
 
     // The kv tiles that may hold a kept pair lie in [lo, hi].
     int lo = 0, hi = A.n_kt - 1;
@@ -187,10 +392,37 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1) kpt_attention(const
     __shared__ int s_lo, s_hi;
     __shared__ unsigned char s_cls[KPT_CLS_CAP];
     kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
+#else
+    const unsigned char *s_cls = 0;
 #endif
+    if (tid == 0) {
+        kpt_mbar_init(bar + 8 * KPT_BAR_Q, 1);
+        for (int s = 0; s < KPT_STAGES; s++) {
+            kpt_mbar_init(bar + 8 * KPT_BAR_KF(s), 1);
+            kpt_mbar_init(bar + 8 * KPT_BAR_VF(s), 1);
+            kpt_mbar_init(bar + 8 * KPT_BAR_KE(s), KPT_CONSUMERS);
+            kpt_mbar_init(bar + 8 * KPT_BAR_VE(s), KPT_CONSUMERS);
+        }
+        kpt_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        kpt_regs_dec<KPT_PRODUCER_REGS>();
+        if (tid == 0)
+            kpt_produce(A, T, s_cls, bar, sQ, sK, sV, b, h, hk, qt, q0, q1, lo, hi);
+        return;
+    }
+    kpt_regs_inc<KPT_CONSUMER_REGS>();
+
+    const int c = wg - 1;                        // this consumer warpgroup
+    const int row0 = q0 + c * 64 + (warp & 3) * 16; // this warp's first row
+    const u32 qa = sQ + c * 64 * 128;            // its 64 rows of Q
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
 
     float O[KPT_DV / 8][4];
-    float m[2], l[2];
+    float m[2], l[2], alpha[2] = {1.0f, 1.0f};
 #pragma unroll
     for (int n = 0; n < KPT_DV / 8; n++)
 #pragma unroll
@@ -198,146 +430,92 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1) kpt_attention(const
     m[0] = m[1] = KPT_NINF;
     l[0] = l[1] = 0.0f;
 
-    const int wrow = warp * 16; // this warp's first row in the tile
-    kpt_load_sw<KPT_BM, KPT_DQK>(sQ, gQ, A.qs[2], A.Sq - q0);
-    int stage = 0;
-    if (lo <= hi) {
-        int k0 = lo * KPT_BN;
-        kpt_load_sw<KPT_BN, KPT_DQK>(sK, gK + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
-        kpt_load_sw<KPT_BN, KPT_DV>(sV, gV + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
-    }
-    kpt_cp_commit();
-
+    kpt_mbar_wait(bar + 8 * KPT_BAR_Q, 0);
 #if !KPT_HAS_SCORE
-    // as in the sm_80 kernel: the scale folds into the exponent; a negative one negates Q
+    // as in the sm_80 kernel: the scale folds into the exponent; a negative one negates this
+    // warpgroup's rows of Q (fenced for the async proxy, then published to the warpgroup)
     if (A.scale_log2 < 0.0f) {
-        kpt_cp_wait<0>();
-        __syncthreads();
-        for (int i = tid; i < KPT_BM * KPT_DQK / 2; i += KPT_THREADS) {
-            u32 *w = (u32 *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem))) + i;
-            *w ^= 0x80008000u;
-        }
-        __syncthreads();
+        u32 *q = (u32 *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
+#pragma unroll 1
+        for (int blk = 0; blk < KPT_DQK / 64; blk++)
+            for (int i = tid - 128 - c * 128; i < 64 * 32; i += 128)
+                q[blk * KPT_BM * 32 + c * 64 * 32 + i] ^= 0x80008000u;
+        kpt_fence_proxy_async();
+        kpt_bar_sync(3 + c, 128);
     }
     const float sc = fabsf(A.scale_log2);
 #else
     const float sc = KPT_LOG2E;
 #endif
 
-    for (int j = lo; j <= hi;) {
-#if KPT_HAS_MASK
-#define KPT_CLASS_OF(t) ((t) < KPT_CLS_CAP ? (int)s_cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, (t)))
-        const int cls = KPT_CLASS_OF(j);
-        int jn = j + 1;
-        while (jn <= hi && KPT_CLASS_OF(jn) == 0)
-            jn++;
-#undef KPT_CLASS_OF
-#else
-        const int cls = 2;
-        const int jn = j + 1;
-#endif
-        if (jn <= hi) {
-            const int k0n = jn * KPT_BN;
-            kpt_load_sw<KPT_BN, KPT_DQK>(sK + (stage ^ 1) * KPT_BN * KPT_DQK * 2,
-                                         gK + (i64)k0n * A.ks[2], A.ks[2], A.Skv - k0n);
-            kpt_load_sw<KPT_BN, KPT_DV>(sV + (stage ^ 1) * KPT_BN * KPT_DV * 2,
-                                        gV + (i64)k0n * A.vs[2], A.vs[2], A.Skv - k0n);
-            kpt_cp_commit();
-            kpt_cp_wait<1>();
-        } else {
-            kpt_cp_wait<0>();
-        }
-        kpt_fence_proxy_async();
-        __syncthreads();
-
-        const u32 tK = sK + stage * KPT_BN * KPT_DQK * 2;
-        const u32 tV = sV + stage * KPT_BN * KPT_DV * 2;
-        const int k0 = j * KPT_BN;
-
-        const bool partial = cls != 2 || k0 + KPT_BN > A.Skv;
-        u64 keep = ~0ull;
-        if (partial) {
-            KPT_MASK_UNROLL
-            for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = q0 + wrow + (lane >> 2) + (e >> 1) * 8;
-                    const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
-                    bool kp = ki < A.Skv;
-#if KPT_HAS_MASK
-                    kp = kp && kpt_mask(A, U, b, h, qi, ki);
-#endif
-                    if (!kp) keep &= ~(1ull << (n * 4 + e));
-                }
-        }
-
-        // S = Q K^T: this warpgroup's 64 rows of Q against the tile's keys, K steps of 16
+    if (lo <= hi) {
         float S[KPT_BN / 8][4];
-#pragma unroll
-        for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) S[n][e] = 0.0f;
-        kpt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KPT_DQK / 16; kk++) {
-            const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
-            const u64 da = kpt_sw128_desc(sQ + (kk >> 2) * KPT_BM * 128 + wg * 64 * 128 + kb, 16, 1024);
-            const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
-            kpt_wgmma_ss_n128(&S[0][0], da, db, 1);
-        }
-        kpt_wgmma_commit();
+        u32 P[KPT_BN / 16][4];
+        bool grew = false;
+#if KPT_PINGPONG
+        if (c == 1)
+            kpt_bar_arrive(1, KPT_CONSUMERS); // consumer 0 takes the first turn
+#endif
+        // the first live tile: its scores, then its probabilities
+        int j = lo, i = 0;
+        int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
+        kpt_mbar_wait(bar + 8 * KPT_BAR_KF(0), 0);
+        kpt_turn_wait(c);
+        kpt_issue_s(S, qa, sK);
+        if (c == 0 || jn <= hi)
+            kpt_turn_give(c);
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs_n128(&S[0][0]);
-
-#if KPT_HAS_SCORE
-#pragma unroll
-        for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = q0 + wrow + (lane >> 2) + (e >> 1) * 8;
-                const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
-                S[n][e] = kpt_score(A, U, S[n][e] * A.scale, b, h, qi, ki);
-            }
-#endif
-        if (partial) {
-#pragma unroll
-            for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (!((keep >> (n * 4 + e)) & 1)) S[n][e] = KPT_NINF;
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(0));
+        {
+            const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
+            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane,
+                           cls != 2 || (j + 1) * KPT_BN > A.Skv);
+            grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
+            kpt_softmax_exp(S, m, l, sc);
+            kpt_pack_p(P, S);
         }
-
-        // online softmax in base 2, the O rescale skipped when no row max of the warp grew
-        float alpha[2];
-        if (__any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha)))
+        // Then, per tile: S of tile j is issued, O of the previous tile rescaled and its P V
+        // issued; the softmax of tile j runs while P V does.
+        while (jn <= hi) {
+            const int ip = i;
+            j = jn;
+            i++;
+            jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
+            const int s = i % KPT_STAGES, sp = ip % KPT_STAGES;
+            kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
+            kpt_turn_wait(c);
+            kpt_issue_s(S, qa, sK + s * KPT_K_BYTES);
+            if (grew)
+                kpt_rescale_rows(O, alpha);
+            kpt_mbar_wait(bar + 8 * KPT_BAR_VF(sp), (ip / KPT_STAGES) & 1);
+            kpt_issue_pv(O, P, sV + sp * KPT_V_BYTES);
+            if (c == 0 || jn <= hi)
+                kpt_turn_give(c);
+            kpt_wgmma_wait<1>();
+            kpt_wgmma_regs_n128(&S[0][0]);
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
+            const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
+            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane,
+                           cls != 2 || (j + 1) * KPT_BN > A.Skv);
+            grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
+            kpt_softmax_exp(S, m, l, sc);
+            kpt_wgmma_wait<0>();
+            kpt_wgmma_regs_o(&O[0][0]);
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(sp));
+            kpt_pack_p(P, S);
+        }
+        // the last tile's P V
+        const int s = i % KPT_STAGES;
+        if (grew)
             kpt_rescale_rows(O, alpha);
-        kpt_softmax_exp(S, m, l, sc);
-
-        // O += P V: P from registers (the A-fragment layout), V N-major from shared memory; the
-        // leading byte offset steps over 64-column blocks of V, the stride over 8-row groups
-        u32 pa[KPT_BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < KPT_BN / 16; kk++) {
-            pa[kk][0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
-            pa[kk][1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
-            pa[kk][2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
-            pa[kk][3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
-        }
-        kpt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KPT_BN / 16; kk++) {
-            const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
-            kpt_wgmma_rs_o(&O[0][0], pa[kk], dv, 1);
-        }
-        kpt_wgmma_commit();
+        kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), (i / KPT_STAGES) & 1);
+        kpt_issue_pv(O, P, sV + s * KPT_V_BYTES);
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs_o(&O[0][0]);
-        __syncthreads(); // everyone is done with this stage before it is refilled
-        stage ^= 1;
-        j = jn;
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(s));
     }
-    kpt_cp_wait<0>();
 
     // Epilogue: normalise, write O (and LSE).
-    kpt_store_rows(A, b, h, q0 + wrow, lane, O, m, l);
+    kpt_store_rows(A, b, h, row0, lane, O, m, l);
 }

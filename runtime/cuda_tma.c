@@ -1,0 +1,78 @@
+/* TMA tensor maps for the sm_90a kernel (see cuda_tma.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/cuda_tma.h"
+
+enum {
+    KPT_TM_F16 = 6,          /* CU_TENSOR_MAP_DATA_TYPE_FLOAT16 */
+    KPT_TM_BF16 = 9,         /* CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 */
+    KPT_TM_SWIZZLE_128B = 3, /* CU_TENSOR_MAP_SWIZZLE_128B */
+    KPT_TM_L2_256B = 3,      /* CU_TENSOR_MAP_L2_PROMOTION_L2_256B */
+};
+
+/* One tensor: dims (d, s, heads, batch) over its element strides (batch, head, seq, dim; the
+ * dim's is 1, checked by kpt_kernel_args_pack). A head or batch dim with stride 0 is a
+ * broadcast: the map gets extent 1 there and the kernel multiplies that coordinate by 0. */
+static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *name,
+                         uint64_t ptr, const int64_t *stride, int64_t d, int64_t s, int64_t heads,
+                         int64_t batch, unsigned rows, int dtype, int32_t *hf, int32_t *bf,
+                         kpt_diag *diag)
+{
+    if (stride[2] <= 0 && s > 1)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "tensor %s: the sm_90a kernel needs a positive sequence stride "
+                            "(not %lld); set KPT_CUDA_WGMMA=0 to use the sm_80 kernel", name,
+                            (long long)stride[2]);
+    if (stride[0] < 0 || stride[1] < 0)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "tensor %s: the sm_90a kernel needs non-negative strides; set "
+                            "KPT_CUDA_WGMMA=0 to use the sm_80 kernel", name);
+    const uint64_t es = 2;
+    uint64_t dim[4] = {(uint64_t)d, s > 0 ? (uint64_t)s : 1, (uint64_t)heads, (uint64_t)batch};
+    uint64_t str[3] = {(uint64_t)stride[2] * es, (uint64_t)stride[1] * es,
+                       (uint64_t)stride[0] * es};
+    if (!str[0])
+        str[0] = (uint64_t)d * es; /* one row: any valid stride */
+    *hf = *bf = 1;
+    if (!str[1] || heads == 1) {
+        dim[2] = 1;
+        str[1] = str[0];
+        *hf = 0;
+    }
+    if (!str[2] || batch == 1) {
+        dim[3] = 1;
+        str[2] = str[1];
+        *bf = 0;
+    }
+    const unsigned box[4] = {64, rows, 1, 1}, ones[4] = {1, 1, 1, 1};
+    CUresult r = cu->TensorMapEncodeTiled(map, dtype, 4, (void *)(uintptr_t)ptr, dim, str, box,
+                                          ones, 0, KPT_TM_SWIZZLE_128B, KPT_TM_L2_256B, 0);
+    if (r) {
+        char what[64];
+        snprintf(what, sizeof(what), "cuTensorMapEncodeTiled (tensor %s)", name);
+        return kpt_cu_fail(diag, what, r);
+    }
+    return KPT_OK;
+}
+
+kpt_status kpt_cuda_tma_pack(const kpt_cu_api *cu, const kpt_kernel_plan *pl,
+                             const kpt_kernel_args *a, kpt_kernel_tma *out, kpt_diag *diag)
+{
+    memset(out, 0, sizeof(*out));
+    if (!cu->TensorMapEncodeTiled)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "the NVIDIA driver lacks cuTensorMapEncodeTiled (TMA), which the "
+                            "sm_90a kernel needs; update the driver or set KPT_CUDA_WGMMA=0");
+    const int dt = pl->cfg.dtype == KPT_DTYPE_BF16 ? KPT_TM_BF16 : KPT_TM_F16;
+    kpt_status st;
+    if ((st = encode(cu, &out->q, "q", a->q, a->qs, pl->cfg.dqk, a->Sq, a->Hq, a->B,
+                     (unsigned)pl->bm, dt, &out->hq, &out->bq, diag)) ||
+        (st = encode(cu, &out->k, "k", a->k, a->ks, pl->cfg.dqk, a->Skv, a->Hkv, a->B,
+                     (unsigned)pl->bn, dt, &out->hk, &out->bk, diag)) ||
+        (st = encode(cu, &out->v, "v", a->v, a->vs, pl->cfg.dv, a->Skv, a->Hkv, a->B,
+                     (unsigned)pl->bn, dt, &out->hv, &out->bv, diag)))
+        return st;
+    return KPT_OK;
+}
