@@ -13,6 +13,7 @@ typedef struct cuda_backend {
     kpt_backend base;
     kpt_cuda_device dev; /* unopened when offline */
     int sm;              /* the compile target */
+    bool wgmma;          /* ... is cuda:sm_90a */
 } cuda_backend;
 
 static cuda_backend *cb(kpt_backend *b)
@@ -33,7 +34,7 @@ static kpt_status cuda_generate(kpt_backend *b, const kpt_pattern *p, const kpt_
 {
     kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
                              .sm = cb(b)->sm};
-    cfg.wgmma = !b->offline && kpt_cuda_wgmma_enabled(cb(b)->dev.sm, cfg.sm);
+    cfg.wgmma = cb(b)->wgmma;
     return kpt_cuda_generate(p, &cfg, b->offline ? 0 : cb(b)->dev.smem_optin, plan, source, diag);
 }
 
@@ -161,20 +162,23 @@ static const kpt_backend_ops cuda_ops = {
     .blockmap_build = cuda_blockmap_build,
 };
 
-/* The target a device runs: its own arch, or a requested one of the same major version and no
- * newer minor (an sm_86 device runs sm_80 code). */
+/* The target a device runs: its own arch (sm_90a on sm_90 devices, unless KPT_CUDA_WGMMA=0),
+ * or a requested one of the same major version and no newer minor (an sm_86 device runs sm_80
+ * code). */
 static kpt_status pick_target(cuda_backend *c, const char *target, kpt_diag *diag)
 {
     int dev_sm = c->dev.sm >= 90 ? 90 : c->dev.sm;
     if (!target) {
         c->sm = dev_sm;
+        c->wgmma = kpt_cuda_wgmma_enabled(c->dev.sm, dev_sm);
         return KPT_OK;
     }
     int sm = kpt_cuda_target_sm(target);
     if (sm < 0)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89 or "
-                            "cuda:sm_90", target);
+                            "target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89, "
+                            "cuda:sm_90 or cuda:sm_90a", target);
+    c->wgmma = kpt_cuda_target_wgmma(target);
     if (sm / 10 != c->dev.sm / 10 || sm > c->dev.sm)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "target %s cannot run on %s (sm_%d)", target, c->dev.name, c->dev.sm);
@@ -195,7 +199,9 @@ kpt_status kpt_backend_cuda_open(const kpt_context_params *p, kpt_backend **out,
         if ((c->sm = kpt_cuda_target_sm(p->target)) < 0)
             st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                               "an offline CUDA context needs a target: cuda:sm_80, cuda:sm_86, "
-                              "cuda:sm_89 or cuda:sm_90 (not '%s')", p->target ? p->target : "");
+                              "cuda:sm_89, cuda:sm_90 or cuda:sm_90a (not '%s')",
+                              p->target ? p->target : "");
+        c->wgmma = kpt_cuda_target_wgmma(p->target);
         snprintf(c->base.driver, sizeof(c->base.driver), "none");
     } else {
         st = kpt_cuda_device_open(p->device, &c->dev, diag);
@@ -210,7 +216,7 @@ kpt_status kpt_backend_cuda_open(const kpt_context_params *p, kpt_backend **out,
         cuda_destroy(&c->base);
         return st;
     }
-    snprintf(c->base.target, sizeof(c->base.target), "cuda:sm_%d", c->sm);
+    snprintf(c->base.target, sizeof(c->base.target), "cuda:sm_%d%s", c->sm, c->wgmma ? "a" : "");
     int nv = kpt_nvrtc_version(NULL);
     if (nv > 0)
         snprintf(c->base.compiler, sizeof(c->base.compiler), "nvrtc %d.%d", nv / 1000,

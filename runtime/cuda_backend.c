@@ -21,12 +21,18 @@ bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
 
 int kpt_cuda_target_sm(const char *t)
 {
-    static const char *const known[] = {"cuda:sm_80", "cuda:sm_86", "cuda:sm_89", "cuda:sm_90"};
-    static const int sms[] = {80, 86, 89, 90};
-    for (int i = 0; i < 4; i++)
+    static const char *const known[] = {"cuda:sm_80", "cuda:sm_86", "cuda:sm_89", "cuda:sm_90",
+                                        "cuda:sm_90a"};
+    static const int sms[] = {80, 86, 89, 90, 90};
+    for (int i = 0; i < 5; i++)
         if (t && !strcmp(t, known[i]))
             return sms[i];
     return -1;
+}
+
+bool kpt_cuda_target_wgmma(const char *t)
+{
+    return t && !strcmp(t, "cuda:sm_90a");
 }
 
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag)

@@ -40,8 +40,13 @@ typedef struct kpt_cuda_kernel {
  * around a problem). */
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm);
 
-/* "cuda:sm_80" -> 80: the targets kpt compiles for (80, 86, 89, 90); -1 for anything else. */
+/* "cuda:sm_80" -> 80: the targets kpt compiles for (80, 86, 89, 90, and 90 for "cuda:sm_90a");
+ * -1 for anything else. */
 int kpt_cuda_target_sm(const char *target);
+
+/* Whether a target is "cuda:sm_90a": the Hopper kernel (TMA, wgmma) where the head dims allow
+ * it, the sm_80 kernel compiled for sm_90a elsewhere. "cuda:sm_90" is the mma.sync kernel. */
+bool kpt_cuda_target_wgmma(const char *target);
 
 /* Opens device `ordinal`, retaining its primary context and making it current on this thread. */
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag);

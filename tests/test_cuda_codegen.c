@@ -161,7 +161,7 @@ typedef struct job {
     bool wgmma;  /* cuda:sm_90a */
     int script; /* index into scripts, or -1 */
     kpt_status st;
-    bool mma, ldmatrix, cp_async, cubin, wgmma_ptx;
+    bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg;
     long spill_bytes;
     double ms;
     char msg[1100];
@@ -220,6 +220,8 @@ static void *worker(void *arg)
             j->wgmma_ptx = strstr(out.ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32") != NULL;
             j->ldmatrix = strstr(out.ptx, "ldmatrix.sync.aligned") != NULL;
             j->cp_async = strstr(out.ptx, "cp.async.cg.shared.global") != NULL;
+            j->tma = strstr(out.ptx, "cp.async.bulk.tensor.4d") != NULL;
+            j->setmaxnreg = strstr(out.ptx, "setmaxnreg.inc.sync.aligned.u32 240") != NULL;
             j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
             j->spill_bytes = spills(out.log);
             j->ms = out.ms;
@@ -276,13 +278,17 @@ static void test_nvrtc_matrix(void **state)
             fail_msg("%s %s %d/%d sm_%d%s: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
                      dims[j->dim][1], j->sm, j->wgmma ? "a" : "", j->msg);
         if (j->wgmma) {
-            assert_true(j->wgmma_ptx); /* warpgroup MMAs, not mma.sync */
+            /* warpgroup MMAs on TMA copies, warp-specialised; no mma.sync, no cp.async */
+            assert_true(j->wgmma_ptx);
+            assert_true(j->tma);
+            assert_true(j->setmaxnreg);
             assert_false(j->mma);
+            assert_false(j->cp_async);
         } else {
             assert_true(j->mma);
             assert_true(j->ldmatrix);
+            assert_true(j->cp_async);
         }
-        assert_true(j->cp_async);
         assert_true(j->cubin);
         /* the sm_90a kernel's full and causal compile without spills at every head dim */
         if (j->wgmma && j->script < 0 && j->pat <= 1)

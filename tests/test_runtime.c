@@ -639,7 +639,7 @@ static void test_kptc_bundle(void **state)
     snprintf(path, sizeof(path), "%s/b.kpt", dir);
     snprintf(path2, sizeof(path2), "%s/b2.kpt", dir);
     tool_result r;
-    const char *argv[] = {kptc_path, "bundle", "-o", path, "--target", "cuda:sm_80,cuda:sm_90",
+    const char *argv[] = {kptc_path, "bundle", "-o", path, "--target", "cuda:sm_80,cuda:sm_90a",
                           "--head-dim", "64", "--dtype", "bf16", "-j", "2", "causal",
                           "alibi+causal", NULL};
     assert_true(tool_run(&r, argv));
@@ -656,8 +656,14 @@ static void test_kptc_bundle(void **state)
     assert_memory_equal(b1, b2, n1);
     free(b1);
     free(b2);
-    /* the runtime takes it: both kernels found for sm_90 */
+    /* the runtime takes it: both kernels found for sm_90a (the Hopper kernel, what H100
+     * contexts run); an sm_90 context is another target */
     kpt_context *ctx = offline("cuda:sm_90", NULL, NULL);
+    EXPECT(KPT_ERR_UNSUPPORTED, kpt_context_load_bundle(ctx, path, NULL, DIAG),
+           "no kernel for cuda:sm_90 ");
+    kpt_context_destroy(&ctx);
+    ctx = offline("cuda:sm_90a", NULL, NULL);
+    assert_string_equal(kpt_context_target(ctx), "cuda:sm_90a");
     int loaded = 0;
     assert_int_equal(kpt_context_load_bundle(ctx, path, &loaded, NULL), KPT_OK);
     assert_int_equal(loaded, 2);

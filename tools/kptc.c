@@ -61,7 +61,7 @@ static const char usage_text[] =
     "                                or pipe\n"
     "      --dump-after STAGE        print the IR after STAGE: parse, opt_fold, opt_simplify, all\n"
     "      --target T                cuda:sm_80 (default for cuda), cuda:sm_86, cuda:sm_89,\n"
-    "                                cuda:sm_90; cuda:sm_90a (the wgmma kernel, experimental);\n"
+    "                                cuda:sm_90 (mma.sync); cuda:sm_90a (Hopper: TMA, wgmma);\n"
     "                                spirv (default for glsl and spirv);\n"
     "                                hip:gfx90a (default for hip), hip:gfx940, hip:gfx942;\n"
     "                                spirv:coopmat (Vulkan, cooperative-matrix kernel)\n"
@@ -89,8 +89,9 @@ static const char usage_text[] =
     "                                (f64, [B, H, S, D] order whatever the layout)\n"
     "  bundle              pregenerate kernels into one file the runtime preloads\n"
     "      -o FILE                   the bundle to write (required)\n"
-    "      --target T[,T...]         cuda:sm_80, cuda:sm_86, cuda:sm_89, cuda:sm_90, hip:gfx90a,\n"
-    "                                hip:gfx940, hip:gfx942, spirv (required)\n"
+    "      --target T[,T...]         cuda:sm_80, cuda:sm_86, cuda:sm_89, cuda:sm_90,\n"
+    "                                cuda:sm_90a (what H100 contexts run by default),\n"
+    "                                hip:gfx90a, hip:gfx940, hip:gfx942, spirv (required)\n"
     "      --head-dim D[:Dv][,...]   head dims (default 64,128); 128:64 is Dqk 128, Dv 64\n"
     "      --dtype T[,T...]          f16, bf16, f32 (spirv) (default bf16,f16; spirv f32,f16)\n"
     "      -j N                      compile with N threads (default: the CPUs online)\n"
@@ -360,13 +361,11 @@ static int parse_head_dims(const char *s, int *dqk, int *dv)
 static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
 {
     kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .sm = 80};
-    if (o->target && !strcmp(o->target, "cuda:sm_90a")) {
-        cfg.sm = 90; /* the Hopper kernel (wgmma) where the head dims allow it */
-        cfg.wgmma = true;
-    } else if (o->target && (cfg.sm = kpt_cuda_target_sm(o->target)) < 0) {
+    if (o->target && (cfg.sm = kpt_cuda_target_sm(o->target)) < 0) {
         return usage_error("--target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89, "
                            "cuda:sm_90 or cuda:sm_90a", o->target);
     }
+    cfg.wgmma = kpt_cuda_target_wgmma(o->target); /* the Hopper kernel where the dims allow */
     if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
         return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
     if (o->dtype) {

@@ -72,10 +72,11 @@ typedef struct kpt_context_params {
     kpt_backend_kind backend; /* 0: auto */
     int device;               /* device index within the backend; 0: the first (Vulkan: devices
                                  ranked discrete, integrated, virtual, CPU; 0 is the best) */
-    /* The compile target, "cuda:sm_80" ... "cuda:sm_90", or "spirv" (Vulkan). NULL: the device's
-     * own. Required with KPT_CONTEXT_OFFLINE; otherwise it must be one the device can run. On
-     * sm_90 devices, KPT_CUDA_WGMMA=1 in the environment selects the experimental sm_90a
-     * (wgmma) kernel for head dims 64 and 128. */
+    /* The compile target, "cuda:sm_80" ... "cuda:sm_90", "cuda:sm_90a" (the Hopper kernel: TMA,
+     * wgmma, warp specialisation) or "spirv" (Vulkan). NULL: the device's own, which on sm_90
+     * devices is "cuda:sm_90a" (KPT_CUDA_WGMMA=0 in the environment makes it "cuda:sm_90", the
+     * mma.sync kernel). Required with KPT_CONTEXT_OFFLINE; otherwise it must be one the device
+     * can run. */
     const char *target;
     /* The on-disk cache. NULL: $KPT_CACHE_DIR, else $XDG_CACHE_HOME/kpt, else ~/.cache/kpt.
      * Created 0700. If it cannot be created or written, the context works without it and logs
