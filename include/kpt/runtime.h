@@ -102,7 +102,7 @@ KPT_API void kpt_context_destroy(kpt_context **ctx);
 
 /* The backend the context uses. */
 KPT_API kpt_backend_kind kpt_context_backend(const kpt_context *ctx);
-/* The backend's name ("cuda", "cpu"), its compile target ("cuda:sm_90", "cpu") and the device's
+/* The backend's name ("cuda", "cpu"), its compile target ("cuda:sm_90a", "cpu") and the device's
  * name ("NVIDIA H100 80GB HBM3"; "" offline). Valid while ctx lives. */
 KPT_API const char *kpt_backend_name(kpt_backend_kind kind);
 KPT_API const char *kpt_context_target(const kpt_context *ctx);
@@ -163,7 +163,7 @@ KPT_API kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_ar
 /* Information about a kernel. Strings are valid while the context lives. */
 typedef struct kpt_kernel_info {
     const char *pattern;  /* the pattern's name */
-    const char *target;   /* "cuda:sm_90" */
+    const char *target;   /* "cuda:sm_90a" */
     kpt_kernel_desc desc; /* with defaults filled in */
     int tile_q, tile_kv;  /* rows of q and of k/v per tile */
     size_t shared_bytes;  /* dynamic shared memory per block */
