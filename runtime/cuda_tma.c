@@ -23,12 +23,12 @@ static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *
     if (stride[2] <= 0 && s > 1)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "tensor %s: the sm_90a kernel needs a positive sequence stride "
-                            "(not %lld); set KPT_CUDA_WGMMA=0 to use the sm_80 kernel", name,
-                            (long long)stride[2]);
+                            "(not %lld); target cuda:sm_90 (or KPT_CUDA_WGMMA=0) uses the "
+                            "mma.sync kernel", name, (long long)stride[2]);
     if (stride[0] < 0 || stride[1] < 0)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "tensor %s: the sm_90a kernel needs non-negative strides; set "
-                            "KPT_CUDA_WGMMA=0 to use the sm_80 kernel", name);
+                            "tensor %s: the sm_90a kernel needs non-negative strides; target "
+                            "cuda:sm_90 (or KPT_CUDA_WGMMA=0) uses the mma.sync kernel", name);
     const uint64_t es = 2;
     uint64_t dim[4] = {(uint64_t)d, s > 0 ? (uint64_t)s : 1, (uint64_t)heads, (uint64_t)batch};
     uint64_t str[3] = {(uint64_t)stride[2] * es, (uint64_t)stride[1] * es,
@@ -64,7 +64,7 @@ kpt_status kpt_cuda_tma_pack(const kpt_cu_api *cu, const kpt_kernel_plan *pl,
     if (!cu->TensorMapEncodeTiled)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "the NVIDIA driver lacks cuTensorMapEncodeTiled (TMA), which the "
-                            "sm_90a kernel needs; update the driver or set KPT_CUDA_WGMMA=0");
+                            "sm_90a kernel needs; update the driver or use target cuda:sm_90");
     const int dt = pl->cfg.dtype == KPT_DTYPE_BF16 ? KPT_TM_BF16 : KPT_TM_F16;
     kpt_status st;
     if ((st = encode(cu, &out->q, "q", a->q, a->qs, pl->cfg.dqk, a->Sq, a->Hq, a->B,

@@ -35,15 +35,6 @@ __device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db,
                    , "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
-// Keeps the compiler from moving reads or writes of D across a wgmma wait (the products
-// write D asynchronously, behind the compiler's back).
-__device__ __forceinline__ void kpt_wgmma_regs_n64(float *d)
-{
-#pragma unroll
-    for (int i = 0; i < 32; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // D (64 x 128, f32) += A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major)^T;
 // scale_d = 0 ignores D's old value.
 __device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int scale_d)
@@ -88,12 +79,12 @@ __device__ __forceinline__ void kpt_wgmma_rs_n128(float *d, const u32 *a, u64 db
                    , "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
-// Keeps the compiler from moving reads or writes of D across a wgmma wait (the products
-// write D asynchronously, behind the compiler's back).
-__device__ __forceinline__ void kpt_wgmma_regs_n128(float *d)
+// Keeps the compiler from moving reads or writes of D (N floats) across a wgmma wait (the
+// products write D asynchronously, behind the compiler's back).
+template <int N> __device__ __forceinline__ void kpt_wgmma_regs(float *d)
 {
 #pragma unroll
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < N; i++)
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
@@ -117,10 +108,8 @@ __device__ __forceinline__ void kpt_fence_proxy_async()
 
 #if KPT_DV == 128
 #define kpt_wgmma_rs_o kpt_wgmma_rs_n128
-#define kpt_wgmma_regs_o kpt_wgmma_regs_n128
 #else
 #define kpt_wgmma_rs_o kpt_wgmma_rs_n64
-#define kpt_wgmma_regs_o kpt_wgmma_regs_n64
 #endif
 
 // A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and
@@ -465,7 +454,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         if (c == 0 || jn <= hi)
             kpt_turn_give(c);
         kpt_wgmma_wait<0>();
-        kpt_wgmma_regs_n128(&S[0][0]);
+        kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(0));
         {
             const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
@@ -493,7 +482,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             if (c == 0 || jn <= hi)
                 kpt_turn_give(c);
             kpt_wgmma_wait<1>();
-            kpt_wgmma_regs_n128(&S[0][0]);
+            kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
             kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
             const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
             kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane,
@@ -501,7 +490,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
             kpt_softmax_exp(S, m, l, sc);
             kpt_wgmma_wait<0>();
-            kpt_wgmma_regs_o(&O[0][0]);
+            kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
             kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(sp));
             kpt_pack_p(P, S);
         }
@@ -512,7 +501,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), (i / KPT_STAGES) & 1);
         kpt_issue_pv(O, P, sV + s * KPT_V_BYTES);
         kpt_wgmma_wait<0>();
-        kpt_wgmma_regs_o(&O[0][0]);
+        kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(s));
     }
 
