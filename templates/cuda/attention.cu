@@ -156,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
                         const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
                         bool kp = ki < A.Skv;
 #if KPT_HAS_MASK
-                        kp = kp && kpt_mask(A, U, b, h, qi, ki);
+                        kp = kp & kpt_mask(A, U, b, h, qi, ki);
 #endif
                         if (!kp) keep &= ~(1ull << ((mt * (KPT_BN / 8) + n) * 4 + e));
                     }

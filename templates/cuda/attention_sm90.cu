@@ -338,9 +338,9 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
                 bool kp = ki < A.Skv;
 #if KPT_HAS_MASK
                 const int qi = row0 + (lane >> 2) + (e >> 1) * 8;
-                kp = kp && kpt_mask(A, U, b, h, qi, ki);
+                kp = kp & kpt_mask(A, U, b, h, qi, ki);
 #endif
-                if (!kp) S[n][e] = KPT_NINF;
+                S[n][e] = kp ? S[n][e] : KPT_NINF;
             }
     }
 }
