@@ -12,6 +12,8 @@
 /* The kernels' entry points. */
 #define KPT_CUDA_ATTENTION_ENTRY "kpt_attention"
 #define KPT_CUDA_BLOCKMAP_ENTRY "kpt_blockmap"
+/* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */
+#define KPT_CUDA_BLOCKMAP_ORDER_ENTRY "kpt_blockmap_order"
 
 /* Returns malloc'ed source in *out (caller frees). */
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,

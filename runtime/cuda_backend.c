@@ -138,6 +138,9 @@ kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p
     if (!st && plan->has_blockmap &&
         (r = cu->ModuleGetFunction(&k->blockmap, k->module, KPT_CUDA_BLOCKMAP_ENTRY)))
         st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap)", r);
+    if (!st && plan->has_blockmap && plan->cfg.wgmma &&
+        (r = cu->ModuleGetFunction(&k->blockmap_order, k->module, KPT_CUDA_BLOCKMAP_ORDER_ENTRY)))
+        st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap order)", r);
     if (!st && (r = cu->FuncSetAttribute(k->attention, KPT_CU_FUNC_MAX_DYNAMIC_SMEM,
                                          (int)plan->smem_bytes)))
         st = kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
@@ -214,10 +217,14 @@ static kpt_status launch_blockmap(const kpt_cuda_kernel *k, kpt_kernel_args *a, 
     if (ctas > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "block map too large (%lld tile pairs)",
                             (long long)pairs);
-    KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap, (unsigned)ctas,
-                                              k->plan.bm_per_h ? (unsigned)a->Hq : 1,
-                                              k->plan.bm_per_b ? (unsigned)a->B : 1, 256, 1, 1, 0,
-                                              stream, params, NULL));
+    const unsigned rows_h = k->plan.bm_per_h ? (unsigned)a->Hq : 1;
+    const unsigned rows_b = k->plan.bm_per_b ? (unsigned)a->B : 1;
+    KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap, (unsigned)ctas, rows_h, rows_b, 256, 1,
+                                              1, 0, stream, params, NULL));
+    /* the sm_90a kernel's CTA order, one CTA per map row */
+    if (k->blockmap_order)
+        KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap_order, 1, rows_h, rows_b, 1024, 1,
+                                                  1, 0, stream, params, NULL));
     return KPT_OK;
 }
 
@@ -256,6 +263,10 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
     if ((st = kpt_cuda_make_current(k->dev, diag)))
         return st;
     const kpt_cu_api *cu = k->dev->cu;
+    /* the sm_90a kernel numbers its CTAs in 32 bits (kpt_cta_tile) */
+    if (k->plan.cfg.wgmma && (int64_t)a.n_qt * a.Hq * a.B > INT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many q tiles (%lld) for one launch",
+                            (long long)a.n_qt * a.Hq * a.B);
     /* the sm_90a kernel reads q, k and v through TMA maps, its second parameter */
     kpt_kernel_tma tma;
     if (k->plan.cfg.wgmma && (st = kpt_cuda_tma_pack(cu, &k->plan, &a, &tma, diag)))

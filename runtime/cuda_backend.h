@@ -29,7 +29,7 @@ typedef struct kpt_cuda_kernel {
     const kpt_pattern *pattern; /* not owned: must outlive the kernel */
     kpt_kernel_plan plan;
     CUmodule module;
-    CUfunction attention, blockmap;
+    CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
 } kpt_cuda_kernel;

@@ -117,7 +117,12 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
 {
     if (!pl->has_blockmap)
         return 0;
-    return (size_t)a->n_qt * (size_t)a->n_kt * (size_t)(pl->bm_per_h ? a->Hq : 1) *
-           (size_t)(pl->bm_per_b ? a->B : 1);
+    size_t rows = (size_t)(pl->bm_per_h ? a->Hq : 1) * (size_t)(pl->bm_per_b ? a->B : 1);
+    size_t bytes = (size_t)a->n_qt * (size_t)a->n_kt * rows;
+    /* the sm_90a kernel's CTA order: n_qt int32 per map row after the map, 16-byte aligned
+     * (kpt_order_row in templates/cuda/common.cu) */
+    if (pl->cfg.wgmma)
+        bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_qt * rows;
+    return bytes;
 }
 

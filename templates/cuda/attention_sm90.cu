@@ -314,10 +314,35 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
     kpt_wgmma_commit();
 }
 
-// Masks and score mods on one tile of scores: thread rows row0 + lane / 4 (+ 8), keys from k0.
+#if KPT_HAS_BLOCKMAP
+// Which pairs of a partial tile a mask that reads aux data keeps, one bit per score of this
+// thread (bit n * 4 + e for S[n][e]; rows row0 + lane / 4 (+ 8), keys from k0). Computed before
+// the scores are waited for, so the loads' latency hides behind the product; a loop unrolled
+// only in part, so the loads' registers stay few while S, O and P hold most of them.
+__device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_uniform &U, int b,
+                                             int h, int row0, int k0, int lane, bool partial)
+{
+    u64 keep = ~0ull;
+    if (partial) {
+#pragma unroll 4
+        for (int n = 0; n < KPT_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = row0 + (lane >> 2) + (e >> 1) * 8;
+                const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
+                const bool kp = (ki < A.Skv) & kpt_mask(A, U, b, h, qi, ki);
+                keep &= ~((u64)!kp << (n * 4 + e));
+            }
+    }
+    return keep;
+}
+#endif
+
+// Score mods, then masks on one tile of scores: thread rows row0 + lane / 4 (+ 8), keys from
+// k0. A mask that reads aux data comes as the bits of kpt_tile_keep, others are evaluated here.
 __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_uniform &U,
                                                float (&S)[KPT_BN / 8][4], int b, int h, int row0,
-                                               int k0, int lane, bool partial)
+                                               int k0, int lane, bool partial, u64 keep)
 {
 #if KPT_HAS_SCORE
 #pragma unroll
@@ -330,6 +355,14 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
         }
 #endif
     if (partial) {
+#if KPT_HAS_BLOCKMAP
+#pragma unroll
+        for (int n = 0; n < KPT_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S[n][e] = (keep >> (n * 4 + e)) & 1 ? S[n][e] : KPT_NINF;
+#else
+        (void)keep;
         KPT_MASK_UNROLL
         for (int n = 0; n < KPT_BN / 8; n++)
 #pragma unroll
@@ -342,8 +375,18 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
 #endif
                 S[n][e] = kp ? S[n][e] : KPT_NINF;
             }
+#endif
     }
 }
+
+// Whether kv tile j is partial (evaluates the mask) and, for masks that read aux data, its
+// keep bits.
+#if KPT_HAS_BLOCKMAP
+#define KPT_TILE_KEEP(j, partial)                                                                  \
+    kpt_tile_keep(A, U, b, h, row0, (j) * KPT_BN, lane, partial)
+#else
+#define KPT_TILE_KEEP(j, partial) (~0ull)
+#endif
 
 // Probabilities (in S) to the packed A fragments of the P V product.
 __device__ __forceinline__ void kpt_pack_p(u32 (&P)[KPT_BN / 16][4], const float (&S)[KPT_BN / 8][4])
@@ -355,6 +398,28 @@ __device__ __forceinline__ void kpt_pack_p(u32 (&P)[KPT_BN / 16][4], const float
         P[kk][2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
         P[kk][3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
     }
+}
+
+// This CTA's q tile, head and batch row. Without a block map, blockIdx order with the last q
+// tiles (the heaviest under causal masks) first. With one, CTAs go by decreasing work over all
+// heads and batch rows (rank r of every (batch row, head), then rank r + 1), each (batch row,
+// head) taking its q tiles in kpt_blockmap_order's order: the few long CTAs (a document
+// boundary crossing the q tile makes all its tiles partial) start first rather than last.
+__device__ __forceinline__ void kpt_cta_tile(const kpt_args &A, int &qt, int &h, int &b)
+{
+#if KPT_HAS_BLOCKMAP
+    // the runtime keeps n_qt * Hq * B below 2^31 (cuda_backend.c)
+    const u32 hb = (u32)A.Hq * (u32)A.B;
+    const u32 L = blockIdx.x + (u32)A.n_qt * (blockIdx.y + (u32)A.Hq * blockIdx.z);
+    const u32 r = L / hb, rest = L - r * hb;
+    h = (int)(rest % (u32)A.Hq);
+    b = (int)(rest / (u32)A.Hq);
+    qt = kpt_order_row(A, b, h)[r];
+#else
+    qt = A.n_qt - 1 - (int)blockIdx.x;
+    h = blockIdx.y;
+    b = blockIdx.z;
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
@@ -370,8 +435,9 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
     const u32 bar = kpt_smem_addr(s_bar);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-    const int qt = A.n_qt - 1 - (int)blockIdx.x; // heaviest (last) q tiles first under causal masks
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
+    int qt, h, b;
+    kpt_cta_tile(A, qt, h, b);
+    const int hk = h / A.group;
     const int q0 = qt * KPT_BM;
     const int q1 = min(q0 + KPT_BM, A.Sq) - 1;
 
@@ -453,13 +519,14 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         kpt_issue_s(S, qa, sK);
         if (c == 0 || jn <= hi)
             kpt_turn_give(c);
-        kpt_wgmma_wait<0>();
-        kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
-        kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(0));
         {
-            const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
-            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane,
-                           cls != 2 || (j + 1) * KPT_BN > A.Skv);
+            const bool partial = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j) != 2 ||
+                                 (j + 1) * KPT_BN > A.Skv;
+            const u64 keep = KPT_TILE_KEEP(j, partial);
+            kpt_wgmma_wait<0>();
+            kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(0));
+            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
             grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
             kpt_softmax_exp(S, m, l, sc);
             kpt_pack_p(P, S);
@@ -481,12 +548,13 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             kpt_issue_pv(O, P, sV + sp * KPT_V_BYTES);
             if (c == 0 || jn <= hi)
                 kpt_turn_give(c);
+            const bool partial = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j) != 2 ||
+                                 (j + 1) * KPT_BN > A.Skv;
+            const u64 keep = KPT_TILE_KEEP(j, partial);
             kpt_wgmma_wait<1>();
             kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
             kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
-            const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
-            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane,
-                           cls != 2 || (j + 1) * KPT_BN > A.Skv);
+            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
             grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
             kpt_softmax_exp(S, m, l, sc);
             kpt_wgmma_wait<0>();

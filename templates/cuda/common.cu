@@ -147,6 +147,19 @@ __device__ __forceinline__ u32 kpt_pack(float lo, float hi)
     return r;
 }
 
+#if KPT_HAS_BLOCKMAP && KPT_WGMMA
+// The order table follows the block map in the same buffer, 16-byte aligned: per map row
+// (batch row, head), n_qt q tile indices. Host twin: kpt_kernel_args_map_bytes.
+__device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
+{
+    const i64 rows_h = A.bm_sh ? A.Hq : 1, rows = rows_h * (A.bm_sb ? A.B : 1);
+    const i64 map_bytes = (i64)A.n_qt * A.n_kt * rows;
+    int *table = (int *)((unsigned char *)A.blockmap + ((map_bytes + 15) & ~(i64)15));
+    const i64 row = (A.bm_sb ? b : 0) * rows_h + (A.bm_sh ? h : 0);
+    return table + row * A.n_qt;
+}
+#endif
+
 // The class of kv tile t for this CTA: from the block map when the pattern needs one, else from
 // interval reasoning on the tile's corners.
 __device__ __forceinline__ int kpt_tile_class(const kpt_args &A, int b, int h, int qt, int q0,
@@ -344,4 +357,45 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
         ((unsigned char *)A.blockmap)[(i64)b * A.bm_sb + (i64)h * A.bm_sh + (i64)qt * A.bm_sq + t] =
             (unsigned char)c;
 }
+#if KPT_WGMMA
+// The Hopper kernel's CTA order for a block map (kpt_cta_tile): per map row (batch row, head),
+// its q tiles sorted by decreasing work, estimated from the map: full tiles 2, partial tiles 5
+// (they evaluate the mask), 4 for the CTA itself. One CTA per row; rows beyond KPT_ORDER_MAX q
+// tiles keep the plain order (last q tile first).
+#define KPT_ORDER_MAX 4096
+extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_args A)
+{
+    __shared__ int cost[KPT_ORDER_MAX];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n = A.n_qt;
+    const unsigned char *map = (const unsigned char *)A.blockmap + (i64)blockIdx.z * A.bm_sb +
+                               (i64)blockIdx.y * A.bm_sh;
+    int *order = kpt_order_row(A, blockIdx.z, blockIdx.y);
+    if (n > KPT_ORDER_MAX) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            order[i] = n - 1 - i;
+        return;
+    }
+    for (int qt = warp; qt < n; qt += 32) {
+        int c = 0;
+        for (int t = lane; t < A.n_kt; t += 32) {
+            const int cls = map[(i64)qt * A.bm_sq + t];
+            c += cls == 2 ? 2 : cls == 1 ? 5 : 0;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            c += __shfl_xor_sync(0xffffffffu, c, o);
+        if (lane == 0)
+            cost[qt] = c + 4;
+    }
+    __syncthreads();
+    // rank = the q tiles ahead of i: costlier, or as costly and later (as in the plain order)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int ci = cost[i];
+        int r = 0;
+        for (int j = 0; j < n; j++)
+            r += cost[j] > ci || (cost[j] == ci && j > i);
+        order[r] = i;
+    }
+}
+#endif
 #endif
