@@ -379,8 +379,8 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
     }
 }
 
-// Whether kv tile j is partial (evaluates the mask) and, for masks that read aux data, its
-// keep bits.
+// The keep bits of kv tile j for masks that read aux data (kpt_tile_keep); all ones for the
+// others, whose partial tiles kpt_apply_tile evaluates itself.
 #if KPT_HAS_BLOCKMAP
 #define KPT_TILE_KEEP(j, partial)                                                                  \
     kpt_tile_keep(A, U, b, h, row0, (j) * KPT_BN, lane, partial)
