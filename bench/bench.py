@@ -33,6 +33,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+# "kpt cold" must be cold: on machines with the CUDA driver, NVRTC keeps what it compiled in the
+# driver's compute cache (~/.nv/ComputeCache) and a second compile of the same kernel, even in
+# another process, takes 30-50 ms; earlier runs (tests, other benchmarks) would fill it.
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
 import kpt  # noqa: E402

@@ -43,7 +43,7 @@ static kpt_status cuda_compile(kpt_backend *b, const char *source, const kpt_ker
 {
     kpt_nvrtc_output nv = {0};
     kpt_status st =
-        kpt_nvrtc_compile(source, plan->cfg.sm, plan->cfg.wgmma, true, false, &nv, diag);
+        kpt_nvrtc_compile(source, plan->cfg.sm, kpt_cuda_nvrtc_flags(plan), &nv, diag);
     if (!st) {
         *binary = nv.cubin;
         *size = nv.cubin_size;

@@ -100,6 +100,12 @@ kpt_status kpt_cuda_make_current(const kpt_cuda_device *dev, kpt_diag *diag)
     return KPT_OK;
 }
 
+unsigned kpt_cuda_nvrtc_flags(const kpt_kernel_plan *plan)
+{
+    return KPT_NVRTC_CUBIN | (plan->cfg.wgmma ? KPT_NVRTC_ARCH_SPECIFIC : 0) |
+           (plan->has_blockmap ? KPT_NVRTC_PARALLEL : 0);
+}
+
 kpt_status kpt_cuda_generate(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                              kpt_kernel_plan *plan, char **source, kpt_diag *diag)
 {
@@ -171,7 +177,8 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     double codegen_ms = kpt_now_ms() - t0;
     kpt_nvrtc_output nv = {0};
     if (!st)
-        st = kpt_nvrtc_compile(src, c.sm, plan.cfg.wgmma, true, true, &nv, diag);
+        st = kpt_nvrtc_compile(src, c.sm, kpt_cuda_nvrtc_flags(&plan) | KPT_NVRTC_PTXAS_VERBOSE,
+                               &nv, diag);
     free(src);
     if (!st)
         st = kpt_cuda_kernel_load(dev, p, &plan, nv.cubin, out, diag);

@@ -52,6 +52,11 @@ bool kpt_cuda_target_wgmma(const char *target);
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag);
 void kpt_cuda_device_close(kpt_cuda_device *dev);
 
+/* The KPT_NVRTC_* flags (runtime/nvrtc.h) that compile the source generated for `plan` to a
+ * CUBIN: sm_90a for the Hopper kernel, and the block-map kernels compiled beside attention
+ * rather than after it. */
+unsigned kpt_cuda_nvrtc_flags(const kpt_kernel_plan *plan);
+
 /* Plans the kernels of `p` for `cfg` (cfg->sm must be set) and generates their source (malloc'ed,
  * the caller frees). `smem_limit` > 0 refuses plans needing more shared memory than that. */
 kpt_status kpt_cuda_generate(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,

@@ -135,20 +135,24 @@ static char *program_log(nvrtcProgram prog)
     return log;
 }
 
-kpt_status kpt_nvrtc_compile(const char *src, int sm, bool arch_specific, bool cubin,
-                             bool ptxas_verbose, kpt_nvrtc_output *out, kpt_diag *diag)
+kpt_status kpt_nvrtc_compile(const char *src, int sm, unsigned flags, kpt_nvrtc_output *out,
+                             kpt_diag *diag)
 {
     memset(out, 0, sizeof(*out));
     kpt_status st = ensure_loaded(diag);
     if (st)
         return st;
+    const bool cubin = flags & KPT_NVRTC_CUBIN;
     char arch[64];
     /* compute_XX yields PTX only; sm_XX yields PTX and CUBIN. */
     snprintf(arch, sizeof(arch), "--gpu-architecture=%s_%d%s", cubin ? "sm" : "compute", sm,
-             arch_specific ? "a" : "");
-    const char *opts[] = {arch, "--std=c++17", "--device-as-default-execution-space",
-                          "--ptxas-options=-v"};
-    int nopts = ptxas_verbose && cubin ? 4 : 3;
+             flags & KPT_NVRTC_ARCH_SPECIFIC ? "a" : "");
+    const char *opts[5] = {arch, "--std=c++17", "--device-as-default-execution-space"};
+    int nopts = 3;
+    if (cubin && (flags & KPT_NVRTC_PTXAS_VERBOSE))
+        opts[nopts++] = "--ptxas-options=-v";
+    if (flags & KPT_NVRTC_PARALLEL)
+        opts[nopts++] = "--split-compile=0";
     double t0 = kpt_now_ms();
     nvrtcProgram prog = NULL;
     nvrtcResult r = nv.CreateProgram(&prog, src, "kpt_kernel.cu", 0, NULL, NULL);

@@ -17,12 +17,21 @@ typedef struct kpt_nvrtc_output {
     double ms;        /* wall time of the compilation */
 } kpt_nvrtc_output;
 
-/* Compiles `src` for sm_`sm` (80, 86, 89, 90; with `arch_specific`, sm_90a: the wgmma kernel).
- * With `cubin` the output holds machine code too;
- * with `ptxas_verbose` the log holds ptxas's register, spill and shared-memory figures. On a
- * compilation error the status is KPT_ERR_COMPILE and the diag holds the start of the log. */
-kpt_status kpt_nvrtc_compile(const char *src, int sm, bool arch_specific, bool cubin,
-                             bool ptxas_verbose, kpt_nvrtc_output *out, kpt_diag *diag);
+/* What kpt_nvrtc_compile makes and how. */
+enum {
+    KPT_NVRTC_ARCH_SPECIFIC = 1 << 0, /* sm_XXa (sm_90a: the wgmma kernel) */
+    KPT_NVRTC_CUBIN = 1 << 1,         /* machine code too, not only PTX */
+    KPT_NVRTC_PTXAS_VERBOSE = 1 << 2, /* the log holds ptxas's register, spill and smem figures */
+    /* The module has several kernels (the block-map ones beside attention): they are optimised
+     * and assembled concurrently (--split-compile=0, all cores). Not for one kernel: the threads
+     * cost more than they save there. */
+    KPT_NVRTC_PARALLEL = 1 << 3,
+};
+
+/* Compiles `src` for sm_`sm` (80, 86, 89, 90) as `flags` (KPT_NVRTC_*) say. On a compilation
+ * error the status is KPT_ERR_COMPILE and the diag holds the start of the log. */
+kpt_status kpt_nvrtc_compile(const char *src, int sm, unsigned flags, kpt_nvrtc_output *out,
+                             kpt_diag *diag);
 void kpt_nvrtc_output_free(kpt_nvrtc_output *out);
 
 /* NVRTC's version as major * 1000 + minor * 10 (13000 for 13.0), or a negative status when the

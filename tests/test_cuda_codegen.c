@@ -19,6 +19,7 @@
 #include "codegen/template.h"
 #include "compiler/plan_tiles.h"
 #include "ir/diag.h"
+#include "runtime/cuda_backend.h"
 #include "runtime/nvrtc.h"
 
 static void test_template_fill(void **state)
@@ -215,7 +216,8 @@ static void *worker(void *arg)
             j->st = kpt_cuda_source(p, &plan, &src, &d);
         kpt_nvrtc_output out = {0};
         if (!j->st)
-            j->st = kpt_nvrtc_compile(src, j->sm, j->wgmma, true, true, &out, &d);
+            j->st = kpt_nvrtc_compile(src, j->sm, kpt_cuda_nvrtc_flags(&plan) | KPT_NVRTC_PTXAS_VERBOSE,
+                                   &out, &d);
         if (!j->st) {
             j->mma = strstr(out.ptx, "mma.sync.aligned.m16n8k16.row.col.f32") != NULL;
             j->wgmma_ptx = strstr(out.ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32") != NULL;

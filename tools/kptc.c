@@ -388,8 +388,12 @@ static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
     }
     bool cubin = !strcmp(what, "cubin");
     kpt_nvrtc_output out;
-    st = kpt_nvrtc_compile(src, cfg.sm, plan.cfg.wgmma, cubin || o->verbose, o->verbose != NULL,
-                           &out, &d);
+    unsigned flags = kpt_cuda_nvrtc_flags(&plan);
+    if (!cubin && !o->verbose)
+        flags &= ~KPT_NVRTC_CUBIN;
+    if (o->verbose)
+        flags |= KPT_NVRTC_PTXAS_VERBOSE;
+    st = kpt_nvrtc_compile(src, cfg.sm, flags, &out, &d);
     free(src);
     if (st) {
         kpt_nvrtc_output_free(&out);

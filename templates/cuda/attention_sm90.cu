@@ -19,65 +19,70 @@
 #define KPT_WG_T "f16"
 #endif
 
-// D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
-// B (16 x 64, shared, MN-major: N contiguous).
-__device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db, int scale_d)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                   , "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                   , "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                   , "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
+// Operands of the warpgroup products: D, N / 2 floats (N = 64 or 128), in operands %0 on;
+// KPT_ACC* name them in the asm text, KPT_D* bind them.
+#define KPT_ACC32                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define KPT_ACC64                                                                                  \
+    KPT_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+              "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define KPT_D8(o)                                                                                  \
+    "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]),    \
+        "+f"(d[o + 6]), "+f"(d[o + 7])
+#define KPT_D32 KPT_D8(0), KPT_D8(8), KPT_D8(16), KPT_D8(24)
+#define KPT_D64 KPT_D32, KPT_D8(32), KPT_D8(40), KPT_D8(48), KPT_D8(56)
+#define KPT_P4(k) "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3])
+#define KPT_P32 KPT_P4(0), KPT_P4(1), KPT_P4(2), KPT_P4(3), KPT_P4(4), KPT_P4(5), KPT_P4(6), KPT_P4(7)
+
 // D (64 x 128, f32) += A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major)^T;
-// scale_d = 0 ignores D's old value.
+// scale_d = 0 ignores D's old value. One asm statement per k step: issuing the k steps of S from
+// one statement (as P V does) compiles ~5 % faster but ran 2-5 % slower (H100: full, alibi).
 __device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC64
                  "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                   , "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                   , "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                   , "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                   , "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-                   , "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-                   , "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-                   , "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : KPT_D64
                  : "l"(da), "l"(db), "r"(scale_d));
 }
-// D (64 x 128, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
-// B (16 x 128, shared, MN-major: N contiguous).
-__device__ __forceinline__ void kpt_wgmma_rs_n128(float *d, const u32 *a, u64 db, int scale_d)
+
+// One k step of O (64 x n, f32) += P (64 x 16, registers, the mma.sync A-fragment layout per
+// warp; operands pk) * V (16 x n, shared, MN-major: n contiguous), V's descriptor dv plus off (in
+// 16-byte units of the 14-bit address field, which does not carry: shared addresses stay below
+// 256 KB).
+#define KPT_WG_RS(n, acc, pk, dv, off)                                                             \
+    "add.s64 v, " dv ", " off ";\n"                                                                \
+    "wgmma.mma_async.sync.aligned.m64n" n "k16.f32." KPT_WG_T "." KPT_WG_T " " acc "}, {" pk       \
+    "}, v, t, 1, 1, 1;\n"
+// O += P V over a tile's KPT_BN keys: V's descriptor steps 16 rows (2048 bytes) a k step. All k
+// steps in one asm statement: NVVM's time grows with each statement of ~70 operands, and one
+// statement rather than eight takes ~5 % off the kernel's compile time, at no cost in speed.
+static_assert(KPT_BN == 128, "kpt_wgmma_pv issues 8 k steps");
+__device__ __forceinline__ void kpt_wgmma_pv(float *d, const u32 (&a)[KPT_BN / 16][4], u64 dv)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                   , "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                   , "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                   , "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                   , "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-                   , "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-                   , "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-                   , "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#if KPT_DV == 128
+#define KPT_RS(pk, off) KPT_WG_RS("128", KPT_ACC64, pk, "%96", off)
+    asm volatile("{\n.reg .pred t;\n.reg .b64 v;\nsetp.eq.b32 t, 0, 0;\n"
+                 KPT_RS("%64, %65, %66, %67", "0") KPT_RS("%68, %69, %70, %71", "128")
+                 KPT_RS("%72, %73, %74, %75", "256") KPT_RS("%76, %77, %78, %79", "384")
+                 KPT_RS("%80, %81, %82, %83", "512") KPT_RS("%84, %85, %86, %87", "640")
+                 KPT_RS("%88, %89, %90, %91", "768") KPT_RS("%92, %93, %94, %95", "896")
+                 "}\n"
+                 : KPT_D64
+                 : KPT_P32, "l"(dv));
+#else
+#define KPT_RS(pk, off) KPT_WG_RS("64", KPT_ACC32, pk, "%64", off)
+    asm volatile("{\n.reg .pred t;\n.reg .b64 v;\nsetp.eq.b32 t, 0, 0;\n"
+                 KPT_RS("%32, %33, %34, %35", "0") KPT_RS("%36, %37, %38, %39", "128")
+                 KPT_RS("%40, %41, %42, %43", "256") KPT_RS("%44, %45, %46, %47", "384")
+                 KPT_RS("%48, %49, %50, %51", "512") KPT_RS("%52, %53, %54, %55", "640")
+                 KPT_RS("%56, %57, %58, %59", "768") KPT_RS("%60, %61, %62, %63", "896")
+                 "}\n"
+                 : KPT_D32
+                 : KPT_P32, "l"(dv));
+#endif
+#undef KPT_RS
 }
 // Keeps the compiler from moving reads or writes of D (N floats) across a wgmma wait (the
 // products write D asynchronously, behind the compiler's back).
@@ -106,11 +111,6 @@ __device__ __forceinline__ void kpt_fence_proxy_async()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-#if KPT_DV == 128
-#define kpt_wgmma_rs_o kpt_wgmma_rs_n128
-#else
-#define kpt_wgmma_rs_o kpt_wgmma_rs_n64
-#endif
 
 // A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and
 // stride byte offsets (each stored divided by 16), swizzle mode 1 in bits 62-63.
@@ -306,11 +306,7 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
                                              const u32 (&P)[KPT_BN / 16][4], u32 tV)
 {
     kpt_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KPT_BN / 16; kk++) {
-        const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
-        kpt_wgmma_rs_o(&O[0][0], P[kk], dv, 1);
-    }
+    kpt_wgmma_pv(&O[0][0], P, kpt_sw128_desc(tV, KPT_BN * 128, 1024));
     kpt_wgmma_commit();
 }
 
