@@ -47,42 +47,40 @@ __device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int 
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
-// One k step of O (64 x n, f32) += P (64 x 16, registers, the mma.sync A-fragment layout per
-// warp; operands pk) * V (16 x n, shared, MN-major: n contiguous), V's descriptor dv plus off (in
-// 16-byte units of the 14-bit address field, which does not carry: shared addresses stay below
-// 256 KB).
-#define KPT_WG_RS(n, acc, pk, dv, off)                                                             \
-    "add.s64 v, " dv ", " off ";\n"                                                                \
-    "wgmma.mma_async.sync.aligned.m64n" n "k16.f32." KPT_WG_T "." KPT_WG_T " " acc "}, {" pk       \
-    "}, v, t, 1, 1, 1;\n"
-// O += P V over a tile's KPT_BN keys: V's descriptor steps 16 rows (2048 bytes) a k step. All k
-// steps in one asm statement: NVVM's time grows with each statement of ~70 operands, and one
-// statement rather than eight takes ~5 % off the kernel's compile time, at no cost in speed.
-static_assert(KPT_BN == 128, "kpt_wgmma_pv issues 8 k steps");
-__device__ __forceinline__ void kpt_wgmma_pv(float *d, const u32 (&a)[KPT_BN / 16][4], u64 dv)
+// D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
+// B (16 x 64, shared, MN-major: N contiguous).
+__device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db, int scale_d)
 {
-#if KPT_DV == 128
-#define KPT_RS(pk, off) KPT_WG_RS("128", KPT_ACC64, pk, "%96", off)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC32
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : KPT_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// One k step of O (64 x 128, f32) += P (64 x 16, registers, the mma.sync A-fragment layout per
+// warp; operands pk) * V (16 x 128, shared, MN-major: N contiguous), V's descriptor %96 plus off
+// (in 16-byte units of the 14-bit address field, which does not carry: shared addresses stay
+// below 256 KB).
+#define KPT_WG_RS128(pk, off)                                                                      \
+    "add.s64 v, %96, " off ";\n"                                                                   \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC64 "}, {" pk  \
+    "}, v, t, 1, 1, 1;\n"
+// O (64 x 128) += P V over a tile's KPT_BN keys, V's descriptor stepping 16 rows (2048 bytes) a
+// k step. All k steps in one asm statement: NVVM's time grows with each statement of ~70
+// operands, and one rather than eight takes ~5 % off the kernel's compile time at no cost in
+// speed. (At D = 64 the same ran 3-8 % slower, H100: kpt_issue_pv keeps a statement per step.)
+static_assert(KPT_BN == 128, "kpt_wgmma_pv128 issues 8 k steps");
+__device__ __forceinline__ void kpt_wgmma_pv128(float *d, const u32 (&a)[KPT_BN / 16][4], u64 dv)
+{
     asm volatile("{\n.reg .pred t;\n.reg .b64 v;\nsetp.eq.b32 t, 0, 0;\n"
-                 KPT_RS("%64, %65, %66, %67", "0") KPT_RS("%68, %69, %70, %71", "128")
-                 KPT_RS("%72, %73, %74, %75", "256") KPT_RS("%76, %77, %78, %79", "384")
-                 KPT_RS("%80, %81, %82, %83", "512") KPT_RS("%84, %85, %86, %87", "640")
-                 KPT_RS("%88, %89, %90, %91", "768") KPT_RS("%92, %93, %94, %95", "896")
+                 KPT_WG_RS128("%64, %65, %66, %67", "0") KPT_WG_RS128("%68, %69, %70, %71", "128")
+                 KPT_WG_RS128("%72, %73, %74, %75", "256") KPT_WG_RS128("%76, %77, %78, %79", "384")
+                 KPT_WG_RS128("%80, %81, %82, %83", "512") KPT_WG_RS128("%84, %85, %86, %87", "640")
+                 KPT_WG_RS128("%88, %89, %90, %91", "768") KPT_WG_RS128("%92, %93, %94, %95", "896")
                  "}\n"
                  : KPT_D64
                  : KPT_P32, "l"(dv));
-#else
-#define KPT_RS(pk, off) KPT_WG_RS("64", KPT_ACC32, pk, "%64", off)
-    asm volatile("{\n.reg .pred t;\n.reg .b64 v;\nsetp.eq.b32 t, 0, 0;\n"
-                 KPT_RS("%32, %33, %34, %35", "0") KPT_RS("%36, %37, %38, %39", "128")
-                 KPT_RS("%40, %41, %42, %43", "256") KPT_RS("%44, %45, %46, %47", "384")
-                 KPT_RS("%48, %49, %50, %51", "512") KPT_RS("%52, %53, %54, %55", "640")
-                 KPT_RS("%56, %57, %58, %59", "768") KPT_RS("%60, %61, %62, %63", "896")
-                 "}\n"
-                 : KPT_D32
-                 : KPT_P32, "l"(dv));
-#endif
-#undef KPT_RS
 }
 // Keeps the compiler from moving reads or writes of D (N floats) across a wgmma wait (the
 // products write D asynchronously, behind the compiler's back).
@@ -306,7 +304,15 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
                                              const u32 (&P)[KPT_BN / 16][4], u32 tV)
 {
     kpt_wgmma_fence();
-    kpt_wgmma_pv(&O[0][0], P, kpt_sw128_desc(tV, KPT_BN * 128, 1024));
+#if KPT_DV == 128
+    kpt_wgmma_pv128(&O[0][0], P, kpt_sw128_desc(tV, KPT_BN * 128, 1024));
+#else
+#pragma unroll
+    for (int kk = 0; kk < KPT_BN / 16; kk++) {
+        const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
+        kpt_wgmma_rs_n64(&O[0][0], P[kk], dv, 1);
+    }
+#endif
     kpt_wgmma_commit();
 }
 
