@@ -89,7 +89,7 @@ def compile_table(data):
         if "flex_first_call_ms" in r:
             first_call.setdefault((r["pattern"], r["dtype"], r["D"]), []).append(r["flex_first_call_ms"])
     out = ["### Compilation (ms, wall clock on the benchmark machine)", "",
-           "kpt *cold*: codegen, NVRTC and module load with an empty cache; *disk*: a new context "
+           "kpt *cold*: codegen, NVRTC and module load with kpt's caches empty and the driver's compute cache off (`CUDA_CACHE_DISABLE=1`, which NVRTC also uses); *disk*: a new context "
            "finding the kernel in the disk cache (another process's view); *memory*: the same "
            "context asked again. FlexAttention's *first call* compiles for one shape (it "
            "recompiles for every new S); the range is over the S values run.", "",
