@@ -136,6 +136,35 @@ static void test_plan_refuses(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* NVRTC's flags follow the plan: sm_90a for the Hopper kernel, and modules with block-map kernels
+ * (a mask that reads aux data) compiled kernel by kernel in parallel; one-kernel modules not. */
+static void test_nvrtc_flags(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *pattern;
+        int sm;
+        bool wgmma;
+        unsigned want;
+    } cases[] = {
+        {"causal", 80, false, KPT_NVRTC_CUBIN},
+        {"causal", 90, true, KPT_NVRTC_CUBIN | KPT_NVRTC_ARCH_SPECIFIC},
+        {"document", 80, false, KPT_NVRTC_CUBIN | KPT_NVRTC_PARALLEL},
+        {"document", 90, true, KPT_NVRTC_CUBIN | KPT_NVRTC_ARCH_SPECIFIC | KPT_NVRTC_PARALLEL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kpt_pattern *p = NULL;
+        kpt_diag d = {0};
+        assert_int_equal(kpt_pattern_parse(cases[i].pattern, &p, &d), KPT_OK);
+        kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .dqk = 128, .dv = 128, .sm = cases[i].sm,
+                                 .wgmma = cases[i].wgmma};
+        kpt_kernel_plan plan;
+        assert_int_equal(kpt_plan_tiles(p, &cfg, &plan, &d), KPT_OK);
+        assert_int_equal(kpt_cuda_nvrtc_flags(&plan), cases[i].want);
+        kpt_pattern_destroy(&p);
+    }
+}
+
 /* ---- NVRTC over the whole matrix ------------------------------------------------------------- */
 
 static const char *const patterns[] = {
@@ -343,6 +372,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_template_fill),
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
+        cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
