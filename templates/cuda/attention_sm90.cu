@@ -91,8 +91,6 @@ template <int N> __device__ __forceinline__ void kpt_wgmma_regs(float *d)
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
-
-
 __device__ __forceinline__ void kpt_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void kpt_wgmma_commit()
 {
@@ -108,7 +106,6 @@ __device__ __forceinline__ void kpt_fence_proxy_async()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-
 
 // A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and
 // stride byte offsets (each stored divided by 16), swizzle mode 1 in bits 62-63.
