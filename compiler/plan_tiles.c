@@ -74,6 +74,11 @@ static kpt_status plan_mask(const kpt_pattern *p, kpt_kernel_plan *pl, kpt_diag 
     return KPT_OK;
 }
 
+static bool wgmma_dim(int d)
+{
+    return d == 64 || d == 128 || d == 256;
+}
+
 kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kpt_kernel_plan *out,
                           kpt_diag *diag)
 {
@@ -97,11 +102,12 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
     if (st)
         return st;
     /* sm_90a (templates/cuda/attention_sm90.cu): a producer warpgroup (TMA) and two consumer
-     * warpgroups of 64 rows, 128-key tiles, a ring of two stages of swizzled K and V; head dims
-     * 64 and 128 (the 128-byte swizzle atoms are 64 elements wide). Other shape classes take
-     * the sm_80 kernel. */
-    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && (cfg->dqk == 64 || cfg->dqk == 128) &&
-                   (cfg->dv == 64 || cfg->dv == 128);
+     * warpgroups of 64 rows, a ring of two stages of swizzled K and V; head dims 64, 128 and 256
+     * (the 128-byte swizzle atoms are 64 elements wide). 128-key tiles, or 64 where a head dim
+     * is 256: Q and two stages of 128-key K and V tiles would need 256 KB of shared memory, and
+     * O (128 registers a thread) leaves room for the scores of 64 keys only. Other head dims
+     * take the sm_80 kernel. */
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && wgmma_dim(cfg->dqk) && wgmma_dim(cfg->dv);
     if (pl.cfg.wgmma) {
         /* Masks that read aux data unroll too: the mask runs in its own loop after S is
          * ready, and unrolled, the loads of a row's or a key's value are shared across the
@@ -113,7 +119,7 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
         pl.warps = 12;
         pl.mt = 1;
         pl.bm = 128;
-        pl.bn = 128;
+        pl.bn = dmax == 256 ? 64 : 128;
         pl.q_in_regs = false;
         pl.smem_bytes = 1024 + 2 * ((size_t)pl.bm * (size_t)cfg->dqk +
                                     (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv));

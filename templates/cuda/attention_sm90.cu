@@ -19,7 +19,7 @@
 #define KPT_WG_T "f16"
 #endif
 
-// Operands of the warpgroup products: D, N / 2 floats (N = 64 or 128), in operands %0 on;
+// Operands of the warpgroup products: D, N / 2 floats (N = 64, 128 or 256), in operands %0 on;
 // KPT_ACC* name them in the asm text, KPT_D* bind them.
 #define KPT_ACC32                                                                                  \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
@@ -27,11 +27,20 @@
 #define KPT_ACC64                                                                                  \
     KPT_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define KPT_ACC128                                                                                 \
+    KPT_ACC64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+              "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "   \
+              "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "               \
+              "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "           \
+              "%120, %121, %122, %123, %124, %125, %126, %127"
 #define KPT_D8(o)                                                                                  \
     "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]),    \
         "+f"(d[o + 6]), "+f"(d[o + 7])
 #define KPT_D32 KPT_D8(0), KPT_D8(8), KPT_D8(16), KPT_D8(24)
 #define KPT_D64 KPT_D32, KPT_D8(32), KPT_D8(40), KPT_D8(48), KPT_D8(56)
+#define KPT_D128                                                                                   \
+    KPT_D64, KPT_D8(64), KPT_D8(72), KPT_D8(80), KPT_D8(88), KPT_D8(96), KPT_D8(104),            \
+        KPT_D8(112), KPT_D8(120)
 #define KPT_P4(k) "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3])
 #define KPT_P32 KPT_P4(0), KPT_P4(1), KPT_P4(2), KPT_P4(3), KPT_P4(4), KPT_P4(5), KPT_P4(6), KPT_P4(7)
 
@@ -47,6 +56,16 @@ __device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int 
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// The same with B 16 x 64: S of 64-key tiles (head dim 256).
+__device__ __forceinline__ void kpt_wgmma_ss_n64(float *d, u64 da, u64 db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC32
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : KPT_D32
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
 // D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
 // B (16 x 64, shared, MN-major: N contiguous).
 __device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db, int scale_d)
@@ -56,6 +75,24 @@ __device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db,
                  "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
                  : KPT_D32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// The same with B 16 x 128 and 16 x 256, adding to D: the k steps of P V over 64-key tiles.
+__device__ __forceinline__ void kpt_wgmma_rs_n128(float *d, const u32 *a, u64 db)
+{
+    asm volatile("{\n.reg .pred t;\nsetp.eq.b32 t, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC64
+                 "}, {%64, %65, %66, %67}, %68, t, 1, 1, 1;\n}\n"
+                 : KPT_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void kpt_wgmma_rs_n256(float *d, const u32 *a, u64 db)
+{
+    asm volatile("{\n.reg .pred t;\nsetp.eq.b32 t, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC128
+                 "}, {%128, %129, %130, %131}, %132, t, 1, 1, 1;\n}\n"
+                 : KPT_D128
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
 // One k step of O (64 x 128, f32) += P (64 x 16, registers, the mma.sync A-fragment layout per
@@ -70,7 +107,7 @@ __device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db,
 // k step. All k steps in one asm statement: NVVM's time grows with each statement of ~70
 // operands, and one rather than eight takes ~5 % off the kernel's compile time at no cost in
 // speed. (At D = 64 the same ran 3-8 % slower, H100: kpt_issue_pv keeps a statement per step.)
-static_assert(KPT_BN == 128, "kpt_wgmma_pv128 issues 8 k steps");
+#if KPT_BN == 128 && KPT_DV == 128
 __device__ __forceinline__ void kpt_wgmma_pv128(float *d, const u32 (&a)[KPT_BN / 16][4], u64 dv)
 {
     asm volatile("{\n.reg .pred t;\n.reg .b64 v;\nsetp.eq.b32 t, 0, 0;\n"
@@ -82,6 +119,7 @@ __device__ __forceinline__ void kpt_wgmma_pv128(float *d, const u32 (&a)[KPT_BN 
                  : KPT_D64
                  : KPT_P32, "l"(dv));
 }
+#endif
 // Keeps the compiler from moving reads or writes of D (N floats) across a wgmma wait (the
 // products write D asynchronously, behind the compiler's back).
 template <int N> __device__ __forceinline__ void kpt_wgmma_regs(float *d)
@@ -290,7 +328,11 @@ __device__ __forceinline__ void kpt_issue_s(float (&S)[KPT_BN / 8][4], u32 qa, u
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
         const u64 da = kpt_sw128_desc(qa + (kk >> 2) * KPT_BM * 128 + kb, 16, 1024);
         const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
+#if KPT_BN == 128
         kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
+#else
+        kpt_wgmma_ss_n64(&S[0][0], da, db, kk > 0);
+#endif
     }
     kpt_wgmma_commit();
 }
@@ -301,13 +343,19 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
                                              const u32 (&P)[KPT_BN / 16][4], u32 tV)
 {
     kpt_wgmma_fence();
-#if KPT_DV == 128
+#if KPT_DV == 128 && KPT_BN == 128
     kpt_wgmma_pv128(&O[0][0], P, kpt_sw128_desc(tV, KPT_BN * 128, 1024));
 #else
 #pragma unroll
     for (int kk = 0; kk < KPT_BN / 16; kk++) {
         const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
+#if KPT_DV == 64
         kpt_wgmma_rs_n64(&O[0][0], P[kk], dv, 1);
+#elif KPT_DV == 128
+        kpt_wgmma_rs_n128(&O[0][0], P[kk], dv);
+#else
+        kpt_wgmma_rs_n256(&O[0][0], P[kk], dv);
+#endif
     }
 #endif
     kpt_wgmma_commit();

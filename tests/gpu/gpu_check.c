@@ -254,6 +254,9 @@ static void build_matrix(bool quick)
             add(qp[i], KPT_DTYPE_BF16, 64, 64, 1, 4, 1, 200, 333, NULL, false);
             add(qp[i], KPT_DTYPE_F16, 128, 128, 2, 2, 2, 129, 129, NULL, true);
         }
+        /* head dim 256: the sm_90a kernel's 64-key tiles and 256-wide P V */
+        add("document+causal", KPT_DTYPE_BF16, 256, 256, 1, 2, 1, 200, 333, NULL, false);
+        add("alibi", KPT_DTYPE_F16, 256, 128, 1, 2, 2, 129, 129, NULL, true);
         add_scaled("full", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 300, 333, NULL, false, -0.09);
         add_scaled("causal", KPT_DTYPE_F16, 64, 64, 1, 2, 1, 129, 1000, NULL, true, -0.2);
         return;
@@ -270,15 +273,19 @@ static void build_matrix(bool quick)
                 add(all_patterns[pi], dts[di], D, D, 1, 4, 4, 4133, 4133, NULL, false);
             }
     /* the other head dims, Dqk != Dv */
-    static const int dims[][2] = {{32, 32}, {96, 96}, {256, 256}, {128, 64}, {64, 128}};
+    static const int dims[][2] = {{32, 32},  {96, 96},  {256, 256}, {128, 64},
+                                  {64, 128}, {256, 64}, {128, 256}};
     static const char *const dp[] = {"full", "causal", "document+causal", "softcap(50)+causal",
                                      "alibi"};
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 7; i++)
         for (int j = 0; j < 5; j++)
             for (int di = 0; di < 2; di++) {
                 add(dp[j], dts[di], dims[i][0], dims[i][1], 1, 4, 1, 1000, 777, NULL, false);
                 add(dp[j], dts[di], dims[i][0], dims[i][1], 2, 2, 2, 17, 300, NULL, true);
             }
+    /* head dim 256 over many 64-key tiles, odd lengths */
+    add("causal", KPT_DTYPE_BF16, 256, 256, 1, 2, 2, 2333, 2333, NULL, false);
+    add("sliding_window(100)", KPT_DTYPE_F16, 256, 256, 1, 4, 2, 1500, 1777, NULL, true);
     /* runtime scalars: other values, same kernel */
     add("sliding_window($w=256)", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 1000, 1000, "w=77", false);
     add("sliding_window($w=256)", KPT_DTYPE_BF16, 128, 128, 1, 2, 2, 1000, 1000, "w=1", false);
