@@ -118,7 +118,7 @@ static void test_plan_refuses(void **state)
     assert_non_null(strstr(d.message, "Dqk = 80"));
     kpt_kernel_config bad_dt = {.dtype = KPT_DTYPE_F32, .dqk = 64, .dv = 64, .sm = 80};
     assert_int_equal(kpt_plan_tiles(p, &bad_dt, &plan, &d), KPT_ERR_UNSUPPORTED);
-    /* sm_90a covers head dims 64 and 128; others fall back to the sm_80 kernel */
+    /* sm_90a covers head dims 64, 128 and 256; others fall back to the sm_80 kernel */
     kpt_kernel_config a96 = {.dtype = KPT_DTYPE_BF16, .dqk = 96, .dv = 96, .sm = 90, .wgmma = true};
     assert_int_equal(kpt_plan_tiles(p, &a96, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
@@ -128,6 +128,14 @@ static void test_plan_refuses(void **state)
     assert_true(plan.cfg.wgmma);
     assert_int_equal(plan.warps, 12);
     assert_int_equal(plan.bm, 128);
+    assert_int_equal(plan.bn, 128);
+    /* 256: 64-key tiles, within the H100's 227 KB of shared memory a block */
+    kpt_kernel_config a256 = {
+        .dtype = KPT_DTYPE_BF16, .dqk = 256, .dv = 256, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles(p, &a256, &plan, &d), KPT_OK);
+    assert_true(plan.cfg.wgmma);
+    assert_int_equal(plan.bn, 64);
+    assert_true(plan.smem_bytes <= 227 * 1024);
     kpt_kernel_config a80 = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 80, .wgmma = true};
     assert_int_equal(kpt_plan_tiles(p, &a80, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
@@ -176,9 +184,10 @@ static const char *const patterns[] = {
 static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 256}, {128, 64},
                               {64, 128}};
 #define NDIM (sizeof(dims) / sizeof(dims[0]))
-/* sm_90a (the wgmma kernel) covers head dims 64 and 128: these entries of dims[] */
-static const int wgmma_dims[] = {1, 3, 5, 6};
-#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * 4)
+/* sm_90a (the wgmma kernel) covers head dims 64, 128 and 256: these entries of dims[] */
+static const int wgmma_dims[] = {1, 3, 4, 5, 6};
+#define NWGMMA_DIMS (sizeof(wgmma_dims) / sizeof(wgmma_dims[0]))
+#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
 #define MAX_SCRIPTS 32
@@ -249,7 +258,7 @@ static void *worker(void *arg)
                                    &out, &d);
         if (!j->st) {
             j->mma = strstr(out.ptx, "mma.sync.aligned.m16n8k16.row.col.f32") != NULL;
-            j->wgmma_ptx = strstr(out.ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32") != NULL;
+            j->wgmma_ptx = strstr(out.ptx, "wgmma.mma_async.sync.aligned.m64n") != NULL;
             j->ldmatrix = strstr(out.ptx, "ldmatrix.sync.aligned") != NULL;
             j->cp_async = strstr(out.ptx, "cp.async.cg.shared.global") != NULL;
             j->tma = strstr(out.ptx, "cp.async.bulk.tensor.4d") != NULL;
@@ -284,7 +293,7 @@ static void test_nvrtc_matrix(void **state)
                                       .script = -1};
     for (size_t p = 0; p < NPAT; p++)
         for (int dt = 0; dt < 2; dt++)
-            for (int dim = 0; dim < 4; dim++)
+            for (size_t dim = 0; dim < NWGMMA_DIMS; dim++)
                 jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = wgmma_dims[dim], .sm = 90,
                                   .wgmma = true, .script = -1};
     for (int sc = 0; sc < nscripts; sc++)
