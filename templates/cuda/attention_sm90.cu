@@ -223,7 +223,7 @@ template <int N> __device__ __forceinline__ void kpt_regs_inc()
 }
 
 // The TMA tensor maps of Q, K and V (the runtime builds them with cuTensorMapEncodeTiled:
-// dims D, S, heads, batch; boxes of 64 columns x 128 rows, 128-byte swizzle) and, per tensor,
+// dims D, S, heads, batch; boxes of 64 columns x a tile's rows, 128-byte swizzle) and, per tensor,
 // the factors of the head and batch coordinates (0 where the tensor broadcasts that dim with a
 // zero stride and the map has extent 1 there). Host twin: kpt_kernel_tma in
 // runtime/kernel_args.h.
