@@ -277,8 +277,8 @@ static void build_matrix(bool quick)
                                   {64, 128}, {256, 64}, {128, 256}};
     static const char *const dp[] = {"full", "causal", "document+causal", "softcap(50)+causal",
                                      "alibi"};
-    for (int i = 0; i < 7; i++)
-        for (int j = 0; j < 5; j++)
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        for (size_t j = 0; j < sizeof(dp) / sizeof(dp[0]); j++)
             for (int di = 0; di < 2; di++) {
                 add(dp[j], dts[di], dims[i][0], dims[i][1], 1, 4, 1, 1000, 777, NULL, false);
                 add(dp[j], dts[di], dims[i][0], dims[i][1], 2, 2, 2, 17, 300, NULL, true);
