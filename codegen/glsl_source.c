@@ -19,6 +19,7 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
                   pl->has_score);
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
     kpt_sb_printf(sb, "#define KPT_COOPMAT %d\n", pl->cfg.coopmat);
+    kpt_sb_printf(sb, "#define KPT_CH %d\n", kpt_glsl_chunk(pl->cfg.dqk, pl->cfg.dv));
     if (pl->cfg.coopmat)
         kpt_sb_printf(sb, "#define KPT_KV_ELEMS %zu\n",
                       kpt_glsl_coopmat_kv_elems(pl->cfg.dqk, pl->cfg.dv));

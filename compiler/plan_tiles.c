@@ -163,6 +163,23 @@ static size_t glsl_coopmat_smem(int dqk, int dv)
     return kpt_glsl_coopmat_kv_elems(dqk, dv) * 2 + 4 * 16 * (32 + 4) * 4 + 4 * 16 * (32 + 8) * 2;
 }
 
+int kpt_glsl_chunk(int dqk, int dv)
+{
+    int d = dqk > dv ? dqk : dv;
+    return d <= 64 ? 16 : (d / 4 + 15) / 16 * 16;
+}
+
+int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt)
+{
+    /* a KPT_DLOOP over N: N / KPT_CH chunks and the exit test; a key loop: bn keys and its test */
+    const int64_t ch = kpt_glsl_chunk(pl->cfg.dqk, pl->cfg.dv);
+    const int64_t lq = pl->cfg.dqk / ch + 1, lv = pl->cfg.dv / ch + 1, keys = pl->bn + 1;
+    const int64_t per_tile = 1 + lq + lv + keys * (1 + lq) + lv + keys * (1 + lv);
+    /* once: the Q row, the accumulator's start and end, kpt_check_loops (2 and its test) */
+    const int64_t once = 2 * (int64_t)pl->cfg.dqk + 2 * (int64_t)pl->cfg.dv + 8;
+    return n_kt * per_tile + once;
+}
+
 kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag)
 {

@@ -57,6 +57,14 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
 #define KPT_GLSL_MAX_HEAD_DIM 256
 /* f16 elements of the cooperative-matrix kernel's Q/K/V shared array (KPT_KV_ELEMS). */
 size_t kpt_glsl_coopmat_kv_elems(int dqk, int dv);
+/* The scalar GLSL kernel runs its head-dim loops in unrolled chunks of this many iterations
+ * (KPT_CH in templates/glsl/attention.comp): at least 16, and a quarter of the larger head dim
+ * rounded up to a multiple of 16 beyond 64. */
+int kpt_glsl_chunk(int dqk, int dv);
+/* An upper bound on the loop iterations (back-edges and exit tests of every dynamic loop) one
+ * invocation of the scalar GLSL kernel of plan `pl` runs over n_kt kv tiles: what Mesa's
+ * llvmpipe limits (runtime/backend_vulkan.c). */
+int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt);
 kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag);
 

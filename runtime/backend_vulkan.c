@@ -50,6 +50,7 @@ typedef struct vk_backend {
     bool f16_storage;
     bool coopmat; /* f16 kernels on VK_NV_cooperative_matrix (kpt_kernel_config.coopmat) */
     bool timestamps;
+    bool llvmpipe; /* Mesa's CPU driver: its loop limit bounds Skv (loop_budget) */
     int smem_limit;
     VkPipelineCache pcache;
     pthread_mutex_t lock;
@@ -573,6 +574,35 @@ static kpt_status pack_aux(vk_backend *v, const vk_kernel *k, const kpt_attn_bin
     return KPT_OK;
 }
 
+/* Mesa's llvmpipe ends every loop of a shader invocation once all its loops together have run
+ * this many iterations (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, one counter for all loops), and
+ * says nothing: the kernel then writes garbage. */
+#define KPT_VK_LLVMPIPE_LOOPS 65535
+
+/* On llvmpipe, refuses a launch whose attention kernel would pass the loop limit (the scalar
+ * kernel's count: kpt_glsl_loop_iterations, an upper bound; 2 bn + 3 iterations per tile measured
+ * on Mesa 22.3 with the head-dim loops unrolled whole). Block-map kernels loop over one tile pair,
+ * whatever the lengths; kpt_check_loops catches the rest. */
+static kpt_status loop_budget(const vk_backend *v, const vk_kernel *k, const kpt_vk_push *P,
+                              kpt_diag *diag)
+{
+    if (!v->llvmpipe || k->plan.cfg.coopmat)
+        return KPT_OK;
+    const int64_t need = kpt_glsl_loop_iterations(&k->plan, P->n_kt);
+    if (need <= KPT_VK_LLVMPIPE_LOOPS)
+        return KPT_OK;
+    /* the count is linear in the tiles */
+    const int64_t once = kpt_glsl_loop_iterations(&k->plan, 0);
+    const int64_t per_tile = kpt_glsl_loop_iterations(&k->plan, 1) - once;
+    const int64_t max_tiles = once < KPT_VK_LLVMPIPE_LOOPS ? (KPT_VK_LLVMPIPE_LOOPS - once) / per_tile : 0;
+    return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                        "Skv = %d is too long for %s: Mesa's llvmpipe stops a shader's loops after "
+                        "%d iterations in all, and this kernel (head dims %d/%d) would need %lld; "
+                        "it takes at most %lld keys on this device (docs/vulkan.md)",
+                        P->Skv, v->base.device_name, KPT_VK_LLVMPIPE_LOOPS, k->plan.cfg.dqk,
+                        k->plan.cfg.dv, (long long)need, (long long)(max_tiles * k->plan.bn));
+}
+
 static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const char *what,
                                kpt_diag *diag)
 {
@@ -633,7 +663,8 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
     L->bm_groups[2] = pl->bm_per_b ? (uint32_t)s->B : 1;
     L->bufs[KPT_GLSL_BIND_BLOCKMAP] = v->dummy.buf;
     L->bufs[KPT_GLSL_BIND_GEOMETRY] = v->geom.buf;
-    if ((st = check_groups(v, L->groups, "attention kernel", diag)))
+    if ((st = check_groups(v, L->groups, "attention kernel", diag)) ||
+        (st = loop_budget(v, k, P, diag)))
         return st;
     return pl->has_blockmap ? check_groups(v, L->bm_groups, "block-map kernel", diag) : KPT_OK;
 }
@@ -668,6 +699,8 @@ static kpt_status bind_set(vk_backend *v, vk_launch *L, kpt_diag *diag)
                                       .pBufferInfo = &info[i]};
     }
     v->vk.UpdateDescriptorSets(v->dev, k->nbind, w, 0, NULL);
+    L->geom.n_check = KPT_VK_LOOP_CHECK;
+    L->geom.status = 0;
     memcpy(v->geom.map, &L->geom, sizeof(L->geom));
     return KPT_OK;
 }
@@ -711,6 +744,18 @@ static void read_timestamps(vk_backend *v)
         v->last_ms = (double)(t[1] - t[0]) * v->limits.timestampPeriod * 1e-6;
 }
 
+/* What the kernels reported through the geometry block's status word (after the fence). */
+static kpt_status check_status(vk_backend *v, kpt_diag *diag)
+{
+    const kpt_vk_geom *g = v->geom.map;
+    if (!(g->status & 1u))
+        return KPT_OK;
+    return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                        "%s cut the kernel's loops short (a driver limit on loop iterations, as "
+                        "Mesa's llvmpipe has): its output is not valid; shorten Skv",
+                        v->base.device_name);
+}
+
 /* One submission: the block map (into `map`, or a temporary one when `map` is 0 and the pattern
  * needs one) and/or attention. */
 static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *args, uint64_t map,
@@ -752,6 +797,8 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
         st = submit(v, record_launch, L, diag);
         if (!st && attention)
             read_timestamps(v);
+        if (!st)
+            st = check_status(v, diag);
     }
     if (tmp.buf)
         free_buffer(v, &tmp);
@@ -990,6 +1037,21 @@ static kpt_status pick_device(vk_backend *v, int index, bool gpu_only, kpt_diag 
     return KPT_OK;
 }
 
+/* Mesa's llvmpipe (lavapipe): by driver ID where the device reports one (Vulkan 1.2), else by
+ * the name it has always had. */
+static bool is_llvmpipe(vk_backend *v, const VkPhysicalDeviceProperties *pr)
+{
+    if (pr->apiVersion >= VK_API_VERSION_1_2) {
+        VkPhysicalDeviceDriverProperties dp = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                          .pNext = &dp};
+        v->vk.GetPhysicalDeviceProperties2(v->phys, &p2);
+        return dp.driverID == VK_DRIVER_ID_MESA_LLVMPIPE;
+    }
+    return !strncmp(pr->deviceName, "llvmpipe", 8);
+}
+
 static kpt_status create_device(vk_backend *v, kpt_diag *diag)
 {
     VkPhysicalDeviceProperties pr;
@@ -999,6 +1061,7 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
                               ? 1u << 30
                               : pr.limits.maxComputeSharedMemorySize);
     snprintf(v->base.device_name, sizeof(v->base.device_name), "%.127s", pr.deviceName);
+    v->llvmpipe = is_llvmpipe(v, &pr);
     snprintf(v->base.driver, sizeof(v->base.driver), "vulkan %u.%u, driver 0x%x",
              VK_API_VERSION_MAJOR(pr.apiVersion), VK_API_VERSION_MINOR(pr.apiVersion),
              pr.driverVersion);

@@ -45,7 +45,8 @@ layout(push_constant) uniform kpt_push {
 } A;
 
 // Where each tensor starts in its buffer and its strides, in elements (aux: bytes and elements).
-// lo (the LSE's start) is KPT_NO_LSE when the caller asked for none.
+// lo (the LSE's start) is KPT_NO_LSE when the caller asked for none. n_check and status belong to
+// kpt_check_loops; status is the only member a kernel writes.
 #define KPT_NO_LSE 0xffffffffu
 struct kpt_auxgeom {
     uint off;
@@ -53,11 +54,13 @@ struct kpt_auxgeom {
     uint stride[3];
     uint pad;
 };
-layout(std430, set = 0, binding = 6) readonly buffer kpt_geom_buf {
-    uint qo, ko, vo, oo, lo, bmo;
-    uint qs[4], ks[4], vs[4], os[4];
-    uint ls[3], bms[3];
-    kpt_auxgeom aux[KPT_NAUX];
+layout(std430, set = 0, binding = 6) buffer kpt_geom_buf {
+    readonly uint qo, ko, vo, oo, lo, bmo;
+    readonly uint qs[4], ks[4], vs[4], os[4];
+    readonly uint ls[3], bms[3];
+    readonly uint n_check;
+    uint status;
+    readonly kpt_auxgeom aux[KPT_NAUX];
 } G;
 
 layout(std430, set = 0, binding = 0) readonly buffer kpt_q_buf { KPT_ELEM q[]; } Qb;
@@ -259,6 +262,23 @@ kpt_iv kpt_iv_select(kpt_iv c, kpt_iv a, kpt_iv b)
 // many elements; larger boxes give no bound.
 #define KPT_IV_LOAD_MAX 1024
 
+// ---- lavapipe's loop limit ---------------------------------------------------------------------
+// Mesa's llvmpipe (lavapipe) silently ends every loop of an invocation after its first pass once
+// all the invocation's loops together have run 65535 iterations (gallivm's loop limiter: one
+// counter shared by every loop of a shader). A kernel cut short that way writes garbage. So the
+// kernels keep few loops dynamic (head-dim loops run in unrolled chunks), the host refuses
+// launches that would pass the limit on lavapipe, and this loop, run last, catches the rest on
+// any driver: it makes G.n_check (2) passes only if the limit was not reached before it, and
+// otherwise flags the launch, which the host then reports as an error.
+void kpt_check_loops()
+{
+    uint n = 0u;
+    for (uint i = 0u; i < G.n_check; i++)
+        n++;
+    if (n != G.n_check)
+        atomicOr(G.status, 1u);
+}
+
 // ---- aux tensors and the pattern (generated from its IR) -------------------------------------
 
 @AUX@
@@ -318,6 +338,7 @@ void main()
     }
     BMb.cls[G.bmo + uint(b) * G.bms[0] + uint(h) * G.bms[1] + uint(qt) * G.bms[2] + uint(t)] =
         uint(c);
+    kpt_check_loops();
 }
 
 #else // the attention kernels
@@ -504,6 +525,7 @@ void main()
     if (live && hf == 0 && G.lo != KPT_NO_LSE)
         Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
             l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;
+    kpt_check_loops();
 }
 
 #else
@@ -512,6 +534,19 @@ layout(local_size_x = KPT_BM) in;
 
 shared float sK[KPT_BN * KPT_DQK];
 shared float sV[KPT_BN * KPT_DV];
+
+// `stmt` for VAR in [0, N): a loop over chunks of KPT_CH unrolled iterations (the planner's
+// kpt_glsl_chunk), then the rest unrolled (N is a constant). kpt_glsl_loop_iterations counts
+// what these loops cost.
+#define KPT_DLOOP(VAR, N, stmt)                                                                   \
+    [[dont_unroll]] for (int c_ = 0; c_ < (N) / KPT_CH; c_++)                                    \
+        [[unroll]] for (int e_ = 0; e_ < KPT_CH; e_++) {                                          \
+            const int VAR = c_ * KPT_CH + e_;                                                      \
+            stmt;                                                                                  \
+        }                                                                                          \
+    [[unroll]] for (int VAR = (N) / KPT_CH * KPT_CH; VAR < (N); VAR++) {                          \
+        stmt;                                                                                      \
+    }
 
 void main()
 {
@@ -524,6 +559,9 @@ void main()
     kpt_uniform U;
     kpt_uniform_init(b, h, U);
 
+    // Head-dim loops run in unrolled chunks of KPT_CH: on lavapipe every dynamic iteration
+    // counts against the loop limit (kpt_check_loops), and fully unrolled they cost seconds of
+    // LLVM time per kernel there. runtime/backend_vulkan.c (loop_budget) counts what remains.
     float qr[KPT_DQK];
     const uint qbase = G.qo + uint(b) * G.qs[0] + uint(h) * G.qs[1] + uint(qi) * G.qs[2];
     for (int d = 0; d < KPT_DQK; d++)
@@ -541,13 +579,13 @@ void main()
             continue; // uniform: every invocation skips the tile together
         const int k0 = t * KPT_BN, nk = min(KPT_BN, A.Skv - k0);
         barrier();
-        for (int i = tid; i < KPT_BN * KPT_DQK; i += KPT_BM) {
-            const int r = i / KPT_DQK, d = i - r * KPT_DQK;
-            sK[i] = r < nk ? float(Kb.k[kbase + uint(k0 + r) * G.ks[2] + uint(d) * G.ks[3]]) : 0.0;
-        }
-        for (int i = tid; i < KPT_BN * KPT_DV; i += KPT_BM) {
-            const int r = i / KPT_DV, d = i - r * KPT_DV;
-            sV[i] = r < nk ? float(Vb.v[vbase + uint(k0 + r) * G.vs[2] + uint(d) * G.vs[3]]) : 0.0;
+        // invocation r copies key r's rows of K and V (the planner keeps KPT_BN <= KPT_BM)
+        if (tid < KPT_BN) {
+            const int r = tid;
+            const bool has = r < nk;
+            const uint kr = kbase + uint(k0 + r) * G.ks[2], vr = vbase + uint(k0 + r) * G.vs[2];
+            KPT_DLOOP(d, KPT_DQK, sK[r * KPT_DQK + d] = has ? float(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
+            KPT_DLOOP(d, KPT_DV, sV[r * KPT_DV + d] = has ? float(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
         }
         barrier();
         if (!live)
@@ -559,8 +597,7 @@ void main()
         // instructions, which took lavapipe's LLVM minutes to compile at D = 32.
         [[dont_unroll]] for (int j = 0; j < nk; j++) {
             float dot = 0.0;
-            for (int d = 0; d < KPT_DQK; d++)
-                dot += qr[d] * sK[j * KPT_DQK + d];
+            KPT_DLOOP(d, KPT_DQK, dot += qr[d] * sK[j * KPT_DQK + d])
 #if KPT_HAS_SCORE
             float x = kpt_score(U, dot * A.scale, b, h, qi, k0 + j) * KPT_LOG2E;
 #else
@@ -577,14 +614,12 @@ void main()
             continue; // nothing kept so far: no -inf - -inf
         const float alpha = m == KPT_NINF ? 0.0 : exp2(m - mx);
         l *= alpha;
-        for (int d = 0; d < KPT_DV; d++)
-            acc[d] *= alpha;
+        KPT_DLOOP(d, KPT_DV, acc[d] *= alpha)
         m = mx;
         [[dont_unroll]] for (int j = 0; j < nk; j++) {
             const float p = s[j] == KPT_NINF ? 0.0 : exp2(s[j] - m);
             l += p;
-            for (int d = 0; d < KPT_DV; d++)
-                acc[d] += p * sV[j * KPT_DV + d];
+            KPT_DLOOP(d, KPT_DV, acc[d] += p * sV[j * KPT_DV + d])
         }
     }
     if (!live)
@@ -597,6 +632,7 @@ void main()
     if (G.lo != KPT_NO_LSE)
         Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
             l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;
+    kpt_check_loops();
 }
 #endif // KPT_COOPMAT
 #endif // KPT_ENTRY_BLOCKMAP
