@@ -1,5 +1,10 @@
 /* The IR interpreter (see ir_eval.h). Integers are computed in 64 bits and wrapped to 32, so every
- * i32 op matches two's-complement hardware; f32 ops are computed in double. */
+ * i32 op matches two's-complement hardware. f32 values are held in a double but are always floats:
+ * every f32 leaf (s, a scalar, an aux load, a constant) and every f32 result is rounded to float,
+ * as a kernel holds it. An op is computed in double and then rounded, which gives the correctly
+ * rounded float for + - * / and sqrt, and the float nearest the exact value for the functions;
+ * so floor(log(n / 8) / log(16) * 8) is 2 at n = 16 here as in every kernel, where rounding
+ * once at the end gave 1 (docs/architecture.md, "The reference's arithmetic"). */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -57,6 +62,11 @@ static int32_t ilog2(int32_t v)
     return r;
 }
 
+static double f32(double v)
+{
+    return (double)(float)v;
+}
+
 static double lua_fmod(double a, double b)
 {
     double m = fmod(a, b);
@@ -97,7 +107,7 @@ kpt_ir_value kpt_ir_apply(kpt_ir_op op, kpt_ir_type type, kpt_ir_type argtype,
         break;
     case KPT_IR_DIV: r.f = a[0].f / a[1].f; break;
     case KPT_IR_IDIV:
-        if (fl) r.f = floor(a[0].f / a[1].f); else r.i = floor_div(a[0].i, a[1].i);
+        if (fl) r.f = floor(f32(a[0].f / a[1].f)); else r.i = floor_div(a[0].i, a[1].i);
         break;
     case KPT_IR_MOD:
         if (fl) r.f = lua_fmod(a[0].f, a[1].f); else r.i = floor_mod(a[0].i, a[1].i);
@@ -120,7 +130,8 @@ kpt_ir_value kpt_ir_apply(kpt_ir_op op, kpt_ir_type type, kpt_ir_type argtype,
     case KPT_IR_SELECT: r = a[0].i ? a[1] : a[2]; break;
     default: break; /* leaves are not applied */
     }
-    (void)type;
+    if (type == KPT_IR_F32)
+        r.f = f32(r.f);
     return r;
 }
 
@@ -128,7 +139,7 @@ kpt_ir_value kpt_ir_const_value(const kpt_ir_node *n)
 {
     kpt_ir_value v = {0};
     if (n->type == KPT_IR_F32)
-        v.f = n->imm.f;
+        v.f = f32(n->imm.f);
     else
         v.i = n->imm.i;
     return v;
@@ -149,7 +160,7 @@ static kpt_ir_value load(const kpt_ir_node *n, const kpt_ir_env *env, const kpt_
     }
     double v = kpt_load_as_double(a->data, a->dtype, off);
     if (n->type == KPT_IR_F32)
-        r.f = v;
+        r.f = f32(v);
     else if (n->type == KPT_IR_BOOL)
         r.i = v != 0;
     else
@@ -164,7 +175,7 @@ static kpt_ir_value eval_node(const kpt_ir_graph *g, kpt_ir_ref ref, const kpt_i
     kpt_ir_value r = {0};
     switch ((kpt_ir_op)n->op) {
     case KPT_IR_CONST: return kpt_ir_const_value(n);
-    case KPT_IR_S: r.f = env->s; return r;
+    case KPT_IR_S: r.f = f32(env->s); return r;
     case KPT_IR_B: r.i = env->b; return r;
     case KPT_IR_H: r.i = env->h; return r;
     case KPT_IR_Q: r.i = env->q; return r;
@@ -172,7 +183,13 @@ static kpt_ir_value eval_node(const kpt_ir_graph *g, kpt_ir_ref ref, const kpt_i
     case KPT_IR_SQ: r.i = env->sq; return r;
     case KPT_IR_SKV: r.i = env->skv; return r;
     case KPT_IR_HQ: r.i = env->hq; return r;
-    case KPT_IR_SCALAR: return env->scalars ? env->scalars[n->imm.index] : r;
+    case KPT_IR_SCALAR:
+        if (!env->scalars)
+            return r;
+        r = env->scalars[n->imm.index];
+        if (n->type == KPT_IR_F32)
+            r.f = f32(r.f);
+        return r;
     case KPT_IR_LOAD: return load(n, env, vals);
     default: {
         kpt_ir_value args[3];

@@ -150,6 +150,36 @@ static void test_interpreter(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* f32 IR is evaluated in f32 (rounded after every op), as the kernels compute it: Hugging Face's
+ * T5 bucket floor(log(n / 8) / log(16) * 8) is 2 at n = 16, 32 (...), where double gives 1. */
+static void test_interpreter_f32(void **state)
+{
+    (void)state;
+    kpt_pattern *p = kpt_pattern_new("t");
+    kpt_ir_graph *g = &p->g;
+    kpt_ir_ref n = kpt_ir_unop(g, KPT_IR_TO_F32, kpt_ir_var(g, KPT_IR_Q));
+    kpt_ir_ref l = kpt_ir_unop(g, KPT_IR_LOG, kpt_ir_binop(g, KPT_IR_DIV, n, kpt_ir_const_f32(g, 8)));
+    kpt_ir_ref r = kpt_ir_binop(g, KPT_IR_DIV, l, kpt_ir_unop(g, KPT_IR_LOG, kpt_ir_const_f32(g, 16)));
+    kpt_ir_ref bucket = kpt_ir_unop(g, KPT_IR_TO_I32, kpt_ir_binop(g, KPT_IR_MUL, r,
+                                                                   kpt_ir_const_f32(g, 8)));
+    static const struct { int n, want; } cases[] = {{16, 2}, {32, 4}, {128, 8}, {9, 0}, {100, 7}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kpt_ir_env env = {.q = cases[i].n};
+        kpt_ir_value v;
+        assert_true(kpt_ir_eval(g, bucket, &env, &v));
+        assert_int_equal(v.i, cases[i].want);
+        /* what a float program computes, op by op */
+        float fl = floorf(logf((float)cases[i].n / 8.0f) / logf(16.0f) * 8.0f);
+        assert_int_equal(v.i, (int)fl);
+    }
+    /* leaves are floats too: s and f32 scalars are rounded on entry */
+    kpt_ir_env env = {.s = 0.1};
+    kpt_ir_value v;
+    assert_true(kpt_ir_eval(g, kpt_ir_var(g, KPT_IR_S), &env, &v));
+    assert_true(v.f == (double)0.1f);
+    kpt_pattern_destroy(&p);
+}
+
 static void test_aux_load(void **state)
 {
     (void)state;
@@ -298,7 +328,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interning),         cmocka_unit_test(test_type_errors),
-        cmocka_unit_test(test_interpreter),       cmocka_unit_test(test_aux_load),
+        cmocka_unit_test(test_interpreter),
+        cmocka_unit_test(test_interpreter_f32),
+        cmocka_unit_test(test_aux_load),
         cmocka_unit_test(test_round_trip_builtins), cmocka_unit_test(test_round_trip_random),
         cmocka_unit_test(test_reader_errors),     cmocka_unit_test(test_reader_fuzz),
     };

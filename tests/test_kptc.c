@@ -192,6 +192,31 @@ static void test_check(void **state)
     EXPECT(r, 2, err, "--seed '-4' is not a non-negative integer");
 }
 
+/* The reference evaluates f32 expressions in f32, as kernels do: a T5 bucket written as in Hugging
+ * Face floors to 2 at n = 16, 32, ... in both (in double the reference got 1 and blamed the f32
+ * Vulkan kernel with a relative error of 0.35). */
+static void test_reference_f32(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kpt_test_t5XXXXXX.lua";
+    int fd = mkstemps(path, 4);
+    assert_true(fd >= 0);
+    const char *src = "return kpt.pattern{ name = 't5_bucket',\n"
+                      "  score = function(s, b, h, q, k)\n"
+                      "    local n = kpt.max(q - k, 8)\n"
+                      "    return s + kpt.floor(kpt.log(n / 8) / math.log(16) * 8)\n"
+                      "  end }\n";
+    assert_true(write(fd, src, strlen(src)) == (ssize_t)strlen(src));
+    close(fd);
+    result *r = run("check", path, "--backend", "vulkan", "--dtype", "f32", "--shape",
+                    "1,1,1,64,64,32", NULL);
+    if (r->status == 2)
+        assert_non_null(strstr(r->err, "Vulkan"));
+    else
+        EXPECT(r, 0, out, "vulkan     spirv on ");
+    unlink(path);
+}
+
 /* Lua scripts wherever a pattern goes: emit, check (fills from the script), --param. */
 static void test_lua_scripts(void **state)
 {
@@ -288,7 +313,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_basics), cmocka_unit_test(test_emit),
         cmocka_unit_test(test_check), cmocka_unit_test(test_check_aux_file),
-        cmocka_unit_test(test_lua_scripts),
+        cmocka_unit_test(test_lua_scripts), cmocka_unit_test(test_reference_f32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
