@@ -61,8 +61,27 @@ static kpt_ir_ref built(lua_State *L, kpt_ir_ref r)
     return r;
 }
 
+/* Records the script line that made node r when it is an operation (not a variable, constant
+ * or scalar, which a script may well leave unused). */
+static void note_made(lua_State *L, kpt_ir_ref r)
+{
+    kpt_lua_host *h = kpt_sandbox_of(L)->user;
+    if (!h || !h->made_line || r > KPT_LUA_MAX_NODES || h->made_line[r])
+        return;
+    const kpt_ir_node *n = &h->p->g.nodes[r];
+    if (n->nargs == 0)
+        return;
+    lua_Debug ar;
+    for (int level = 1; lua_getstack(L, level, &ar); level++)
+        if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0) {
+            h->made_line[r] = ar.currentline;
+            return;
+        }
+}
+
 void kpt_lua_push_expr(lua_State *L, kpt_ir_ref r)
 {
+    note_made(L, r);
     lexpr *e = lua_newuserdatauv(L, sizeof(*e), 0);
     e->ref = r;
     luaL_setmetatable(L, EXPR_MT);

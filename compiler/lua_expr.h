@@ -26,6 +26,10 @@ enum { SPEC_PARAMS = 1, SPEC_SCORE, SPEC_MASK, SPEC_FILLS, SPEC_NVALUES = SPEC_F
 typedef struct kpt_lua_host {
     kpt_pattern *p;
     const char *display;
+    /* While mask() or score() is traced: the script line that first made each node (indexed by
+     * node, 0 when none; KPT_LUA_MAX_NODES + 1 entries), so that expressions built and never
+     * used can be reported (Lua's `and`/`or`/`if` drop them silently). NULL: not recorded. */
+    int *made_line;
 } kpt_lua_host;
 
 /* Sets the global `kpt`. The host is reached through kpt_sandbox_of(L)->user. */

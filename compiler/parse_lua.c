@@ -26,6 +26,7 @@ typedef struct run_ctx {
     const int64_t *shape;
     uint64_t seed;
     double *out;
+    int *made_line; /* kpt_lua_host.made_line while mask and score are traced */
 } run_ctx;
 
 static run_ctx *ctx_of(lua_State *L)
@@ -160,6 +161,8 @@ static kpt_ir_ref run_mask(lua_State *L, int spec_idx, int env_idx)
     int line;
     int r = call_traced(L, lua_gettop(L), "mask", false, env_idx, &line);
     kpt_pattern *p = ctx_of(L)->h.p;
+    /* a Lua constant is fine when a param chose it; one that came from testing a traced value
+     * leaves that value unused, which refuse_unused reports */
     if (lua_type(L, r) == LUA_TBOOLEAN)
         return lua_toboolean(L, r) ? 0 : kpt_ir_const_bool(&p->g, false);
     kpt_ir_ref e = kpt_lua_to_expr(L, r);
@@ -169,6 +172,36 @@ static kpt_ir_ref run_mask(lua_State *L, int spec_idx, int env_idx)
                 "q:ge(k)), it returned %s", kpt_lua_describe(L, r, buf, sizeof(buf)));
     }
     return e;
+}
+
+/* Lua's `and`, `or`, `not` and `if` cannot be overloaded: every traced expression is true to
+ * them, so `q:ge(k) and (q - k):lt(8)` is just the second term and `if q:ge(k) then return true
+ * end` a constant. Both leave traces: a Lua constant where an expression was expected (run_mask,
+ * run_score), or an expression the script built that the pattern never uses (here). */
+static void refuse_unused(lua_State *L, kpt_ir_ref mask, kpt_ir_ref score)
+{
+    run_ctx *c = ctx_of(L);
+    const kpt_ir_graph *g = &c->h.p->g;
+    uint8_t *live = calloc(g->count ? g->count : 1, 1);
+    if (!live)
+        FAIL_AT(L, 0, KPT_ERR_NO_MEMORY, "%s", "out of memory");
+    kpt_ir_ref roots[2];
+    int n = 0;
+    if (mask)
+        roots[n++] = mask;
+    if (score)
+        roots[n++] = score;
+    kpt_ir_mark_live(g, roots, n, live);
+    int line = 0;
+    for (kpt_ir_ref r = 1; r < g->count && r <= KPT_LUA_MAX_NODES && !line; r++)
+        if (c->made_line[r] && !live[r])
+            line = c->made_line[r];
+    free(live);
+    if (line)
+        FAIL_AT(L, line, KPT_ERR_TYPE, "%s", "an expression built here is never used by the mask or "
+                "score: Lua's `and`, `or`, `not` and `if` treat every kpt expression as true, so a "
+                "condition written with them is dropped; combine conditions with & | ~ and choose "
+                "with kpt.where(c, a, b)");
 }
 
 static kpt_ir_ref run_score(lua_State *L, int spec_idx, int env_idx)
@@ -282,11 +315,14 @@ static int run_script(lua_State *L)
     override_params(L, spec, params);
     kpt_lua_push_env(L, params);
     int env = lua_gettop(L);
+    c->h.made_line = c->made_line;
     kpt_ir_ref mask = run_mask(L, spec_idx, env);
     kpt_ir_ref score = run_score(L, spec_idx, env);
+    c->h.made_line = NULL;
     kpt_pattern *p = c->h.p;
     if (p->g.failed) /* the script caught an error and went on */
         FAIL_AT(L, 0, p->g.out_of_memory ? KPT_ERR_NO_MEMORY : KPT_ERR_LIMIT, "%s", p->g.error);
+    refuse_unused(L, mask, score);
     p->mask = mask;
     p->score = score;
     return 0;
@@ -360,8 +396,15 @@ kpt_pattern *kpt_parse_lua(const char *source, size_t length, const kpt_lua_para
         return NULL;
     }
     c.h.p->g.max_nodes = KPT_LUA_MAX_NODES;
+    c.made_line = calloc(KPT_LUA_MAX_NODES + 1, sizeof(int));
+    if (!c.made_line) {
+        kpt_pattern_destroy(&c.h.p);
+        kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+        return NULL;
+    }
     if (run(&c, diag) != KPT_OK)
         kpt_pattern_destroy(&c.h.p);
+    free(c.made_line);
     return c.h.p;
 }
 

@@ -268,8 +268,9 @@ static void check_example(const example *ex)
     free(s);
     print_message("%-22s kept %5.1f%% of pairs, max |error| %.3g\n", ex->file,
                   100.0 * (double)kept / (double)total, max_err);
-    /* both sides compute in double; only f32 rounding of the scripts' constants differs */
-    if (!(max_err < 1e-9))
+    /* the hand-written side computes in double; kptc's reference evaluates the scripts' f32
+     * expressions in float, as kernels do (docs/architecture.md), so scores differ by ulps */
+    if (!(max_err < 1e-5))
         fail_msg("%s: kptc's reference and the hand-written one differ by %g", ex->file, max_err);
     /* a mask that keeps everything (or nothing) would make the test weak */
     if (ex->keep)

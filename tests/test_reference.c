@@ -105,7 +105,7 @@ static void test_hand_checked(void **state)
     p = parse("alibi");
     run(p, &a);
     double s1 = log(3.0) + 1.0 / 256;
-    assert_true(fabs(lse[0] - log(1 + exp(s1))) < 1e-12);
+    assert_true(fabs(lse[0] - log(1 + exp(s1))) < 1e-6); /* the score mod runs in f32 */
     kpt_pattern_destroy(&p);
 }
 

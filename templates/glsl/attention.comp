@@ -276,7 +276,7 @@ void kpt_check_loops()
     for (uint i = 0u; i < G.n_check; i++)
         n++;
     if (n != G.n_check)
-        atomicOr(G.status, 1u);
+        G.status = 1u;
 }
 
 // ---- aux tensors and the pattern (generated from its IR) -------------------------------------
