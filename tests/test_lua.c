@@ -203,6 +203,23 @@ static void test_builtins_compose(void **state)
                  KPT_ERR_PARSE, "did you mean 'causal'", 1);
 }
 
+/* Lua's and/or/if drop traced conditions; what they leave unused is reported with its line. */
+static void test_dropped_conditions(void **state)
+{
+    (void)state;
+    expect_error("return kpt.pattern{ mask = function(b, h, q, k)\n"
+                 "  return q:ge(k) and (q - k):lt(8)\n"
+                 "end }", KPT_ERR_TYPE, "never used by the mask or score", 2);
+    expect_error("return kpt.pattern{ mask = function(b, h, q, k)\n"
+                 "  if q:ge(k) then return true end\n"
+                 "  return false\n"
+                 "end }", KPT_ERR_TYPE, "kpt.where", 2);
+    expect_error("return kpt.pattern{ score = function(s, b, h, q, k)\n"
+                 "  local far = (q - k):gt(64)\n"
+                 "  return far and s - 1 or s\n"
+                 "end }", KPT_ERR_TYPE, "never used", 2);
+}
+
 static void test_params_and_runtime(void **state)
 {
     (void)state;
@@ -550,7 +567,7 @@ int main(void)
         cmocka_unit_test(test_functions),
         cmocka_unit_test(test_comparisons_and_logic),
         cmocka_unit_test(test_builtins_compose),
-        cmocka_unit_test(test_params_and_runtime),
+        cmocka_unit_test(test_dropped_conditions), cmocka_unit_test(test_params_and_runtime),
         cmocka_unit_test(test_aux),
         cmocka_unit_test(test_fill),
         cmocka_unit_test(test_errors),
