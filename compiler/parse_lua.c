@@ -176,8 +176,8 @@ static kpt_ir_ref run_mask(lua_State *L, int spec_idx, int env_idx)
 
 /* Lua's `and`, `or`, `not` and `if` cannot be overloaded: every traced expression is true to
  * them, so `q:ge(k) and (q - k):lt(8)` is just the second term and `if q:ge(k) then return true
- * end` a constant. Both leave traces: a Lua constant where an expression was expected (run_mask,
- * run_score), or an expression the script built that the pattern never uses (here). */
+ * end` a constant. Both leave the same trace: an expression the script built (the `q:ge(k)`)
+ * that the pattern never uses. A Lua constant alone is no sign: a param may have chosen it. */
 static void refuse_unused(lua_State *L, kpt_ir_ref mask, kpt_ir_ref score)
 {
     run_ctx *c = ctx_of(L);
@@ -198,10 +198,11 @@ static void refuse_unused(lua_State *L, kpt_ir_ref mask, kpt_ir_ref score)
             line = c->made_line[r];
     free(live);
     if (line)
-        FAIL_AT(L, line, KPT_ERR_TYPE, "%s", "an expression built here is never used by the mask or "
-                "score: Lua's `and`, `or`, `not` and `if` treat every kpt expression as true, so a "
-                "condition written with them is dropped; combine conditions with & | ~ and choose "
-                "with kpt.where(c, a, b)");
+        FAIL_AT(L, line, KPT_ERR_TYPE, "%s",
+                "an expression built here is never used by the mask or score: Lua's `and`, `or`, "
+                "`not` and `if` treat every kpt expression as true, so a condition written with "
+                "them is dropped; combine conditions with & | ~ and choose with "
+                "kpt.where(c, a, b)");
 }
 
 static kpt_ir_ref run_score(lua_State *L, int spec_idx, int env_idx)

@@ -594,7 +594,8 @@ static kpt_status loop_budget(const vk_backend *v, const vk_kernel *k, const kpt
     /* the count is linear in the tiles */
     const int64_t once = kpt_glsl_loop_iterations(&k->plan, 0);
     const int64_t per_tile = kpt_glsl_loop_iterations(&k->plan, 1) - once;
-    const int64_t max_tiles = once < KPT_VK_LLVMPIPE_LOOPS ? (KPT_VK_LLVMPIPE_LOOPS - once) / per_tile : 0;
+    const int64_t max_tiles =
+        once < KPT_VK_LLVMPIPE_LOOPS ? (KPT_VK_LLVMPIPE_LOOPS - once) / per_tile : 0;
     return kpt_diag_set(diag, KPT_ERR_LIMIT,
                         "Skv = %d is too long for %s: Mesa's llvmpipe stops a shader's loops after "
                         "%d iterations in all, and this kernel (head dims %d/%d) would need %lld; "

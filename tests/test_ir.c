@@ -158,8 +158,9 @@ static void test_interpreter_f32(void **state)
     kpt_pattern *p = kpt_pattern_new("t");
     kpt_ir_graph *g = &p->g;
     kpt_ir_ref n = kpt_ir_unop(g, KPT_IR_TO_F32, kpt_ir_var(g, KPT_IR_Q));
-    kpt_ir_ref l = kpt_ir_unop(g, KPT_IR_LOG, kpt_ir_binop(g, KPT_IR_DIV, n, kpt_ir_const_f32(g, 8)));
-    kpt_ir_ref r = kpt_ir_binop(g, KPT_IR_DIV, l, kpt_ir_unop(g, KPT_IR_LOG, kpt_ir_const_f32(g, 16)));
+    kpt_ir_ref n8 = kpt_ir_binop(g, KPT_IR_DIV, n, kpt_ir_const_f32(g, 8));
+    kpt_ir_ref l16 = kpt_ir_unop(g, KPT_IR_LOG, kpt_ir_const_f32(g, 16));
+    kpt_ir_ref r = kpt_ir_binop(g, KPT_IR_DIV, kpt_ir_unop(g, KPT_IR_LOG, n8), l16);
     kpt_ir_ref bucket = kpt_ir_unop(g, KPT_IR_TO_I32, kpt_ir_binop(g, KPT_IR_MUL, r,
                                                                    kpt_ir_const_f32(g, 8)));
     static const struct { int n, want; } cases[] = {{16, 2}, {32, 4}, {128, 8}, {9, 0}, {100, 7}};

@@ -192,6 +192,15 @@ static void test_check(void **state)
     EXPECT(r, 2, err, "--seed '-4' is not a non-negative integer");
 }
 
+/* Writes src to a new file named from `path` (a mkstemps template ending in ".lua"). */
+static void write_script(char *path, const char *src)
+{
+    int fd = mkstemps(path, 4);
+    assert_true(fd >= 0);
+    assert_true(write(fd, src, strlen(src)) == (ssize_t)strlen(src));
+    close(fd);
+}
+
 /* The reference evaluates f32 expressions in f32, as kernels do: a T5 bucket written as in Hugging
  * Face floors to 2 at n = 16, 32, ... in both (in double the reference got 1 and blamed the f32
  * Vulkan kernel with a relative error of 0.35). */
@@ -199,15 +208,11 @@ static void test_reference_f32(void **state)
 {
     (void)state;
     char path[] = "/tmp/kpt_test_t5XXXXXX.lua";
-    int fd = mkstemps(path, 4);
-    assert_true(fd >= 0);
-    const char *src = "return kpt.pattern{ name = 't5_bucket',\n"
-                      "  score = function(s, b, h, q, k)\n"
-                      "    local n = kpt.max(q - k, 8)\n"
-                      "    return s + kpt.floor(kpt.log(n / 8) / math.log(16) * 8)\n"
-                      "  end }\n";
-    assert_true(write(fd, src, strlen(src)) == (ssize_t)strlen(src));
-    close(fd);
+    write_script(path, "return kpt.pattern{ name = 't5_bucket',\n"
+                       "  score = function(s, b, h, q, k)\n"
+                       "    local n = kpt.max(q - k, 8)\n"
+                       "    return s + kpt.floor(kpt.log(n / 8) / math.log(16) * 8)\n"
+                       "  end }\n");
     result *r = run("check", path, "--backend", "vulkan", "--dtype", "f32", "--shape",
                     "1,1,1,64,64,32", NULL);
     if (r->status == 2)
@@ -222,8 +227,6 @@ static void test_lua_scripts(void **state)
 {
     (void)state;
     char path[] = "/tmp/kpt_test_scriptXXXXXX.lua";
-    int fd = mkstemps(path, 4);
-    assert_true(fd >= 0);
     const char *src =
         "-- a window over document tokens\n"
         "print('tracing')\n"
@@ -237,8 +240,7 @@ static void test_lua_scripts(void **state)
         "    return (q - k):lt(p.W) & q:ge(k) & p.doc[b][q]:eq(p.doc[b][k])\n"
         "  end,\n"
         "}\n";
-    assert_true(write(fd, src, strlen(src)) == (ssize_t)strlen(src));
-    close(fd);
+    write_script(path, src);
     result *r = run("emit", path, NULL);
     EXPECT(r, 0, out, "pattern \"doc_window\"");
     EXPECT(r, 0, out, "i32 const 16");
@@ -264,11 +266,8 @@ static void test_lua_scripts(void **state)
 
     /* errors name the script and the line */
     char bad[] = "/tmp/kpt_test_badXXXXXX.lua";
-    fd = mkstemps(bad, 4);
-    const char *bsrc = "return kpt.pattern{\n  mask = function(b, h, q, k)\n"
-                       "    return q:ge(k) + 1\n  end,\n}\n";
-    assert_true(write(fd, bsrc, strlen(bsrc)) == (ssize_t)strlen(bsrc));
-    close(fd);
+    write_script(bad, "return kpt.pattern{\n  mask = function(b, h, q, k)\n"
+                      "    return q:ge(k) + 1\n  end,\n}\n");
     r = run("emit", bad, NULL);
     EXPECT(r, 2, err, ".lua:3: error: cannot add a boolean expression and the number 1");
     EXPECT(r, 2, err, "return q:ge(k) + 1");

@@ -276,7 +276,7 @@ void kpt_check_loops()
     for (uint i = 0u; i < G.n_check; i++)
         n++;
     if (n != G.n_check)
-        G.status = 1u;
+        atomicOr(G.status, 1u);
 }
 
 // ---- aux tensors and the pattern (generated from its IR) -------------------------------------
@@ -584,8 +584,10 @@ void main()
             const int r = tid;
             const bool has = r < nk;
             const uint kr = kbase + uint(k0 + r) * G.ks[2], vr = vbase + uint(k0 + r) * G.vs[2];
-            KPT_DLOOP(d, KPT_DQK, sK[r * KPT_DQK + d] = has ? float(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
-            KPT_DLOOP(d, KPT_DV, sV[r * KPT_DV + d] = has ? float(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
+            KPT_DLOOP(d, KPT_DQK,
+                      sK[r * KPT_DQK + d] = has ? float(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
+            KPT_DLOOP(d, KPT_DV,
+                      sV[r * KPT_DV + d] = has ? float(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
         }
         barrier();
         if (!live)
