@@ -166,7 +166,7 @@ static size_t glsl_coopmat_smem(int dqk, int dv)
 int kpt_glsl_chunk(int dqk, int dv)
 {
     int d = dqk > dv ? dqk : dv;
-    return d <= 64 ? 16 : (d / 4 + 15) / 16 * 16;
+    return d <= 128 ? 16 : (d / 8 + 15) / 16 * 16;
 }
 
 int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt)

@@ -58,8 +58,8 @@ kpt_status kpt_plan_tiles(const kpt_pattern *p, const kpt_kernel_config *cfg, kp
 /* f16 elements of the cooperative-matrix kernel's Q/K/V shared array (KPT_KV_ELEMS). */
 size_t kpt_glsl_coopmat_kv_elems(int dqk, int dv);
 /* The scalar GLSL kernel runs its head-dim loops in unrolled chunks of this many iterations
- * (KPT_CH in templates/glsl/attention.comp): at least 16, and a quarter of the larger head dim
- * rounded up to a multiple of 16 beyond 64. */
+ * (KPT_CH in templates/glsl/attention.comp): 16, and an eighth of the larger head dim rounded up
+ * to a multiple of 16 beyond 128 (longer chunks: fewer iterations, slower compiles on lavapipe). */
 int kpt_glsl_chunk(int dqk, int dv);
 /* An upper bound on the loop iterations (back-edges and exit tests of every dynamic loop) one
  * invocation of the scalar GLSL kernel of plan `pl` runs over n_kt kv tiles: what Mesa's
