@@ -4,7 +4,7 @@
 #include "codegen/cuda_source.h"
 #include "codegen/emit_c.h"
 #include "codegen/expr_source.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 /* templates/cuda/: common.cu around one of the attention kernels, embedded */
 extern const char kpt_tmpl_cuda_common[];

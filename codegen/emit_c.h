@@ -10,7 +10,7 @@
 #define KPT_CODEGEN_EMIT_C_H
 
 #include "ir/pattern.h"
-#include "ir/strbuf.h"
+#include "base/strbuf.h"
 
 typedef struct kpt_c_dialect {
     const char *name;       /* "cuda", "hip", "glsl" */

@@ -3,7 +3,7 @@
 
 #include "codegen/expr_source.h"
 #include "codegen/template.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 extern const char kpt_tmpl_common_expr[]; /* templates/common/expr.inc, embedded */
 

@@ -8,7 +8,7 @@
 #include <kpt/status.h>
 
 #include "codegen/emit_c.h"
-#include "ir/strbuf.h"
+#include "base/strbuf.h"
 
 /* Appends the filled fragment to `out`. */
 kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_dialect *d,

@@ -4,7 +4,7 @@
 #include "codegen/emit_c.h"
 #include "codegen/glsl_source.h"
 #include "codegen/template.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 extern const char kpt_tmpl_glsl_attention[]; /* templates/glsl/attention.comp, embedded */
 

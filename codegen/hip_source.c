@@ -4,7 +4,7 @@
 #include "codegen/emit_c.h"
 #include "codegen/expr_source.h"
 #include "codegen/hip_source.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 extern const char kpt_tmpl_hip_attention[]; /* templates/hip/attention.hip, embedded */
 

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "ir/strbuf.h"
+#include "base/strbuf.h"
 
 typedef struct kpt_hole {
     const char *name;

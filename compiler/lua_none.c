@@ -2,7 +2,7 @@
  * liblua5.4-dev): scripts are refused with a clear error. kpt's GPU machines build this way when
  * they lack Lua; binaries built where Lua is present link it statically instead. */
 #include "compiler/parse_lua.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 #define NO_LUA "this build of kpt has no Lua (built without liblua5.4-dev): Lua pattern scripts "  \
                "are not available"

@@ -13,7 +13,7 @@
 #include "compiler/lua_sandbox.h"
 #include "compiler/parse_lua.h"
 #include "compiler/pipeline.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 typedef struct run_ctx {
     kpt_lua_host h; /* first: the sandbox's user pointer points here */

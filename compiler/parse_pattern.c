@@ -17,8 +17,8 @@
 #include "compiler/builtins.h"
 #include "compiler/parse_pattern.h"
 #include "compiler/pipeline.h"
-#include "ir/diag.h"
-#include "ir/strbuf.h"
+#include "base/diag.h"
+#include "base/strbuf.h"
 
 #define MAX_PATTERN_LEN 4096
 

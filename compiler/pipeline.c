@@ -5,7 +5,7 @@
 
 #include "compiler/passes.h"
 #include "compiler/pipeline.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 
 #define MAX_ROUNDS 8
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "compiler/plan_tiles.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "ir/ir.h"
 
 const int kpt_cuda_head_dims[] = {32, 64, 96, 128, 256};

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "ir/ir_eval.h"
-#include "ir/numeric.h"
+#include "base/numeric.h"
 
 static int32_t wrap(int64_t v)
 {

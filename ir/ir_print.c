@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "ir/pattern.h"
-#include "ir/strbuf.h"
+#include "base/strbuf.h"
 
 const char *kpt_dim_name(int64_t dim)
 {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "ir/pattern.h"
 
 #define MAX_LABEL (1u << 22)

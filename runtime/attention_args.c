@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/attention_args.h"
 
 static bool is_float(kpt_dtype t)

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/backend.h"
 
 typedef struct cpu_kernel {

@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_backend.h"
-#include "runtime/nvrtc.h"
+#include "vendor/rtc_nvrtc.h"
 
 typedef struct cuda_backend {
     kpt_backend base;

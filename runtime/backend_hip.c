@@ -12,10 +12,10 @@
 #include <string.h>
 
 #include "codegen/hip_source.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/backend.h"
-#include "runtime/hip_driver.h"
-#include "runtime/hiprtc.h"
+#include "vendor/api_hip.h"
+#include "vendor/rtc_hiprtc.h"
 #include "runtime/kernel_args.h"
 
 typedef struct hip_backend {

@@ -17,12 +17,12 @@
 #include <string.h>
 
 #include "codegen/glsl_source.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/attention_args.h"
 #include "runtime/backend.h"
 #include "runtime/backend_vulkan.h"
-#include "runtime/spirv.h"
-#include "runtime/vulkan_api.h"
+#include "vendor/rtc_glslang.h"
+#include "vendor/api_vulkan.h"
 #include "runtime/vulkan_args.h"
 
 #define KPT_VK_VA_BASE 0x100000000000ull

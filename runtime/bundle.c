@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "kpt_version.h"
 #include "runtime/bundle.h"
 

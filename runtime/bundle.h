@@ -26,7 +26,7 @@
 
 #include <kpt/status.h>
 
-#include "runtime/hash.h"
+#include "base/hash.h"
 
 #define KPT_BUNDLE_VERSION 1
 #define KPT_BUNDLE_HEADER 64

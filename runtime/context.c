@@ -5,18 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "ir/pattern.h"
-#include "ir/strbuf.h"
+#include "base/strbuf.h"
 #include "kpt_version.h"
 #include "runtime/backend.h"
 #include "runtime/backend_vulkan.h"
 #include "runtime/bundle.h"
-#include "runtime/clock.h"
+#include "base/clock.h"
 #include "runtime/context.h"
 #include "runtime/disk_cache.h"
 #include "runtime/kernel_cache.h"
-#include "runtime/log.h"
+#include "base/log.h"
 
 #define DEFAULT_CACHE_BYTES ((uint64_t)1 << 30)
 

@@ -5,13 +5,13 @@
 #include <string.h>
 
 #include "codegen/cuda_source.h"
-#include "ir/diag.h"
-#include "runtime/clock.h"
+#include "base/diag.h"
+#include "base/clock.h"
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
 #include "runtime/cuda_backend.h"
-#include "runtime/cuda_tma.h"
-#include "runtime/nvrtc.h"
+#include "runtime/backend_cuda_tma.h"
+#include "vendor/rtc_nvrtc.h"
 
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
 {

@@ -11,7 +11,7 @@
 #include <kpt/reference.h>
 
 #include "compiler/plan_tiles.h"
-#include "runtime/cuda_driver.h"
+#include "vendor/api_cuda.h"
 
 typedef struct kpt_cuda_device {
     const kpt_cu_api *cu;
@@ -52,7 +52,7 @@ bool kpt_cuda_target_wgmma(const char *target);
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag);
 void kpt_cuda_device_close(kpt_cuda_device *dev);
 
-/* The KPT_NVRTC_* flags (runtime/nvrtc.h) that compile the source generated for `plan` to a
+/* The KPT_NVRTC_* flags (vendor/rtc_nvrtc.h) that compile the source generated for `plan` to a
  * CUBIN: sm_90a for the Hopper kernel, and the block-map kernels compiled beside attention
  * rather than after it. */
 unsigned kpt_cuda_nvrtc_flags(const kpt_kernel_plan *plan);

@@ -23,8 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/hash.h"
-#include "runtime/log.h"
+#include "base/hash.h"
+#include "base/log.h"
 
 #define KPT_DISK_CACHE_VERSION 1
 #define KPT_DISK_CACHE_HEADER 64

@@ -1,7 +1,7 @@
 /* The argument block of the generated C++ kernels (see kernel_args.h). */
 #include <string.h>
 
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
 

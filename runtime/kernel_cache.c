@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
-#include "runtime/hash.h"
+#include "base/diag.h"
+#include "base/hash.h"
 #include "runtime/kernel_cache.h"
 
 typedef enum { PENDING, READY, FAILED } entry_state;

@@ -15,8 +15,8 @@
 
 #include <kpt/reference.h>
 
-#include "ir/diag.h"
-#include "ir/numeric.h"
+#include "base/diag.h"
+#include "base/numeric.h"
 #include "runtime/attention_args.h"
 
 typedef struct ref_state {

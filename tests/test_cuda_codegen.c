@@ -18,9 +18,9 @@
 #include "codegen/cuda_source.h"
 #include "codegen/template.h"
 #include "compiler/plan_tiles.h"
-#include "ir/diag.h"
+#include "base/diag.h"
 #include "runtime/cuda_backend.h"
-#include "runtime/nvrtc.h"
+#include "vendor/rtc_nvrtc.h"
 
 static void test_template_fill(void **state)
 {

@@ -20,7 +20,7 @@
 
 #include "codegen/hip_source.h"
 #include "compiler/plan_tiles.h"
-#include "runtime/hiprtc.h"
+#include "vendor/rtc_hiprtc.h"
 #include "tests/runtool.h"
 
 static const char *const patterns[] = {

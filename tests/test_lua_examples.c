@@ -8,7 +8,7 @@
 
 #include <sys/stat.h>
 
-#include "runtime/npy.h"
+#include "tools/npy.h"
 #include "tests/runtool.h"
 
 static const char *kptc, *examples;

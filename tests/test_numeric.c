@@ -1,8 +1,8 @@
 /* Number formats and .npy reading. */
 #include "tests/testutil.h"
 
-#include "ir/numeric.h"
-#include "runtime/npy.h"
+#include "base/numeric.h"
+#include "tools/npy.h"
 
 static void test_f16_exhaustive(void **state)
 {

@@ -4,7 +4,7 @@
 
 #include <kpt/reference.h>
 
-#include "ir/numeric.h"
+#include "base/numeric.h"
 
 typedef struct problem {
     int64_t B, Hq, Hkv, Sq, Skv, Dqk, Dv;

@@ -20,8 +20,8 @@
 
 #include "runtime/bundle.h"
 #include "runtime/context.h"
-#include "runtime/nvrtc.h"
-#include "runtime/rng.h"
+#include "vendor/rtc_nvrtc.h"
+#include "tools/rng.h"
 #include "tests/runtool.h"
 
 static const char *kptc_path, *self_path;

@@ -16,7 +16,7 @@
 
 #include <kpt/kpt.h>
 
-#include "runtime/nvrtc.h"
+#include "vendor/rtc_nvrtc.h"
 
 enum { THREADS = 16, KINDS = 2 };
 

@@ -18,7 +18,7 @@
 #include "compiler/pipeline.h"
 #include "ir/ir_eval.h"
 #include "ir/pattern.h"
-#include "runtime/rng.h"
+#include "tools/rng.h"
 
 /* A random i32/f32/bool expression over q, k, sq, skv, b, h, hq, s and the pattern's first
  * scalar (if any). `exact_float` keeps f32 arithmetic to operations that are exact on small

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/clock.h"
+#include "base/clock.h"
 #include "runtime/context.h"
 #include "tools/kptc.h"
 

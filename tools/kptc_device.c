@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/numeric.h"
+#include "base/numeric.h"
 #include "tools/kptc.h"
 
 /* Bytes spanned by a tensor (its largest offset + 1 element). */

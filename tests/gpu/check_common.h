@@ -11,9 +11,9 @@
 #include <kpt/kpt.h>
 
 #include "compiler/parse_lua.h"
-#include "ir/numeric.h"
+#include "base/numeric.h"
 #include "runtime/attention_args.h"
-#include "runtime/rng.h"
+#include "tools/rng.h"
 
 typedef struct gcase {
     const char *pattern;

@@ -18,10 +18,10 @@
 
 #include "compiler/parse_lua.h"
 #include "compiler/parse_pattern.h"
-#include "ir/numeric.h"
+#include "base/numeric.h"
 #include "runtime/attention_args.h"
 #include "runtime/cuda_backend.h"
-#include "runtime/rng.h"
+#include "tools/rng.h"
 #include "tests/gpu/check_common.h"
 
 static const char *const all_patterns[] = {

@@ -16,7 +16,7 @@
 
 #include <kpt/kpt.h>
 
-#include "ir/numeric.h"
+#include "base/numeric.h"
 #include "runtime/bundle.h"
 #include "runtime/context.h"
 

@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "runtime/log.h"
+#include "base/log.h"
 
 void kpt_log(const kpt_logger *log, kpt_log_level level, const char *fmt, ...)
 {

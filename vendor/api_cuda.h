@@ -1,8 +1,8 @@
 /* The CUDA driver API, loaded with dlopen("libcuda.so.1"), so libkpt loads and runs (CPU paths,
  * code generation, NVRTC) on machines without an NVIDIA driver; only the calls below touch it.
  * Types are declared here (the ABI of cuda.h) so building needs no CUDA toolkit. */
-#ifndef KPT_RUNTIME_CUDA_DRIVER_H
-#define KPT_RUNTIME_CUDA_DRIVER_H
+#ifndef KPT_VENDOR_API_CUDA_H
+#define KPT_VENDOR_API_CUDA_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* The context's log: messages go to the application's callback, filtered by level. */
-#ifndef KPT_RUNTIME_LOG_H
-#define KPT_RUNTIME_LOG_H
+#ifndef KPT_BASE_LOG_H
+#define KPT_BASE_LOG_H
 
 #include <kpt/runtime.h>
 

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ir/diag.h"
-#include "runtime/cuda_driver.h"
+#include "base/diag.h"
+#include "vendor/api_cuda.h"
 
 static kpt_cu_api api;
 static bool api_ok;

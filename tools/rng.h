@@ -1,7 +1,7 @@
 /* A small deterministic PRNG (splitmix64 seeding a xoshiro256** state) for test inputs and
  * kptc's random data: the same seed gives the same numbers on every machine. */
-#ifndef KPT_RUNTIME_RNG_H
-#define KPT_RUNTIME_RNG_H
+#ifndef KPT_TOOLS_RNG_H
+#define KPT_TOOLS_RNG_H
 
 #include <stdint.h>
 

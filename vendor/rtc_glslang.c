@@ -13,8 +13,8 @@
 #include <glslang/build_info.h>
 #include <spirv-tools/libspirv.h>
 
-#include "ir/diag.h"
-#include "runtime/spirv.h"
+#include "base/diag.h"
+#include "vendor/rtc_glslang.h"
 
 #define KPT_SPIRV_MAGIC 0x5654504bu /* "KPTV" */
 #define KPT_SPIRV_FORMAT 1u

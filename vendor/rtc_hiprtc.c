@@ -13,10 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ir/diag.h"
-#include "runtime/clock.h"
-#include "runtime/hip_driver.h"
-#include "runtime/hiprtc.h"
+#include "base/diag.h"
+#include "base/clock.h"
+#include "vendor/api_hip.h"
+#include "vendor/rtc_hiprtc.h"
 
 typedef int hiprtcResult;
 typedef struct _hiprtcProgram *hiprtcProgram;

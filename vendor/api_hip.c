@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
-#include "runtime/hip_driver.h"
+#include "base/diag.h"
+#include "vendor/api_hip.h"
 
 static kpt_hip_api api;
 static bool api_ok;

@@ -5,8 +5,8 @@
  * Its code-object manager (comgr) aborts the whole process when asked for an ISA it does not
  * know (ROCm 5.2: gfx940, gfx942), so kpt compiles only for archs comgr lists
  * (amd_comgr_get_isa_name) and refuses the others with KPT_ERR_UNSUPPORTED. Thread-safe. */
-#ifndef KPT_RUNTIME_HIPRTC_H
-#define KPT_RUNTIME_HIPRTC_H
+#ifndef KPT_VENDOR_RTC_HIPRTC_H
+#define KPT_VENDOR_RTC_HIPRTC_H
 
 #include <stdbool.h>
 #include <stddef.h>

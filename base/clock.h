@@ -1,6 +1,6 @@
 /* A monotonic clock in milliseconds, for the compile and load timings the backends report. */
-#ifndef KPT_RUNTIME_CLOCK_H
-#define KPT_RUNTIME_CLOCK_H
+#ifndef KPT_BASE_CLOCK_H
+#define KPT_BASE_CLOCK_H
 
 #include <time.h>
 

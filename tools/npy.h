@@ -1,8 +1,8 @@
 /* Reading NumPy .npy files (format versions 1-3, little-endian, C order) for aux tensors given
  * to kptc with --aux NAME=FILE.npy. Values are converted to double; the caller converts to the
  * aux tensor's dtype with its own range checks. */
-#ifndef KPT_RUNTIME_NPY_H
-#define KPT_RUNTIME_NPY_H
+#ifndef KPT_TOOLS_NPY_H
+#define KPT_TOOLS_NPY_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* Scalar number formats: IEEE half and bfloat16 conversions, element loads by dtype.
  * Header-only, shared by the interpreter, the CPU reference and the tools. */
-#ifndef KPT_IR_NUMERIC_H
-#define KPT_IR_NUMERIC_H
+#ifndef KPT_BASE_NUMERIC_H
+#define KPT_BASE_NUMERIC_H
 
 #include <math.h>
 #include <stdint.h>

@@ -1,12 +1,12 @@
 /* The TMA tensor maps of the sm_90a attention kernel (templates/cuda/attention_sm90.cu): its
  * second parameter, built on every launch from the packed call. */
-#ifndef KPT_RUNTIME_CUDA_TMA_H
-#define KPT_RUNTIME_CUDA_TMA_H
+#ifndef KPT_RUNTIME_BACKEND_CUDA_TMA_H
+#define KPT_RUNTIME_BACKEND_CUDA_TMA_H
 
 #include <stdint.h>
 
 #include "compiler/plan_tiles.h"
-#include "runtime/cuda_driver.h"
+#include "vendor/api_cuda.h"
 #include "runtime/kernel_args.h"
 
 /* CUtensorMap: 128 opaque bytes, 64-byte aligned. */

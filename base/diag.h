@@ -5,8 +5,8 @@
  *     causal+sliding_windw(128)
  *            ^
  */
-#ifndef KPT_IR_DIAG_H
-#define KPT_IR_DIAG_H
+#ifndef KPT_BASE_DIAG_H
+#define KPT_BASE_DIAG_H
 
 #include <kpt/status.h>
 

@@ -5,7 +5,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "runtime/hash.h"
+#include "base/hash.h"
 
 kpt_key kpt_key_of(const kpt_key_part *parts, int n)
 {

@@ -1,6 +1,6 @@
 /* A growable string with a sticky failure flag: append freely, check `failed` once at the end. */
-#ifndef KPT_IR_STRBUF_H
-#define KPT_IR_STRBUF_H
+#ifndef KPT_BASE_STRBUF_H
+#define KPT_BASE_STRBUF_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/strbuf.h"
+#include "base/strbuf.h"
 
 static bool reserve(kpt_strbuf *sb, size_t extra)
 {

@@ -1,6 +1,6 @@
 #include <math.h>
 
-#include "runtime/rng.h"
+#include "tools/rng.h"
 
 static uint64_t splitmix(uint64_t *x)
 {

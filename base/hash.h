@@ -1,8 +1,8 @@
 /* Stable keys and checksums for the kernel caches and bundles, computed with xxHash (XXH3, from
  * Debian's libxxhash). Keys must not change between runs, processes or machines of one
  * endianness: they name files on disk and entries in bundles. */
-#ifndef KPT_RUNTIME_HASH_H
-#define KPT_RUNTIME_HASH_H
+#ifndef KPT_BASE_HASH_H
+#define KPT_BASE_HASH_H
 
 #include <stddef.h>
 #include <stdint.h>

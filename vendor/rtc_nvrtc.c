@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
-#include "runtime/clock.h"
-#include "runtime/nvrtc.h"
+#include "base/diag.h"
+#include "base/clock.h"
+#include "vendor/rtc_nvrtc.h"
 
 typedef int nvrtcResult;
 typedef struct _nvrtcProgram *nvrtcProgram;

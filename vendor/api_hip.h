@@ -1,8 +1,8 @@
 /* The HIP runtime (ROCm's libamdhip64), loaded with dlopen so libkpt loads and runs everywhere;
  * only the calls below touch it. Types are declared here (the ABI of hip_runtime_api.h, stable
  * from ROCm 5 to 6 for these calls), so building needs no ROCm headers. */
-#ifndef KPT_RUNTIME_HIP_DRIVER_H
-#define KPT_RUNTIME_HIP_DRIVER_H
+#ifndef KPT_VENDOR_API_HIP_H
+#define KPT_VENDOR_API_HIP_H
 
 #include <stddef.h>
 

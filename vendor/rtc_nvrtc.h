@@ -1,7 +1,7 @@
 /* NVRTC, loaded with dlopen: compiles generated CUDA C in memory to PTX and CUBIN. Works on a
  * machine without a GPU (CI compiles every pattern this way). Thread-safe. */
-#ifndef KPT_RUNTIME_NVRTC_H
-#define KPT_RUNTIME_NVRTC_H
+#ifndef KPT_VENDOR_RTC_NVRTC_H
+#define KPT_VENDOR_RTC_NVRTC_H
 
 #include <stdbool.h>
 #include <stddef.h>

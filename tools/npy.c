@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
-#include "ir/numeric.h"
-#include "runtime/npy.h"
+#include "base/diag.h"
+#include "base/numeric.h"
+#include "tools/npy.h"
 
 #define NPY_MAX_ELEMS (1LL << 31)
 #define NPY_MAX_FILE (1LL << 34)

@@ -1,7 +1,7 @@
 /* The Vulkan API, loaded with dlopen("libvulkan.so.1") so libkpt loads on machines without a
  * Vulkan loader: the entry points kpt calls, resolved once per instance and device. */
-#ifndef KPT_RUNTIME_VULKAN_API_H
-#define KPT_RUNTIME_VULKAN_API_H
+#ifndef KPT_VENDOR_API_VULKAN_H
+#define KPT_VENDOR_API_VULKAN_H
 
 #define VK_NO_PROTOTYPES
 #include <vulkan/vulkan.h>

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/diag.h"
-#include "runtime/vulkan_api.h"
+#include "base/diag.h"
+#include "vendor/api_vulkan.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void *lib;

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ir/diag.h"
-#include "ir/strbuf.h"
+#include "base/diag.h"
+#include "base/strbuf.h"
 
 kpt_status kpt_diag_set(kpt_diag *diag, kpt_status status, const char *fmt, ...)
 {

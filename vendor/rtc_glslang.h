@@ -7,8 +7,8 @@
  *
  *   u32 magic 'KPTV', u32 format (1), u32 words of the attention module, u32 words of the
  *   block-map module (0: none), then the words of each, native byte order. */
-#ifndef KPT_RUNTIME_SPIRV_H
-#define KPT_RUNTIME_SPIRV_H
+#ifndef KPT_VENDOR_RTC_GLSLANG_H
+#define KPT_VENDOR_RTC_GLSLANG_H
 
 #include <stdbool.h>
 #include <stddef.h>
