@@ -8,6 +8,8 @@
 #ifndef KPT_BASE_DIAG_H
 #define KPT_BASE_DIAG_H
 
+#include <stddef.h>
+
 #include <kpt/status.h>
 
 /* Sets status and message (no position). diag may be NULL. Returns status, for tail calls. */

@@ -29,13 +29,13 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
 }
 
-kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
-                           kpt_diag *diag)
+kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                           const kpt_c_dialect *d, char **out, kpt_diag *diag)
 {
     kpt_strbuf cfg = {0};
     emit_config(&cfg, plan);
     kpt_status st =
-        kpt_cpp_kernel_source(p, &kpt_dialect_cuda, kpt_tmpl_cuda_common,
+        kpt_cpp_kernel_source(p, d, kpt_tmpl_cuda_common,
                               plan->cfg.wgmma ? kpt_tmpl_cuda_attention_sm90
                                               : kpt_tmpl_cuda_attention,
                               &cfg, out, diag);

@@ -7,6 +7,7 @@
 
 #include <kpt/status.h>
 
+#include "codegen/emit_c.h"
 #include "compiler/plan_tiles.h"
 
 /* The kernels' entry points. */
@@ -15,8 +16,8 @@
 /* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */
 #define KPT_CUDA_BLOCKMAP_ORDER_ENTRY "kpt_blockmap_order"
 
-/* Returns malloc'ed source in *out (caller frees). */
-kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
-                           kpt_diag *diag);
+/* Returns malloc'ed source in *out (caller frees); d is the target's dialect (kpt_dialect_cuda). */
+kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                           const kpt_c_dialect *d, char **out, kpt_diag *diag);
 
 #endif

@@ -6,16 +6,32 @@
 
 #include "codegen/emit_c.h"
 
-const kpt_c_dialect kpt_dialect_cuda = {"cuda", "__uint_as_float(%su)", false};
-const kpt_c_dialect kpt_dialect_hip = {"hip", "kpt_u2f(%su)", false};
-const kpt_c_dialect kpt_dialect_glsl = {"glsl", "uintBitsToFloat(%su)", true};
+#define C_FAMILY(name_, from_bits)                                                            \
+    {.name = name_, .type_int = "int", .type_float = "float", .type_bool = "bool",               \
+     .float_lit = "%af", .float_from_bits = from_bits, .to_int_open = "(int)",                   \
+     .to_int_close = "", .to_float_open = "(float)", .to_float_close = "",                       \
+     .aux_load = "kpt_aux_%s(A.aux[%u], ", .iv_load = "kpt_iv_load<%s>(A.aux[%u], ",             \
+     .fdiv = "kpt_fdiv", .tile_class = "    return i%1$u.h == 0 ? 0 : (i%1$u.l == 1 ? 2 : 1);"}
 
-static const char *type_name(kpt_ir_type t)
+const kpt_c_dialect kpt_dialect_cuda = C_FAMILY("cuda", "__uint_as_float");
+/* HIP's own __uint_as_float comes from its headers, which kernels compiled with clang
+ * -nogpuinc do not have: the template defines kpt_u2f. */
+const kpt_c_dialect kpt_dialect_hip = C_FAMILY("hip", "kpt_u2f");
+/* GLSL has no hex floats, casts are constructors, 64-bit comparisons need an extension
+ * (kpt_iv_class in the template avoids them) */
+const kpt_c_dialect kpt_dialect_glsl = {
+    .name = "glsl", .type_int = "int", .type_float = "float", .type_bool = "bool",
+    .float_lit = "%.9e", .float_from_bits = "uintBitsToFloat", .to_int_open = "int(",
+    .to_int_close = ")", .to_float_open = "float(", .to_float_close = ")",
+    .aux_load = "kpt_aux%.0s%u(", .iv_load = "kpt_iv_load%.0s%u(", .fdiv = NULL,
+    .tile_class = "    return kpt_iv_class(i%u);"};
+
+static const char *type_name(kpt_ir_type t, const kpt_c_dialect *d)
 {
     switch (t) {
-    case KPT_IR_F32: return "float";
-    case KPT_IR_BOOL: return "bool";
-    default: return "int";
+    case KPT_IR_F32: return d->type_float;
+    case KPT_IR_BOOL: return d->type_bool;
+    default: return d->type_int;
     }
 }
 
@@ -23,14 +39,12 @@ static void emit_float(kpt_strbuf *sb, float f, const kpt_c_dialect *d)
 {
     if (isfinite(f)) {
         /* hex floats are exact; GLSL has none, and nine significant digits round-trip a float */
-        kpt_sb_printf(sb, d->glsl ? "%.9e" : "%af", (double)f);
+        kpt_sb_printf(sb, d->float_lit, (double)f);
         return;
     }
     uint32_t bits;
     memcpy(&bits, &f, sizeof(bits));
-    char lit[16];
-    snprintf(lit, sizeof(lit), "0x%08x", (unsigned)bits);
-    kpt_sb_printf(sb, d->bits_float, lit);
+    kpt_sb_printf(sb, "%s(0x%08xu)", d->float_from_bits, (unsigned)bits);
 }
 
 static void emit_int(kpt_strbuf *sb, int32_t v)
@@ -41,70 +55,61 @@ static void emit_int(kpt_strbuf *sb, int32_t v)
         kpt_sb_printf(sb, "%d", (int)v);
 }
 
-static const char *aux_loader(kpt_dtype t)
+/* The suffix of the C loaders kpt_aux_<suffix> for an aux dtype. */
+static const char *aux_suffix(kpt_dtype t)
 {
     switch (t) {
-    case KPT_DTYPE_I32: return "kpt_aux_i32";
-    case KPT_DTYPE_F32: return "kpt_aux_f32";
-    case KPT_DTYPE_F16: return "kpt_aux_f16";
-    case KPT_DTYPE_BF16: return "kpt_aux_bf16";
-    default: return "kpt_aux_bool";
+    case KPT_DTYPE_I32: return "i32";
+    case KPT_DTYPE_F32: return "f32";
+    case KPT_DTYPE_F16: return "f16";
+    case KPT_DTYPE_BF16: return "bf16";
+    default: return "bool";
     }
 }
 
-/* The i32 helper and the f32 form of each arithmetic op. */
-static const char *int_fn(kpt_ir_op op)
-{
-    switch (op) {
-    case KPT_IR_NEG: return "kpt_ineg";
-    case KPT_IR_ABS: return "kpt_iabs";
-    case KPT_IR_ILOG2: return "kpt_ilog2";
-    case KPT_IR_ADD: return "kpt_iadd";
-    case KPT_IR_SUB: return "kpt_isub";
-    case KPT_IR_MUL: return "kpt_imul";
-    case KPT_IR_IDIV: return "kpt_idiv";
-    case KPT_IR_MOD: return "kpt_imod";
-    case KPT_IR_MIN: return "kpt_imin";
-    case KPT_IR_MAX: return "kpt_imax";
-    default: return NULL;
-    }
-}
+/* Op spellings, indexed by op: the i32 helper and the f32 function of each arithmetic op (the
+ * templates define the same names in every dialect). */
+static const char *const int_fns[KPT_IR_OP_COUNT] = {
+    [KPT_IR_NEG] = "kpt_ineg",
+    [KPT_IR_ABS] = "kpt_iabs",
+    [KPT_IR_ILOG2] = "kpt_ilog2",
+    [KPT_IR_ADD] = "kpt_iadd",
+    [KPT_IR_SUB] = "kpt_isub",
+    [KPT_IR_MUL] = "kpt_imul",
+    [KPT_IR_IDIV] = "kpt_idiv",
+    [KPT_IR_MOD] = "kpt_imod",
+    [KPT_IR_MIN] = "kpt_imin",
+    [KPT_IR_MAX] = "kpt_imax",
+};
 
-static const char *float_fn(kpt_ir_op op)
-{
-    switch (op) {
-    case KPT_IR_ABS: return "fabsf";
-    case KPT_IR_EXP: return "kpt_fexp";
-    case KPT_IR_LOG: return "logf";
-    case KPT_IR_TANH: return "kpt_ftanh";
-    case KPT_IR_SQRT: return "sqrtf";
-    case KPT_IR_FLOOR: return "floorf";
-    case KPT_IR_POW: return "powf";
-    case KPT_IR_MIN: return "fminf";
-    case KPT_IR_MAX: return "fmaxf";
-    case KPT_IR_MOD: return "kpt_ffmod";
-    default: return NULL;
-    }
-}
+static const char *const float_fns[KPT_IR_OP_COUNT] = {
+    [KPT_IR_ABS] = "fabsf",
+    [KPT_IR_EXP] = "kpt_fexp",
+    [KPT_IR_LOG] = "logf",
+    [KPT_IR_TANH] = "kpt_ftanh",
+    [KPT_IR_SQRT] = "sqrtf",
+    [KPT_IR_FLOOR] = "floorf",
+    [KPT_IR_POW] = "powf",
+    [KPT_IR_MIN] = "fminf",
+    [KPT_IR_MAX] = "fmaxf",
+    [KPT_IR_MOD] = "kpt_ffmod",
+};
 
-static const char *infix(kpt_ir_op op)
-{
-    switch (op) {
-    case KPT_IR_ADD: return "+";
-    case KPT_IR_SUB: return "-";
-    case KPT_IR_MUL: return "*";
-    case KPT_IR_DIV: return "/";
-    case KPT_IR_LT: return "<";
-    case KPT_IR_LE: return "<=";
-    case KPT_IR_GT: return ">";
-    case KPT_IR_GE: return ">=";
-    case KPT_IR_EQ: return "==";
-    case KPT_IR_NE: return "!=";
-    case KPT_IR_AND: return "&&";
-    case KPT_IR_OR: return "||";
-    default: return NULL;
-    }
-}
+/* Infix operators, the same in every dialect. */
+static const char *const infix_ops[KPT_IR_OP_COUNT] = {
+    [KPT_IR_ADD] = "+",
+    [KPT_IR_SUB] = "-",
+    [KPT_IR_MUL] = "*",
+    [KPT_IR_DIV] = "/",
+    [KPT_IR_LT] = "<",
+    [KPT_IR_LE] = "<=",
+    [KPT_IR_GT] = ">",
+    [KPT_IR_GE] = ">=",
+    [KPT_IR_EQ] = "==",
+    [KPT_IR_NE] = "!=",
+    [KPT_IR_AND] = "&&",
+    [KPT_IR_OR] = "||",
+};
 
 /* Float division in the C dialects. IEEE division (what `/` means to NVRTC) is a dozen
  * instructions with a slow-path call per element; score mods divide by constants (softcap's
@@ -126,7 +131,7 @@ static void emit_fdiv(kpt_strbuf *sb, const kpt_ir_graph *g, kpt_ir_ref x, kpt_i
             return;
         }
     }
-    kpt_sb_printf(sb, "kpt_fdiv(v%u, v%u)", (unsigned)x, (unsigned)y);
+    kpt_sb_printf(sb, "%s(v%u, v%u)", d->fdiv, (unsigned)x, (unsigned)y);
 }
 
 /* The right-hand side of node r's value statement. */
@@ -156,19 +161,15 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
     case KPT_IR_HQ: kpt_sb_puts(sb, "A.Hq"); return;
     case KPT_IR_SCALAR:
         if (n->type == KPT_IR_F32)
-            kpt_sb_printf(sb, d->glsl ? "uintBitsToFloat(A.scalars[%u])"
-                                      : "__uint_as_float(A.scalars[%u])", (unsigned)n->imm.index);
+            kpt_sb_printf(sb, "%s(A.scalars[%u])", d->float_from_bits, (unsigned)n->imm.index);
         else
-            kpt_sb_printf(sb, d->glsl ? "int(A.scalars[%u])" : "(int)A.scalars[%u]",
-                          (unsigned)n->imm.index);
+            kpt_sb_printf(sb, "%sA.scalars[%u]%s", d->to_int_open, (unsigned)n->imm.index,
+                          d->to_int_close);
         return;
     case KPT_IR_LOAD:
-        if (d->glsl)
-            kpt_sb_printf(sb, "kpt_aux%u(%d, v%u, ", (unsigned)n->imm.index, n->nargs,
-                          (unsigned)a[0]);
-        else
-            kpt_sb_printf(sb, "%s(A.aux[%u], %d, v%u, ", aux_loader(p->aux[n->imm.index].dtype),
-                          (unsigned)n->imm.index, n->nargs, (unsigned)a[0]);
+        kpt_sb_printf(sb, d->aux_load, aux_suffix(p->aux[n->imm.index].dtype),
+                      (unsigned)n->imm.index);
+        kpt_sb_printf(sb, "%d, v%u, ", n->nargs, (unsigned)a[0]);
         if (n->nargs > 1) kpt_sb_printf(sb, "v%u, ", (unsigned)a[1]); else kpt_sb_puts(sb, "0, ");
         if (n->nargs > 2) kpt_sb_printf(sb, "v%u)", (unsigned)a[2]); else kpt_sb_puts(sb, "0)");
         return;
@@ -178,10 +179,11 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
         break;
     case KPT_IR_TO_F32:
         if (at == KPT_IR_BOOL) kpt_sb_printf(sb, "(v%u ? 1.0f : 0.0f)", (unsigned)a[0]);
-        else kpt_sb_printf(sb, d->glsl ? "float(v%u)" : "(float)v%u", (unsigned)a[0]);
+        else kpt_sb_printf(sb, "%sv%u%s", d->to_float_open, (unsigned)a[0], d->to_float_close);
         return;
     case KPT_IR_TO_I32:
-        if (at == KPT_IR_BOOL) kpt_sb_printf(sb, d->glsl ? "int(v%u)" : "(int)v%u", (unsigned)a[0]);
+        if (at == KPT_IR_BOOL)
+            kpt_sb_printf(sb, "%sv%u%s", d->to_int_open, (unsigned)a[0], d->to_int_close);
         else kpt_sb_printf(sb, "kpt_f2i(v%u)", (unsigned)a[0]);
         return;
     case KPT_IR_IDIV:
@@ -194,14 +196,14 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
         kpt_sb_printf(sb, "(v%u ? v%u : v%u)", (unsigned)a[0], (unsigned)a[1], (unsigned)a[2]);
         return;
     case KPT_IR_DIV:
-        if (at == KPT_IR_F32 && !d->glsl) {
+        if (at == KPT_IR_F32 && d->fdiv) {
             emit_fdiv(sb, g, a[0], a[1], d);
             return;
         }
         break;
     default: break;
     }
-    const char *fn = at == KPT_IR_F32 ? float_fn(op) : int_fn(op);
+    const char *fn = at == KPT_IR_F32 ? float_fns[op] : int_fns[op];
     bool is_cmp_or_logic = op >= KPT_IR_LT && op <= KPT_IR_OR;
     if (fn && !is_cmp_or_logic) {
         kpt_sb_printf(sb, "%s(v%u", fn, (unsigned)a[0]);
@@ -209,7 +211,7 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
         kpt_sb_puts(sb, ")");
         return;
     }
-    const char *o = infix(op);
+    const char *o = infix_ops[op];
     if (o && n->nargs == 2) {
         kpt_sb_printf(sb, "(v%u %s v%u)", (unsigned)a[0], o, (unsigned)a[1]);
         return;
@@ -295,7 +297,7 @@ static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref root,
     for (kpt_ir_ref r = 1; r < p->g.count; r++) {
         if (!live[r] || (u.invariant[r] && !u.boundary[r]))
             continue;
-        kpt_sb_printf(sb, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
+        kpt_sb_printf(sb, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r), d), (unsigned)r);
         if (u.uniform[r])
             kpt_sb_printf(sb, "U.u%u", (unsigned)r);
         else
@@ -319,11 +321,11 @@ void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p
     for (kpt_ir_ref r = 1; r < p->g.count; r++) {
         if (!u.invariant[r])
             continue;
-        kpt_sb_printf(init, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
+        kpt_sb_printf(init, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r), d), (unsigned)r);
         emit_value(init, p, r, d);
         kpt_sb_puts(init, ";\n");
         if (u.boundary[r] && u.uniform[r]) {
-            kpt_sb_printf(fields, "\n    %s u%u;", type_name(kpt_ir_type_of(&p->g, r)), (unsigned)r);
+            kpt_sb_printf(fields, "\n    %s u%u;", type_name(kpt_ir_type_of(&p->g, r), d), (unsigned)r);
             kpt_sb_printf(init, "    U.u%u = v%u;\n", (unsigned)r, (unsigned)r);
         }
     }
@@ -355,32 +357,29 @@ void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
 
 /* ---- intervals ------------------------------------------------------------------------------ */
 
-static const char *iv_fn(kpt_ir_op op)
-{
-    switch (op) {
-    case KPT_IR_NEG: return "kpt_iv_neg";
-    case KPT_IR_ABS: return "kpt_iv_abs";
-    case KPT_IR_ILOG2: return "kpt_iv_ilog2";
-    case KPT_IR_NOT: return "kpt_iv_not";
-    case KPT_IR_ADD: return "kpt_iv_add";
-    case KPT_IR_SUB: return "kpt_iv_sub";
-    case KPT_IR_MUL: return "kpt_iv_mul";
-    case KPT_IR_IDIV: return "kpt_iv_idiv";
-    case KPT_IR_MOD: return "kpt_iv_mod";
-    case KPT_IR_MIN: return "kpt_iv_min";
-    case KPT_IR_MAX: return "kpt_iv_max";
-    case KPT_IR_LT: return "kpt_iv_lt";
-    case KPT_IR_LE: return "kpt_iv_le";
-    case KPT_IR_GT: return "kpt_iv_gt";
-    case KPT_IR_GE: return "kpt_iv_ge";
-    case KPT_IR_EQ: return "kpt_iv_eq";
-    case KPT_IR_NE: return "kpt_iv_ne";
-    case KPT_IR_AND: return "kpt_iv_and";
-    case KPT_IR_OR: return "kpt_iv_or";
-    case KPT_IR_SELECT: return "kpt_iv_select";
-    default: return NULL;
-    }
-}
+/* Interval helpers (templates/common/expr.inc and the GLSL template). */
+static const char *const iv_fns[KPT_IR_OP_COUNT] = {
+    [KPT_IR_NEG] = "kpt_iv_neg",
+    [KPT_IR_ABS] = "kpt_iv_abs",
+    [KPT_IR_ILOG2] = "kpt_iv_ilog2",
+    [KPT_IR_NOT] = "kpt_iv_not",
+    [KPT_IR_ADD] = "kpt_iv_add",
+    [KPT_IR_SUB] = "kpt_iv_sub",
+    [KPT_IR_MUL] = "kpt_iv_mul",
+    [KPT_IR_IDIV] = "kpt_iv_idiv",
+    [KPT_IR_MOD] = "kpt_iv_mod",
+    [KPT_IR_MIN] = "kpt_iv_min",
+    [KPT_IR_MAX] = "kpt_iv_max",
+    [KPT_IR_LT] = "kpt_iv_lt",
+    [KPT_IR_LE] = "kpt_iv_le",
+    [KPT_IR_GT] = "kpt_iv_gt",
+    [KPT_IR_GE] = "kpt_iv_ge",
+    [KPT_IR_EQ] = "kpt_iv_eq",
+    [KPT_IR_NE] = "kpt_iv_ne",
+    [KPT_IR_AND] = "kpt_iv_and",
+    [KPT_IR_OR] = "kpt_iv_or",
+    [KPT_IR_SELECT] = "kpt_iv_select",
+};
 
 /* The interval of an i32 or bool node. f32 nodes have none: anything computed from a float is the
  * whole range of its type. */
@@ -407,17 +406,13 @@ static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r,
     case KPT_IR_SKV: kpt_sb_puts(sb, "kpt_iv_pt(A.Skv)"); return;
     case KPT_IR_HQ: kpt_sb_puts(sb, "kpt_iv_pt(A.Hq)"); return;
     case KPT_IR_SCALAR:
-        kpt_sb_printf(sb, d->glsl ? "kpt_iv_pt(int(A.scalars[%u]))" : "kpt_iv_pt((int)A.scalars[%u])",
-                      (unsigned)n->imm.index);
+        kpt_sb_printf(sb, "kpt_iv_pt(%sA.scalars[%u]%s)", d->to_int_open, (unsigned)n->imm.index,
+                      d->to_int_close);
         return;
     case KPT_IR_LOAD: /* the range of the data over the index box */
-        if (d->glsl)
-            kpt_sb_printf(sb, "kpt_iv_load%u(%d, i%u", (unsigned)n->imm.index, n->nargs,
-                          (unsigned)n->arg[0]);
-        else
-            kpt_sb_printf(sb, "kpt_iv_load<%s>(A.aux[%u], %d, i%u",
-                          n->type == KPT_IR_BOOL ? "true" : "false", (unsigned)n->imm.index,
-                          n->nargs, (unsigned)n->arg[0]);
+        kpt_sb_printf(sb, d->iv_load, n->type == KPT_IR_BOOL ? "true" : "false",
+                      (unsigned)n->imm.index);
+        kpt_sb_printf(sb, "%d, i%u", n->nargs, (unsigned)n->arg[0]);
         for (int i = 1; i < 3; i++) {
             if (i < n->nargs) kpt_sb_printf(sb, ", i%u", (unsigned)n->arg[i]);
             else kpt_sb_puts(sb, ", kpt_iv_pt(0)");
@@ -427,7 +422,7 @@ static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r,
     case KPT_IR_TO_I32: kpt_sb_printf(sb, "i%u", (unsigned)n->arg[0]); return; /* from bool */
     default: break;
     }
-    const char *fn = iv_fn(op);
+    const char *fn = iv_fns[op];
     if (!fn) {
         kpt_sb_puts(sb, any);
         return;
@@ -457,9 +452,5 @@ void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
         kpt_sb_puts(sb, ";\n");
     }
     free(live);
-    if (d->glsl) /* no 64-bit comparisons in GLSL (templates/glsl/attention.comp) */
-        kpt_sb_printf(sb, "    return kpt_iv_class(i%u);", (unsigned)p->mask);
-    else
-        kpt_sb_printf(sb, "    return i%u.h == 0 ? 0 : (i%u.l == 1 ? 2 : 1);", (unsigned)p->mask,
-                      (unsigned)p->mask);
+    kpt_sb_printf(sb, d->tile_class, (unsigned)p->mask);
 }

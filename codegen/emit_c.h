@@ -13,12 +13,30 @@
 #include "base/strbuf.h"
 
 typedef struct kpt_c_dialect {
-    const char *name;       /* "cuda", "hip", "glsl" */
-    const char *bits_float; /* printf format turning a u32 literal into a float: "__uint_as_float(%su)" */
-    /* GLSL: constructor casts (`int(x)`), decimal float literals (GLSL has no hex floats), and
-     * aux tensors as one storage buffer each, so loads call per-slot functions (`kpt_aux3(...)`,
-     * `kpt_iv_load3(...)`) that glsl_source.c generates, instead of taking `A.aux[3]`. */
-    bool glsl;
+    const char *name; /* "cuda", "hip", "glsl" */
+    /* Names of the IR types: i32, f32, bool. */
+    const char *type_int, *type_float, *type_bool;
+    /* printf format of a finite float literal: hex floats where the language has them (exact),
+     * else nine significant digits (which round-trip a float). */
+    const char *float_lit;
+    /* The function that turns u32 bits into a float: non-finite literals and f32 runtime
+     * scalars (A.scalars[] holds their bits). */
+    const char *float_from_bits;
+    /* Conversions: `open` + value + `close`. */
+    const char *to_int_open, *to_int_close, *to_float_open, *to_float_close;
+    /* printf format of the head of an aux load, given the loader's dtype suffix ("i32", "f16",
+     * ...) and the aux slot: C passes the tensor (`kpt_aux_i32(A.aux[3], `); GLSL has one
+     * storage buffer per tensor and a generated loader per slot (`kpt_aux3(`, "%.0s" drops the
+     * suffix). */
+    const char *aux_load;
+    /* The same for the interval of a load, given "true"/"false" (bool data) and the slot. */
+    const char *iv_load;
+    /* The approximate float division helper (constant divisors become products with their
+     * reciprocal); NULL where the language's `/` is already approximate (GLSL). */
+    const char *fdiv;
+    /* printf format of the tile classifier's return statement for the mask's interval i<N>,
+     * given N ("%1$u" where N is used twice): 0 no pair kept, 2 every pair, 1 otherwise. */
+    const char *tile_class;
 } kpt_c_dialect;
 
 extern const kpt_c_dialect kpt_dialect_cuda;

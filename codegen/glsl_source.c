@@ -105,12 +105,11 @@ static void emit_aux(kpt_strbuf *sb, const kpt_pattern *p)
     }
 }
 
-kpt_status kpt_glsl_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
-                           kpt_diag *diag)
+kpt_status kpt_glsl_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                           const kpt_c_dialect *d, char **out, kpt_diag *diag)
 {
     kpt_strbuf cfg = {0}, aux = {0}, score = {0}, mask = {0}, tile = {0}, src = {0},
                ufields = {0}, uinit = {0};
-    const kpt_c_dialect *d = &kpt_dialect_glsl;
     emit_config(&cfg, p, plan);
     emit_aux(&aux, p);
     kpt_emit_uniform(&ufields, &uinit, p, d);

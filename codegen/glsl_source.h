@@ -11,6 +11,7 @@
 
 #include <kpt/status.h>
 
+#include "codegen/emit_c.h"
 #include "compiler/plan_tiles.h"
 
 enum {
@@ -27,8 +28,8 @@ enum {
 /* The workgroup size of the block-map kernel (one invocation per tile pair). */
 #define KPT_GLSL_BLOCKMAP_GROUP 64
 
-/* Returns malloc'ed source in *out (caller frees). */
-kpt_status kpt_glsl_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
-                           kpt_diag *diag);
+/* Returns malloc'ed source in *out (caller frees); d is the target's dialect (kpt_dialect_glsl). */
+kpt_status kpt_glsl_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                           const kpt_c_dialect *d, char **out, kpt_diag *diag);
 
 #endif

@@ -21,13 +21,13 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
 }
 
-kpt_status kpt_hip_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
-                           kpt_diag *diag)
+kpt_status kpt_hip_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                          const kpt_c_dialect *d, char **out, kpt_diag *diag)
 {
     kpt_strbuf cfg = {0};
     emit_config(&cfg, plan);
     kpt_status st =
-        kpt_cpp_kernel_source(p, &kpt_dialect_hip, kpt_tmpl_hip_attention, NULL, &cfg, out, diag);
+        kpt_cpp_kernel_source(p, d, kpt_tmpl_hip_attention, NULL, &cfg, out, diag);
     kpt_sb_free(&cfg);
     return st;
 }

@@ -7,13 +7,14 @@
 
 #include <kpt/status.h>
 
+#include "codegen/emit_c.h"
 #include "compiler/plan_tiles.h"
 
 #define KPT_HIP_ATTENTION_ENTRY "kpt_attention"
 #define KPT_HIP_BLOCKMAP_ENTRY "kpt_blockmap"
 
-/* Returns malloc'ed source in *out (caller frees). */
-kpt_status kpt_hip_source(const kpt_pattern *p, const kpt_kernel_plan *plan, char **out,
-                          kpt_diag *diag);
+/* Returns malloc'ed source in *out (caller frees); d is the target's dialect (kpt_dialect_hip). */
+kpt_status kpt_hip_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                          const kpt_c_dialect *d, char **out, kpt_diag *diag);
 
 #endif

@@ -172,22 +172,26 @@ static bool build_softcap(kpt_build_ctx *ctx, const kpt_term_arg *a)
 #define P_INT(n, lo) {n, KPT_PARAM_INT, lo, false}
 #define P_POS(n) {n, KPT_PARAM_FLOAT, 0, true}
 
+/* One row per term: {name, signature, meaning}, example, scalar example, params, builder. */
 const kpt_builtin kpt_builtins[] = {
-    {{"full", "full", "no mask"}, 0, {{0}}, build_full},
-    {{"causal", "causal", "q >= k (top-left aligned)"}, 0, {{0}}, build_causal},
+    {{"full", "full", "no mask"}, "full", NULL, 0, {{0}}, build_full},
+    {{"causal", "causal", "q >= k (top-left aligned)"}, "causal", NULL, 0, {{0}}, build_causal},
     {{"causal_bottom_right", "causal_bottom_right", "q + skv - sq >= k (decoding with a KV cache)"},
-     0, {{0}}, build_causal_br},
-    {{"sliding_window", "sliding_window(W)", "q >= k and q - k < W"}, 1, {P_INT("W", 1)},
-     build_sliding_window},
-    {{"local", "local(L, R)", "k - q <= R and q - k <= L (bidirectional band)"}, 2,
-     {P_INT("L", 0), P_INT("R", 0)}, build_local},
-    {{"chunked", "chunked(C)", "q // C == k // C"}, 1, {P_INT("C", 1)}, build_chunked},
-    {{"prefix_lm", "prefix_lm(P)", "k < P or q >= k"}, 1, {P_INT("P", 0)}, build_prefix_lm},
+     "causal_bottom_right", NULL, 0, {{0}}, build_causal_br},
+    {{"sliding_window", "sliding_window(W)", "q >= k and q - k < W"},
+     "sliding_window(1024)", "sliding_window($w=256)", 1, {P_INT("W", 1)}, build_sliding_window},
+    {{"local", "local(L, R)", "k - q <= R and q - k <= L (bidirectional band)"},
+     "local(64, 32)", "local($l=64, $r=32)", 2, {P_INT("L", 0), P_INT("R", 0)}, build_local},
+    {{"chunked", "chunked(C)", "q // C == k // C"},
+     "chunked(128)", "chunked($c=128)", 1, {P_INT("C", 1)}, build_chunked},
+    {{"prefix_lm", "prefix_lm(P)", "k < P or q >= k"},
+     "prefix_lm(100)", "prefix_lm($p=100)", 1, {P_INT("P", 0)}, build_prefix_lm},
     {{"document", "document", "doc_q[b][q] == doc_kv[b][k] (aux i32 tensors [B, Sq], [B, Skv])"},
-     0, {{0}}, build_document},
-    {{"alibi", "alibi", "s + slope(h) * (k - q), the ALiBi paper's slopes for hq heads"}, 0, {{0}},
-     build_alibi},
-    {{"softcap", "softcap(C)", "C * tanh(s / C)"}, 1, {P_POS("C")}, build_softcap},
+     "document", NULL, 0, {{0}}, build_document},
+    {{"alibi", "alibi", "s + slope(h) * (k - q), the ALiBi paper's slopes for hq heads"},
+     "alibi", NULL, 0, {{0}}, build_alibi},
+    {{"softcap", "softcap(C)", "C * tanh(s / C)"},
+     "softcap(30)", "softcap($c=30)", 1, {P_POS("C")}, build_softcap},
 };
 const int kpt_num_builtins = (int)(sizeof(kpt_builtins) / sizeof(kpt_builtins[0]));
 

@@ -34,6 +34,10 @@ typedef struct kpt_build_ctx {
 
 typedef struct kpt_builtin {
     kpt_builtin_info info;
+    /* Pattern strings using the term, for the docs and for tests that iterate over the table:
+     * with constant arguments, and with every argument a runtime scalar (i32 and f32 scalars
+     * reach every target's code this way); the second is NULL for terms without arguments. */
+    const char *example, *scalar_example;
     int nparams;
     kpt_param_spec params[2];
     /* false on failure (graph failed, or ctx->err set) */

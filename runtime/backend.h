@@ -2,9 +2,13 @@
  * instance is one device (or the CPU, or an offline compile target). Kernels go through three
  * steps so the caches can sit between them:
  *
- *   generate  pattern + shape class -> plan and source text (deterministic; no device needed)
- *   compile   source -> binary (may run without a device; NULL for backends with no binary)
- *   load      binary -> loaded kernel (needs the device)
+ *   generate  pattern + shape class -> plan and source text (target/: kpt_kernel_generate for
+ *             the backend's target; deterministic; no device needed)
+ *   compile   source -> binary (target/: kpt_kernel_compile; may run without a device)
+ *   load      binary -> loaded kernel (the backend; needs the device)
+ *
+ * Backends never plan, emit or compile themselves: they name their target (NULL for the CPU,
+ * which runs the reference and compiles nothing) and the shared memory its plans may use.
  *
  * Thread-safety: every operation may be called from several threads at once. */
 #ifndef KPT_RUNTIME_BACKEND_H
@@ -16,21 +20,17 @@
 
 #include <kpt/runtime.h>
 
-#include "compiler/plan_tiles.h"
+#include "target/target.h"
 
 typedef struct kpt_backend kpt_backend;
 
 typedef struct kpt_backend_ops {
     kpt_backend_kind kind;
     void (*destroy)(kpt_backend *b);
-    /* Plans the kernel of p for desc (defaults filled in) and writes its source (malloc'ed; NULL
-     * for backends that compile nothing). */
-    kpt_status (*generate)(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *desc,
-                           kpt_kernel_plan *plan, char **source, kpt_diag *diag);
-    /* Source -> malloc'ed binary. NULL when the backend has no compile step. */
-    kpt_status (*compile)(kpt_backend *b, const char *source, const kpt_kernel_plan *plan,
-                          void **binary, size_t *size, kpt_diag *diag);
-    /* Binary (NULL for backends without one) -> a loaded kernel. p outlives the kernel. */
+    /* Refuses shape classes this device cannot run although its target can (a Vulkan device
+     * without 16-bit storage and f16), before anything is generated. May be NULL. */
+    kpt_status (*accepts)(kpt_backend *b, const kpt_kernel_desc *desc, kpt_diag *diag);
+    /* Binary (NULL for the CPU backend) -> a loaded kernel. p outlives the kernel. */
     kpt_status (*load)(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_plan *plan,
                        const void *binary, size_t size, void **kernel, kpt_diag *diag);
     void (*unload)(kpt_backend *b, void *kernel);
@@ -53,6 +53,8 @@ typedef struct kpt_backend_ops {
 
 struct kpt_backend {
     const kpt_backend_ops *ops;
+    const kpt_target *tgt; /* what its kernels are generated for; NULL: the CPU backend */
+    int smem_limit;        /* shared memory a workgroup may use; 0: the target's default */
     char target[32];       /* "cuda:sm_90", "cpu" */
     char compiler[64];     /* "nvrtc 13.0"; "" when the backend cannot compile here */
     char driver[64];       /* "cuda driver 13000"; "none" offline */

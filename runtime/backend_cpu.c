@@ -17,18 +17,12 @@ static void cpu_destroy(kpt_backend *b)
     free(b);
 }
 
-static kpt_status cpu_generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
-                               kpt_kernel_plan *plan, char **source, kpt_diag *diag)
+static kpt_status cpu_accepts(kpt_backend *b, const kpt_kernel_desc *d, kpt_diag *diag)
 {
-    *source = NULL;
     if (d->dtype != KPT_DTYPE_F16 && d->dtype != KPT_DTYPE_BF16 && d->dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "dtype %s is not supported by the CPU backend (f16, bf16 or f32)",
                             kpt_dtype_name(d->dtype));
-    memset(plan, 0, sizeof(*plan));
-    plan->cfg = (kpt_kernel_config){.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v};
-    plan->has_mask = p->mask != 0;
-    plan->has_score = p->score != 0;
     return KPT_OK;
 }
 
@@ -115,7 +109,7 @@ static kpt_status cpu_synchronize(kpt_backend *b, kpt_diag *diag)
 static const kpt_backend_ops cpu_ops = {
     .kind = KPT_BACKEND_CPU,
     .destroy = cpu_destroy,
-    .generate = cpu_generate,
+    .accepts = cpu_accepts,
     .load = cpu_load,
     .unload = cpu_unload,
     .launch = cpu_launch,

@@ -1,19 +1,17 @@
-/* The CUDA backend behind the backend interface (backend.h): NVRTC compiles generated CUDA C to
- * CUBIN, the driver API loads and launches it (cuda_backend.c does the work). */
+/* The CUDA backend behind the backend interface (backend.h): its target (target/) generates CUDA
+ * C and NVRTC compiles it to CUBIN; the driver API loads and launches it (cuda_device.c, the
+ * device layer kptc and tests/gpu also use directly). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/diag.h"
 #include "runtime/backend.h"
-#include "runtime/cuda_backend.h"
-#include "vendor/rtc_nvrtc.h"
+#include "runtime/cuda_device.h"
 
 typedef struct cuda_backend {
     kpt_backend base;
     kpt_cuda_device dev; /* unopened when offline */
-    int sm;              /* the compile target */
-    bool wgmma;          /* ... is cuda:sm_90a */
 } cuda_backend;
 
 static cuda_backend *cb(kpt_backend *b)
@@ -27,30 +25,6 @@ static void cuda_destroy(kpt_backend *b)
         return;
     kpt_cuda_device_close(&cb(b)->dev);
     free(b);
-}
-
-static kpt_status cuda_generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
-                                kpt_kernel_plan *plan, char **source, kpt_diag *diag)
-{
-    kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
-                             .sm = cb(b)->sm};
-    cfg.wgmma = cb(b)->wgmma;
-    return kpt_cuda_generate(p, &cfg, b->offline ? 0 : cb(b)->dev.smem_optin, plan, source, diag);
-}
-
-static kpt_status cuda_compile(kpt_backend *b, const char *source, const kpt_kernel_plan *plan,
-                               void **binary, size_t *size, kpt_diag *diag)
-{
-    kpt_nvrtc_output nv = {0};
-    kpt_status st =
-        kpt_nvrtc_compile(source, plan->cfg.sm, kpt_cuda_nvrtc_flags(plan), &nv, diag);
-    if (!st) {
-        *binary = nv.cubin;
-        *size = nv.cubin_size;
-        nv.cubin = NULL;
-    }
-    kpt_nvrtc_output_free(&nv);
-    return st;
 }
 
 static kpt_status cuda_load(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_plan *plan,
@@ -148,8 +122,6 @@ static kpt_status cuda_blockmap_build(kpt_backend *b, void *kernel, const kpt_at
 static const kpt_backend_ops cuda_ops = {
     .kind = KPT_BACKEND_CUDA,
     .destroy = cuda_destroy,
-    .generate = cuda_generate,
-    .compile = cuda_compile,
     .load = cuda_load,
     .unload = cuda_unload,
     .launch = cuda_launch,
@@ -167,22 +139,24 @@ static const kpt_backend_ops cuda_ops = {
  * code). */
 static kpt_status pick_target(cuda_backend *c, const char *target, kpt_diag *diag)
 {
-    int dev_sm = c->dev.sm >= 90 ? 90 : c->dev.sm;
+    char list[256];
     if (!target) {
-        c->sm = dev_sm;
-        c->wgmma = kpt_cuda_wgmma_enabled(c->dev.sm, dev_sm);
+        int dev_sm = c->dev.sm >= 90 ? 90 : c->dev.sm;
+        kpt_kernel_config cfg = {.sm = dev_sm, .wgmma = kpt_cuda_wgmma_enabled(c->dev.sm, dev_sm)};
+        c->base.tgt = kpt_target_for(KPT_BACKEND_CUDA, &cfg);
+        if (!c->base.tgt) /* sm_87 and the like: the sm_80 code runs there */
+            c->base.tgt = kpt_target_find(dev_sm >= 90 ? "cuda:sm_90" : "cuda:sm_80");
         return KPT_OK;
     }
-    int sm = kpt_cuda_target_sm(target);
-    if (sm < 0)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89, "
-                            "cuda:sm_90 or cuda:sm_90a", target);
-    c->wgmma = kpt_cuda_target_wgmma(target);
+    const kpt_target *t = kpt_target_find(target);
+    if (!t || t->backend != KPT_BACKEND_CUDA)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "target '%s': expected %s", target,
+                            kpt_target_list(KPT_BACKEND_CUDA, list, sizeof(list)));
+    int sm = t->base.sm;
     if (sm / 10 != c->dev.sm / 10 || sm > c->dev.sm)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "target %s cannot run on %s (sm_%d)", target, c->dev.name, c->dev.sm);
-    c->sm = sm;
+    c->base.tgt = t;
     return KPT_OK;
 }
 
@@ -196,12 +170,14 @@ kpt_status kpt_backend_cuda_open(const kpt_context_params *p, kpt_backend **out,
     c->base.offline = p->flags & KPT_CONTEXT_OFFLINE;
     kpt_status st = KPT_OK;
     if (c->base.offline) {
-        if ((c->sm = kpt_cuda_target_sm(p->target)) < 0)
+        const kpt_target *t = kpt_target_find(p->target);
+        char list[256];
+        if (!t || t->backend != KPT_BACKEND_CUDA)
             st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                              "an offline CUDA context needs a target: cuda:sm_80, cuda:sm_86, "
-                              "cuda:sm_89, cuda:sm_90 or cuda:sm_90a (not '%s')",
+                              "an offline CUDA context needs a target: %s (not '%s')",
+                              kpt_target_list(KPT_BACKEND_CUDA, list, sizeof(list)),
                               p->target ? p->target : "");
-        c->wgmma = kpt_cuda_target_wgmma(p->target);
+        c->base.tgt = t;
         snprintf(c->base.driver, sizeof(c->base.driver), "none");
     } else {
         st = kpt_cuda_device_open(p->device, &c->dev, diag);
@@ -211,16 +187,14 @@ kpt_status kpt_backend_cuda_open(const kpt_context_params *p, kpt_backend **out,
         if (!st && !c->dev.cu->DriverGetVersion(&v))
             snprintf(c->base.driver, sizeof(c->base.driver), "cuda driver %d", v);
         snprintf(c->base.device_name, sizeof(c->base.device_name), "%s", c->dev.name);
+        c->base.smem_limit = c->dev.smem_optin;
     }
     if (st) {
         cuda_destroy(&c->base);
         return st;
     }
-    snprintf(c->base.target, sizeof(c->base.target), "cuda:sm_%d%s", c->sm, c->wgmma ? "a" : "");
-    int nv = kpt_nvrtc_version(NULL);
-    if (nv > 0)
-        snprintf(c->base.compiler, sizeof(c->base.compiler), "nvrtc %d.%d", nv / 1000,
-                 nv % 1000 / 10);
+    snprintf(c->base.target, sizeof(c->base.target), "%s", c->base.tgt->name);
+    c->base.tgt->rtc->identity(c->base.compiler, sizeof(c->base.compiler));
     *out = &c->base;
     return KPT_OK;
 }

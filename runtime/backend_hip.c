@@ -1,7 +1,7 @@
-/* The HIP backend behind the backend interface (backend.h): generated HIP C++
- * (codegen/hip_source.c) compiled to an AMD code object by hipRTC, or by clang for archs the
- * local hipRTC lacks (hiprtc.c), loaded and launched through the HIP module API
- * (hip_driver.c). Kernel memory is plain device memory (hipMalloc); launches go on the
+/* The HIP backend behind the backend interface (backend.h): its target (target/) generates HIP
+ * C++ and compiles it to an AMD code object with hipRTC, or clang for archs the local hipRTC
+ * lacks (vendor/rtc_hiprtc.c); this file loads and launches it through the HIP module API
+ * (vendor/api_hip.c). Kernel memory is plain device memory (hipMalloc); launches go on the
  * caller's hipStream_t (NULL: the null stream).
  *
  * No AMD GPU has run this file yet (docs/hip.md): what CI checks is that it builds, refuses
@@ -15,14 +15,12 @@
 #include "base/diag.h"
 #include "runtime/backend.h"
 #include "vendor/api_hip.h"
-#include "vendor/rtc_hiprtc.h"
 #include "runtime/kernel_args.h"
 
 typedef struct hip_backend {
     kpt_backend base;
     const kpt_hip_api *hip; /* NULL offline */
     int ordinal;
-    int gfx;                /* the compile target: 0x90a, 0x940, 0x942 */
 } hip_backend;
 
 typedef struct hip_kernel {
@@ -55,32 +53,6 @@ static kpt_status use_device(kpt_backend *b, kpt_diag *diag)
 static void hip_destroy(kpt_backend *b)
 {
     free(b);
-}
-
-static kpt_status hip_generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
-                               kpt_kernel_plan *plan, char **source, kpt_diag *diag)
-{
-    *source = NULL;
-    kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
-                             .gfx = hb(b)->gfx};
-    kpt_status st = kpt_plan_tiles_hip(p, &cfg, plan, diag);
-    return st ? st : kpt_hip_source(p, plan, source, diag);
-}
-
-static kpt_status hip_compile(kpt_backend *b, const char *source, const kpt_kernel_plan *plan,
-                              void **binary, size_t *size, kpt_diag *diag)
-{
-    char arch[16];
-    snprintf(arch, sizeof(arch), "gfx%x", (unsigned)plan->cfg.gfx);
-    kpt_hip_output out;
-    kpt_status st = kpt_hip_compile(source, arch, &out, NULL, diag);
-    if (!st) {
-        *binary = out.code;
-        *size = out.size;
-        out.code = NULL;
-    }
-    kpt_hip_output_free(&out);
-    return st;
 }
 
 static void hip_unload(kpt_backend *b, void *kernel)
@@ -261,8 +233,6 @@ static kpt_status hip_synchronize(kpt_backend *b, kpt_diag *diag)
 static const kpt_backend_ops hip_ops = {
     .kind = KPT_BACKEND_HIP,
     .destroy = hip_destroy,
-    .generate = hip_generate,
-    .compile = hip_compile,
     .load = hip_load,
     .unload = hip_unload,
     .launch = hip_launch,
@@ -300,12 +270,13 @@ static kpt_status open_device(hip_backend *h, const kpt_context_params *p, kpt_d
     if (st)
         return st;
     snprintf(target, sizeof(target), "hip:%s", arch);
-    h->gfx = kpt_hip_target_gfx(target);
-    if (h->gfx < 0)
+    char list[256];
+    if (!(h->base.tgt = kpt_target_find(target)))
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "HIP device %d (%s) is %s; kpt generates MFMA kernels for gfx90a, "
-                            "gfx940 and gfx942", h->ordinal, h->base.device_name, arch);
-    if (p->target && kpt_hip_target_gfx(p->target) != h->gfx)
+                            "HIP device %d (%s) is %s; kpt generates MFMA kernels for %s",
+                            h->ordinal, h->base.device_name, arch,
+                            kpt_target_list(KPT_BACKEND_HIP, list, sizeof(list)));
+    if (p->target && strcmp(p->target, target))
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "target %s cannot run on %s (%s)",
                             p->target, h->base.device_name, arch);
     int v = 0;
@@ -317,10 +288,11 @@ static kpt_status open_device(hip_backend *h, const kpt_context_params *p, kpt_d
 kpt_status kpt_backend_hip_open(const kpt_context_params *p, kpt_backend **out, kpt_diag *diag)
 {
     *out = NULL;
-    if (p->target && kpt_hip_target_gfx(p->target) < 0)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "target '%s': expected hip:gfx90a, hip:gfx940 or hip:gfx942",
-                            p->target);
+    const kpt_target *t = kpt_target_find(p->target);
+    char list[256];
+    if (p->target && (!t || t->backend != KPT_BACKEND_HIP))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "target '%s': expected %s",
+                            p->target, kpt_target_list(KPT_BACKEND_HIP, list, sizeof(list)));
     hip_backend *h = calloc(1, sizeof(*h));
     if (!h)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
@@ -330,9 +302,9 @@ kpt_status kpt_backend_hip_open(const kpt_context_params *p, kpt_backend **out, 
     if (h->base.offline) {
         if (!p->target)
             st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                              "an offline HIP context needs a target: hip:gfx90a, hip:gfx940 or "
-                              "hip:gfx942");
-        h->gfx = kpt_hip_target_gfx(p->target);
+                              "an offline HIP context needs a target: %s",
+                              kpt_target_list(KPT_BACKEND_HIP, list, sizeof(list)));
+        h->base.tgt = t;
         snprintf(h->base.driver, sizeof(h->base.driver), "none");
     } else {
         st = open_device(h, p, diag);
@@ -341,13 +313,8 @@ kpt_status kpt_backend_hip_open(const kpt_context_params *p, kpt_backend **out, 
         hip_destroy(&h->base);
         return st;
     }
-    snprintf(h->base.target, sizeof(h->base.target), "hip:gfx%x", (unsigned)h->gfx);
-    int v = kpt_hiprtc_version(NULL);
-    if (v > 0)
-        snprintf(h->base.compiler, sizeof(h->base.compiler), "hiprtc %d.%d", v / 1000,
-                 v % 1000 / 10);
-    else
-        snprintf(h->base.compiler, sizeof(h->base.compiler), "clang");
+    snprintf(h->base.target, sizeof(h->base.target), "%s", h->base.tgt->name);
+    h->base.tgt->rtc->identity(h->base.compiler, sizeof(h->base.compiler));
     *out = &h->base;
     return KPT_OK;
 }

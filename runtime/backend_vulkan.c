@@ -304,33 +304,14 @@ static kpt_status vk_synchronize(kpt_backend *b, kpt_diag *diag)
 
 /* ---- kernels --------------------------------------------------------------------------------- */
 
-static kpt_status vk_generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
-                              kpt_kernel_plan *plan, char **source, kpt_diag *diag)
+/* The target plans and generates; only this device's own gaps are refused here. */
+static kpt_status vk_accepts(kpt_backend *b, const kpt_kernel_desc *d, kpt_diag *diag)
 {
-    vk_backend *v = vb(b);
-    *source = NULL;
-    kpt_kernel_config cfg = {.dtype = d->dtype, .dqk = d->head_dim, .dv = d->head_dim_v,
-                             .coopmat = !b->offline && v->coopmat};
-    int smem = b->offline || v->smem_limit > KPT_VK_PLAN_SMEM ? KPT_VK_PLAN_SMEM : v->smem_limit;
-    /* the cooperative-matrix kernel is this device's own: planned for all its shared memory */
-    kpt_status st = kpt_plan_tiles_glsl(p, &cfg, cfg.coopmat ? v->smem_limit : smem, plan, diag);
-    if (!st && cfg.coopmat && !plan->cfg.coopmat) {
-        cfg.coopmat = false; /* not a coopmat shape: the portable kernel, planned as anywhere */
-        st = kpt_plan_tiles_glsl(p, &cfg, smem, plan, diag);
-    }
-    if (st)
-        return st;
-    if (!b->offline && d->dtype == KPT_DTYPE_F16 && !v->f16_storage)
+    if (!b->offline && d->dtype == KPT_DTYPE_F16 && !vb(b)->f16_storage)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "%s lacks storageBuffer16BitAccess: use f32 on this device",
                             b->device_name);
-    return kpt_glsl_source(p, plan, source, diag);
-}
-
-static kpt_status vk_compile(kpt_backend *b, const char *source, const kpt_kernel_plan *plan,
-                             void **binary, size_t *size, kpt_diag *diag)
-{
-    return kpt_spirv_build(source, plan->has_blockmap, binary, size, diag);
+    return KPT_OK;
 }
 
 static void vk_unload(kpt_backend *b, void *kernel)
@@ -963,8 +944,7 @@ static void vk_destroy(kpt_backend *b)
 static const kpt_backend_ops vk_ops = {
     .kind = KPT_BACKEND_VULKAN,
     .destroy = vk_destroy,
-    .generate = vk_generate,
-    .compile = vk_compile,
+    .accepts = vk_accepts,
     .load = vk_load,
     .unload = vk_unload,
     .launch = vk_launch_fn,
@@ -1204,7 +1184,6 @@ kpt_status kpt_backend_vulkan_open(const kpt_context_params *p, bool gpu_only, k
     v->base.offline = p->flags & KPT_CONTEXT_OFFLINE;
     v->next_va = KPT_VK_VA_BASE;
     snprintf(v->base.target, sizeof(v->base.target), "spirv");
-    snprintf(v->base.compiler, sizeof(v->base.compiler), "%s", kpt_spirv_compiler());
     kpt_status st = KPT_OK;
     if (v->base.offline)
         snprintf(v->base.driver, sizeof(v->base.driver), "none");
@@ -1214,6 +1193,11 @@ kpt_status kpt_backend_vulkan_open(const kpt_context_params *p, bool gpu_only, k
         vk_destroy(&v->base);
         return st;
     }
+    /* a device with cooperative matrices runs spirv:coopmat, planned for all its shared memory;
+     * the context still calls its target spirv (target/target.c) */
+    v->base.tgt = kpt_target_find(v->coopmat ? "spirv:coopmat" : "spirv");
+    v->base.smem_limit = v->base.offline ? 0 : v->smem_limit;
+    v->base.tgt->rtc->identity(v->base.compiler, sizeof(v->base.compiler));
     *out = &v->base;
     return KPT_OK;
 }

@@ -6,11 +6,6 @@
 
 #include "runtime/backend.h"
 
-/* Kernels are planned for this much shared memory, or the device's limit when it has less: one
- * plan (and so one source text and cache key) for every device with at least 32 KiB, so kernels
- * compiled offline or on one device are found on the others. */
-#define KPT_VK_PLAN_SMEM 32768
-
 /* Opens the Vulkan backend: device p->device among those with Vulkan 1.1 and a compute queue,
  * best first (discrete GPUs, integrated, virtual, CPU). With gpu_only, CPU devices (lavapipe)
  * are not counted (the AUTO choice prefers the CPU reference to them). */

@@ -144,7 +144,7 @@ static kpt_status open_backend(kpt_context *ctx, const kpt_context_params *p, kp
 
 static void open_disk_cache(kpt_context *ctx, const kpt_context_params *p)
 {
-    if ((p->flags & KPT_CONTEXT_NO_DISK_CACHE) || !ctx->backend->ops->compile)
+    if ((p->flags & KPT_CONTEXT_NO_DISK_CACHE) || !ctx->backend->tgt)
         return;
     char dir[4096];
     if (p->cache_dir)
@@ -294,13 +294,37 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, void **
         return KPT_OK;
     }
     double t0 = kpt_now_ms();
-    kpt_status st = b->ops->compile(b, src, &m->plan, bin, size, diag);
+    kpt_rtc_output out;
+    kpt_status st = kpt_kernel_compile(b->tgt, src, &m->plan, 0, &out, diag);
+    *bin = out.binary;
+    *size = out.size;
+    out.binary = NULL;
+    kpt_rtc_output_free(&out);
     if (st)
         return st;
     rq->compile_ms = kpt_now_ms() - t0;
     m->how = FROM_COMPILER;
     kpt_disk_cache_put(ctx->disk, &disk_key, *bin, *size);
     return KPT_OK;
+}
+
+/* The plan and source of a kernel (no source for the CPU backend, which runs the reference). */
+static kpt_status generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
+                           kpt_kernel_plan *plan, char **src, kpt_diag *diag)
+{
+    *src = NULL;
+    kpt_status st = b->ops->accepts ? b->ops->accepts(b, d, diag) : KPT_OK;
+    if (st)
+        return st;
+    if (!b->tgt) {
+        memset(plan, 0, sizeof(*plan));
+        plan->cfg = (kpt_kernel_config){.dtype = d->dtype, .dqk = d->head_dim,
+                                        .dv = d->head_dim_v};
+        return KPT_OK;
+    }
+    kpt_kernel_request rq = {.kind = KPT_KERNEL_FORWARD, .dtype = d->dtype, .dqk = d->head_dim,
+                             .dv = d->head_dim_v, .smem_limit = b->smem_limit};
+    return kpt_kernel_generate(b->tgt, p, &rq, plan, src, diag);
 }
 
 static kpt_status build_module(void *user, void **value, kpt_diag *diag)
@@ -320,7 +344,7 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     char *src = NULL;
     if (!st)
-        st = b->ops->generate(b, m->pattern, &rq->desc, &m->plan, &src, diag);
+        st = generate(b, m->pattern, &rq->desc, &m->plan, &src, diag);
     void *bin = NULL;
     size_t size = 0;
     bool owned = false;
@@ -355,12 +379,14 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
     return KPT_OK;
 }
 
-/* The module key: what the generated code depends on. */
+/* The module key: what the generated code depends on, its kernel kind first. (The disk and
+ * bundle keys hash the source itself, which differs between kinds: each has its own template
+ * and entry points.) */
 static char *module_key(const request *rq, size_t *n, bool with_heads)
 {
     kpt_strbuf sb = {0};
-    kpt_sb_printf(&sb, "%s\n%d %d %d", rq->ir, (int)rq->desc.dtype, rq->desc.head_dim,
-                  rq->desc.head_dim_v);
+    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d", kpt_kernel_kind_name(KPT_KERNEL_FORWARD), rq->ir,
+                  (int)rq->desc.dtype, rq->desc.head_dim, rq->desc.head_dim_v);
     if (with_heads)
         kpt_sb_printf(&sb, " %d %d %u", rq->desc.num_heads_q, rq->desc.num_heads_kv,
                       rq->desc.options);

@@ -19,7 +19,8 @@
 #include "codegen/template.h"
 #include "compiler/plan_tiles.h"
 #include "base/diag.h"
-#include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
+#include "target/target.h"
 #include "vendor/rtc_nvrtc.h"
 
 static void test_template_fill(void **state)
@@ -48,9 +49,9 @@ static char *source_of_pattern(kpt_pattern *p, kpt_dtype dt, int dqk, int dv, in
     kpt_diag d = {0};
     kpt_kernel_config cfg = {.dtype = dt, .dqk = dqk, .dv = dv, .sm = sm};
     kpt_kernel_plan plan;
-    assert_int_equal(kpt_plan_tiles(p, &cfg, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &cfg, 0, &plan, &d), KPT_OK);
     char *src = NULL;
-    assert_int_equal(kpt_cuda_source(p, &plan, &src, &d), KPT_OK);
+    assert_int_equal(kpt_cuda_source(p, &plan, &kpt_dialect_cuda, &src, &d), KPT_OK);
     kpt_pattern_destroy(&p);
     return src;
 }
@@ -114,17 +115,17 @@ static void test_plan_refuses(void **state)
     assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
     kpt_kernel_plan plan;
     kpt_kernel_config bad_dim = {.dtype = KPT_DTYPE_BF16, .dqk = 80, .dv = 80, .sm = 80};
-    assert_int_equal(kpt_plan_tiles(p, &bad_dim, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &bad_dim, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
     assert_non_null(strstr(d.message, "Dqk = 80"));
     kpt_kernel_config bad_dt = {.dtype = KPT_DTYPE_F32, .dqk = 64, .dv = 64, .sm = 80};
-    assert_int_equal(kpt_plan_tiles(p, &bad_dt, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &bad_dt, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
     /* sm_90a covers head dims 64, 128 and 256; others fall back to the sm_80 kernel */
     kpt_kernel_config a96 = {.dtype = KPT_DTYPE_BF16, .dqk = 96, .dv = 96, .sm = 90, .wgmma = true};
-    assert_int_equal(kpt_plan_tiles(p, &a96, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &a96, 0, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
     assert_int_equal(plan.warps, 4);
     kpt_kernel_config a128 = {.dtype = KPT_DTYPE_F16, .dqk = 128, .dv = 64, .sm = 90, .wgmma = true};
-    assert_int_equal(kpt_plan_tiles(p, &a128, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &a128, 0, &plan, &d), KPT_OK);
     assert_true(plan.cfg.wgmma);
     assert_int_equal(plan.warps, 12);
     assert_int_equal(plan.bm, 128);
@@ -132,15 +133,15 @@ static void test_plan_refuses(void **state)
     /* 256: 64-key tiles, within the H100's 227 KB of shared memory a block */
     kpt_kernel_config a256 = {
         .dtype = KPT_DTYPE_BF16, .dqk = 256, .dv = 256, .sm = 90, .wgmma = true};
-    assert_int_equal(kpt_plan_tiles(p, &a256, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &a256, 0, &plan, &d), KPT_OK);
     assert_true(plan.cfg.wgmma);
     assert_int_equal(plan.bn, 64);
     assert_true(plan.smem_bytes <= 227 * 1024);
     kpt_kernel_config a80 = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 80, .wgmma = true};
-    assert_int_equal(kpt_plan_tiles(p, &a80, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &a80, 0, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
     kpt_kernel_config old = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 75};
-    assert_int_equal(kpt_plan_tiles(p, &old, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &old, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
     kpt_pattern_destroy(&p);
 }
 
@@ -167,8 +168,8 @@ static void test_nvrtc_flags(void **state)
         kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .dqk = 128, .dv = 128, .sm = cases[i].sm,
                                  .wgmma = cases[i].wgmma};
         kpt_kernel_plan plan;
-        assert_int_equal(kpt_plan_tiles(p, &cfg, &plan, &d), KPT_OK);
-        assert_int_equal(kpt_cuda_nvrtc_flags(&plan), cases[i].want);
+        assert_int_equal(kpt_plan_tiles_cuda(p, &cfg, 0, &plan, &d), KPT_OK);
+        assert_int_equal(kpt_nvrtc_flags(&plan, 0), cases[i].want);
         kpt_pattern_destroy(&p);
     }
 }
@@ -178,7 +179,7 @@ static void test_nvrtc_flags(void **state)
 static const char *const patterns[] = {
     "full", "causal", "causal_bottom_right", "sliding_window(1024)", "sliding_window($w=256)",
     "local(64,32)", "chunked(128)", "prefix_lm($p=100)", "document", "alibi", "softcap(30)",
-    "alibi+causal", "softcap(50)+causal", "document+causal+softcap(30)",
+    "alibi+causal", "softcap($c=50)+causal", "document+causal+softcap(30)",
 };
 #define NPAT (sizeof(patterns) / sizeof(patterns[0]))
 static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 256}, {128, 64},
@@ -247,15 +248,15 @@ static void *worker(void *arg)
         else
             j->st = kpt_pattern_parse(patterns[j->pat], &p, &d);
         if (!j->st)
-            j->st = kpt_plan_tiles(p, &cfg, &plan, &d);
+            j->st = kpt_plan_tiles_cuda(p, &cfg, 0, &plan, &d);
         if (!j->st && plan.cfg.wgmma != j->wgmma)
             j->st = kpt_diag_set(&d, KPT_ERR_INTERNAL, "the plan did not keep sm_90a");
         if (!j->st)
-            j->st = kpt_cuda_source(p, &plan, &src, &d);
+            j->st = kpt_cuda_source(p, &plan, &kpt_dialect_cuda, &src, &d);
         kpt_nvrtc_output out = {0};
         if (!j->st)
-            j->st = kpt_nvrtc_compile(src, j->sm, kpt_cuda_nvrtc_flags(&plan) | KPT_NVRTC_PTXAS_VERBOSE,
-                                   &out, &d);
+            j->st = kpt_nvrtc_compile(src, j->sm, kpt_nvrtc_flags(&plan, KPT_RTC_VERBOSE), &out,
+                                      &d);
         if (!j->st) {
             j->mma = strstr(out.ptx, "mma.sync.aligned.m16n8k16.row.col.f32") != NULL;
             j->wgmma_ptx = strstr(out.ptx, "wgmma.mma_async.sync.aligned.m64n") != NULL;

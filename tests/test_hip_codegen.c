@@ -19,7 +19,9 @@
 #include <kpt/kpt.h>
 
 #include "codegen/hip_source.h"
+#include "compiler/builtins.h"
 #include "compiler/plan_tiles.h"
+#include "target/target.h"
 #include "vendor/rtc_hiprtc.h"
 #include "tests/runtool.h"
 
@@ -53,9 +55,9 @@ static char *source(kpt_pattern *p, kpt_dtype dt, int dqk, int dv, int gfx, kpt_
 {
     kpt_diag d = {0};
     kpt_kernel_config cfg = {.dtype = dt, .dqk = dqk, .dv = dv, .gfx = gfx};
-    assert_int_equal(kpt_plan_tiles_hip(p, &cfg, plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_hip(p, &cfg, 0, plan, &d), KPT_OK);
     char *src = NULL;
-    assert_int_equal(kpt_hip_source(p, plan, &src, &d), KPT_OK);
+    assert_int_equal(kpt_hip_source(p, plan, &kpt_dialect_hip, &src, &d), KPT_OK);
     return src;
 }
 
@@ -174,17 +176,57 @@ static void test_plan_refusals(void **state)
     kpt_kernel_plan plan;
     kpt_diag d = {0};
     kpt_kernel_config bad_dt = {.dtype = KPT_DTYPE_F32, .dqk = 128, .dv = 128, .gfx = 0x90a};
-    assert_int_equal(kpt_plan_tiles_hip(p, &bad_dt, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_hip(p, &bad_dt, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
     assert_non_null(strstr(d.message, "f16 or bf16"));
     kpt_kernel_config bad_d = {.dtype = KPT_DTYPE_F16, .dqk = 80, .dv = 80, .gfx = 0x90a};
-    assert_int_equal(kpt_plan_tiles_hip(p, &bad_d, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_hip(p, &bad_d, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
     assert_non_null(strstr(d.message, "head dims"));
     kpt_kernel_config bad_arch = {.dtype = KPT_DTYPE_F16, .dqk = 64, .dv = 64, .gfx = 0x1100};
-    assert_int_equal(kpt_plan_tiles_hip(p, &bad_arch, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_hip(p, &bad_arch, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
     assert_non_null(strstr(d.message, "gfx1100"));
-    assert_int_equal(kpt_hip_target_gfx("hip:gfx942"), 0x942);
-    assert_int_equal(kpt_hip_target_gfx("hip:gfx1100"), -1);
+    assert_int_equal(kpt_target_find("hip:gfx942")->base.gfx, 0x942);
+    assert_null(kpt_target_find("hip:gfx1100"));
     kpt_pattern_destroy(&p);
+}
+
+/* Every built-in with runtime scalars (i32 and f32) through the one generation path for every
+ * HIP target of the table: the clang route once failed on f32 scalars (the dialect spelled
+ * CUDA's __uint_as_float, which only hipRTC's pre-included headers define). Targets no local
+ * compiler has are refused with a clear error. */
+static void test_scalars_every_target(void **state)
+{
+    (void)state;
+    for (int t = 0; t < kpt_target_count(); t++) {
+        const kpt_target *tg = kpt_target_get(t);
+        if (tg->backend != KPT_BACKEND_HIP)
+            continue;
+        for (int i = 0; i < kpt_num_builtins; i++) {
+            const char *ex = kpt_builtins[i].scalar_example;
+            if (!ex)
+                continue;
+            char pat[128];
+            snprintf(pat, sizeof(pat), "%s+alibi", ex); /* f32 slope and i32 positions too */
+            kpt_pattern *p = load(pat);
+            kpt_kernel_request rq = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64};
+            kpt_kernel_plan plan;
+            char *src = NULL;
+            kpt_diag d = {0};
+            assert_int_equal(kpt_kernel_generate(tg, p, &rq, &plan, &src, &d), KPT_OK);
+            kpt_rtc_output out;
+            kpt_status st = kpt_kernel_compile(tg, src, &plan, 0, &out, &d);
+            if (st && strstr(d.message, "invalid target ID")) { /* clang-15 lacks gfx942 */
+                assert_string_equal(tg->name, "hip:gfx942");
+            } else {
+                if (st)
+                    print_message("%s %s: %s\n", tg->name, pat, d.message);
+                assert_int_equal(st, KPT_OK);
+                assert_true(out.size > 0);
+            }
+            kpt_rtc_output_free(&out);
+            free(src);
+            kpt_pattern_destroy(&p);
+        }
+    }
 }
 
 /* hipRTC's comgr in ROCm 5.x aborts the process on archs it does not know: kpt must ask first. */
@@ -295,6 +337,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gfx90a_head_dims),
         cmocka_unit_test(test_gfx90a_scripts),
         cmocka_unit_test(test_gfx940_clang),
+        cmocka_unit_test(test_scalars_every_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -208,10 +208,32 @@ static void test_suggest(void **state)
     assert_string_equal(kpt_builtin_suggest("softcapp", 8), "softcap");
     assert_string_equal(kpt_builtin_suggest("alibj", 5), "alibi");
     assert_null(kpt_builtin_suggest("xyzzy", 5));
-    assert_int_equal(kpt_builtin_count(), 10);
-    assert_null(kpt_builtin_get(10));
+    assert_int_equal(kpt_builtin_count(), kpt_num_builtins);
+    assert_null(kpt_builtin_get(kpt_num_builtins));
     assert_null(kpt_builtin_get(-1));
     assert_string_equal(kpt_builtin_get(0)->name, "full");
+}
+
+/* Every row's examples parse, name the term, and (with scalars) declare one scalar per param. */
+static void test_builtin_examples(void **state)
+{
+    (void)state;
+    for (int i = 0; i < kpt_num_builtins; i++) {
+        const kpt_builtin *b = &kpt_builtins[i];
+        const char *ex[2] = {b->example, b->scalar_example};
+        assert_non_null(b->example);
+        assert_true((b->scalar_example != NULL) == (b->nparams > 0));
+        for (int e = 0; e < 2 && ex[e]; e++) {
+            assert_non_null(strstr(ex[e], b->info.name));
+            kpt_pattern *p = NULL;
+            kpt_diag d = {0};
+            if (kpt_pattern_parse(ex[e], &p, &d))
+                print_message("%s: %s\n", ex[e], d.message);
+            assert_non_null(p);
+            assert_int_equal(p->num_scalars, e ? b->nparams : 0);
+            kpt_pattern_destroy(&p);
+        }
+    }
 }
 
 /* Random strings and mutations of valid patterns: never a crash; an error always has a position
@@ -261,7 +283,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_names_and_scalars),
         cmocka_unit_test(test_alibi_slopes),  cmocka_unit_test(test_builtin_meaning),
-        cmocka_unit_test(test_suggest),       cmocka_unit_test(test_fuzz),
+        cmocka_unit_test(test_suggest),
+        cmocka_unit_test(test_builtin_examples),       cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

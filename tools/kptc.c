@@ -31,20 +31,14 @@
 #include "compiler/parse_pattern.h"
 #include "compiler/pipeline.h"
 #include "compiler/plan_tiles.h"
-#include "codegen/cuda_source.h"
-#include "codegen/glsl_source.h"
-#include "codegen/hip_source.h"
 #include "base/diag.h"
 #include "base/numeric.h"
 #include "runtime/attention_args.h"
-#include "runtime/cuda_backend.h"
 #include "tools/npy.h"
-#include "vendor/rtc_nvrtc.h"
-#include "runtime/backend_vulkan.h"
 #include "base/clock.h"
 #include "vendor/rtc_glslang.h"
-#include "vendor/rtc_hiprtc.h"
 #include "tools/rng.h"
+#include "target/target.h"
 #include "tools/kptc.h"
 
 
@@ -358,92 +352,44 @@ static int parse_head_dims(const char *s, int *dqk, int *dv)
     return 0;
 }
 
-static int emit_cuda(const options *o, kpt_pattern *p, const char *what)
+/* Writes a binary to stdout, never to a terminal. */
+static int write_binary(const void *data, size_t n, const char *what)
 {
-    kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .sm = 80};
-    if (o->target && (cfg.sm = kpt_cuda_target_sm(o->target)) < 0) {
-        return usage_error("--target '%s': expected cuda:sm_80, cuda:sm_86, cuda:sm_89, "
-                           "cuda:sm_90 or cuda:sm_90a", o->target);
+    if (isatty(fileno(stdout))) {
+        fprintf(stderr, "kptc: not writing %s to a terminal; redirect stdout to a file\n", what);
+        return EXIT_USAGE;
     }
-    cfg.wgmma = kpt_cuda_target_wgmma(o->target); /* the Hopper kernel where the dims allow */
-    if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
-        return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
-    if (o->dtype) {
-        cfg.dtype = kpt_dtype_from_name(o->dtype);
-        if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_BF16)
-            return usage_error("--dtype '%s': the CUDA backend takes f16 or bf16", o->dtype);
-    }
-    kpt_diag d = {0};
-    kpt_kernel_plan plan;
-    char *src = NULL;
-    kpt_status st = kpt_plan_tiles(p, &cfg, &plan, &d);
-    if (!st)
-        st = kpt_cuda_source(p, &plan, &src, &d);
-    if (st)
-        return report(&d, st);
-    if (!strcmp(what, "cuda")) {
-        fputs(src, stdout);
-        free(src);
-        return 0;
-    }
-    bool cubin = !strcmp(what, "cubin");
-    kpt_nvrtc_output out;
-    unsigned flags = kpt_cuda_nvrtc_flags(&plan);
-    if (!cubin && !o->verbose)
-        flags &= ~KPT_NVRTC_CUBIN;
-    if (o->verbose)
-        flags |= KPT_NVRTC_PTXAS_VERBOSE;
-    st = kpt_nvrtc_compile(src, cfg.sm, flags, &out, &d);
-    free(src);
-    if (st) {
-        kpt_nvrtc_output_free(&out);
-        fprintf(stderr, "kptc: %s\n", d.message);
-        return 1;
-    }
-    if (o->verbose)
-        fprintf(stderr, "kptc: NVRTC %.1f ms for sm_%d%s\n%s", out.ms, cfg.sm,
-                plan.cfg.wgmma ? "a" : "", out.log ? out.log : "");
-    int rc = 0;
-    if (cubin) {
-        if (isatty(fileno(stdout))) {
-            fprintf(stderr, "kptc: not writing a CUBIN to a terminal; redirect stdout to a file\n");
-            rc = EXIT_USAGE;
-        } else if (fwrite(out.cubin, 1, out.cubin_size, stdout) != out.cubin_size) {
-            rc = 1;
-        }
-    } else {
-        fputs(out.ptx, stdout);
-    }
-    kpt_nvrtc_output_free(&out);
-    return rc;
+    return fwrite(data, 1, n, stdout) == n ? 0 : 1;
 }
 
-/* The Vulkan kernel: GLSL, or its SPIR-V module (validated), planned for `--smem` bytes of
- * shared memory. */
-static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
+/* --emit cuda|ptx|cubin|hip|hsaco|glsl|spirv: the kernel for one target, through the same path
+ * the runtime takes (target/: planner, source generator, runtime compiler). */
+static int emit_target(const options *o, kpt_pattern *p, const char *what, kpt_backend_kind be,
+                       const char *default_target)
 {
-    kpt_kernel_config cfg = {.dtype = KPT_DTYPE_F16};
-    /* spirv:coopmat plans for a device with cooperative matrices (f16 kernels use them) */
-    cfg.coopmat = o->target && !strcmp(o->target, "spirv:coopmat");
-    if (o->target && strcmp(o->target, "spirv") && !cfg.coopmat)
-        return usage_error("--target '%s': --emit %s takes spirv or spirv:coopmat", o->target,
-                           what);
-    if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
+    char list[256];
+    const char *name = o->target ? o->target : default_target;
+    const kpt_target *t = kpt_target_find(name);
+    if (!t || t->backend != be)
+        return usage_error("--target '%s': --emit %s takes %s", name, what,
+                           kpt_target_list(be, list, sizeof(list)));
+    kpt_kernel_request rq = {.kind = KPT_KERNEL_FORWARD, .dtype = t->default_dtype};
+    if (parse_head_dims(o->head_dim, &rq.dqk, &rq.dv))
         return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
     if (o->dtype) {
-        cfg.dtype = kpt_dtype_from_name(o->dtype);
-        if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_F32)
-            return usage_error("--dtype '%s': the Vulkan backend takes f16 or f32", o->dtype);
+        rq.dtype = kpt_dtype_from_name(o->dtype);
+        if (rq.dtype < 0 || !(t->dtypes & (1u << rq.dtype)))
+            return usage_error("--dtype '%s': %s takes %s", o->dtype, t->name,
+                               be == KPT_BACKEND_VULKAN ? "f16 or f32" : "f16 or bf16");
     }
-    int64_t smem = cfg.coopmat ? 49152 : KPT_VK_PLAN_SMEM; /* coopmat: NVIDIA's 48 KiB */
+    int64_t smem = t->smem_default;
     if (o->smem && !parse_int(o->smem, 1024, 1 << 30, &smem))
         return usage_error("--smem wants a byte count from 1024, got '%s'", o->smem);
+    rq.smem_limit = (int)smem;
     kpt_diag d = {0};
     kpt_kernel_plan plan;
     char *src = NULL;
-    kpt_status st = kpt_plan_tiles_glsl(p, &cfg, (int)smem, &plan, &d);
-    if (!st)
-        st = kpt_glsl_source(p, &plan, &src, &d);
+    kpt_status st = kpt_kernel_generate(t, p, &rq, &plan, &src, &d);
     if (st)
         return report(&d, st);
     if (o->blockmap && !plan.has_blockmap) {
@@ -451,86 +397,40 @@ static int emit_spirv(const options *o, kpt_pattern *p, const char *what)
         fprintf(stderr, "kptc: pattern '%s' needs no block map\n", p->name);
         return 1;
     }
-    if (!strcmp(what, "glsl")) {
+    if (!strcmp(what, "cuda") || !strcmp(what, "hip") || !strcmp(what, "glsl")) {
         fputs(src, stdout);
         free(src);
         return 0;
     }
-    uint32_t *words = NULL;
-    size_t n = 0;
+    bool ptx = !strcmp(what, "ptx");
+    unsigned flags = (ptx ? KPT_RTC_TEXT_ONLY : 0) | (o->verbose ? KPT_RTC_VERBOSE : 0);
+    kpt_rtc_output out;
     double t0 = kpt_now_ms();
-    st = kpt_spirv_compile(src, o->blockmap != NULL, &words, &n, &d);
+    st = kpt_kernel_compile(t, src, &plan, flags, &out, &d);
     free(src);
     if (st) {
+        kpt_rtc_output_free(&out);
         fprintf(stderr, "kptc: %s\n", d.message);
         return 1;
     }
     if (o->verbose)
-        fprintf(stderr, "kptc: %s + spvValidate %.1f ms, %zu words\n", kpt_spirv_compiler(),
-                kpt_now_ms() - t0, n);
-    int rc = 0;
-    if (isatty(fileno(stdout))) {
-        fprintf(stderr, "kptc: not writing SPIR-V to a terminal; redirect stdout to a file\n");
-        rc = EXIT_USAGE;
-    } else if (fwrite(words, sizeof(*words), n, stdout) != n) {
-        rc = 1;
-    }
-    free(words);
-    return rc;
-}
-
-/* The HIP kernel for an AMD target: its source, or a code object from hipRTC when the local one
- * lists the arch, else from clang (the offline route). */
-static int emit_hip(const options *o, kpt_pattern *p, const char *what)
-{
-    kpt_kernel_config cfg = {.dtype = KPT_DTYPE_BF16, .gfx = 0x90a};
-    if (o->target && (cfg.gfx = kpt_hip_target_gfx(o->target)) < 0)
-        return usage_error("--target '%s': --emit %s takes hip:gfx90a, hip:gfx940 or hip:gfx942",
-                           o->target, what);
-    if (parse_head_dims(o->head_dim, &cfg.dqk, &cfg.dv))
-        return usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
-    if (o->dtype) {
-        cfg.dtype = kpt_dtype_from_name(o->dtype);
-        if (cfg.dtype != KPT_DTYPE_F16 && cfg.dtype != KPT_DTYPE_BF16)
-            return usage_error("--dtype '%s': the HIP backend takes f16 or bf16", o->dtype);
-    }
-    kpt_diag d = {0};
-    kpt_kernel_plan plan;
-    char *src = NULL;
-    kpt_status st = kpt_plan_tiles_hip(p, &cfg, &plan, &d);
-    if (!st)
-        st = kpt_hip_source(p, &plan, &src, &d);
-    if (st)
-        return report(&d, st);
-    if (!strcmp(what, "hip")) {
-        fputs(src, stdout);
-        free(src);
-        return 0;
-    }
-    char arch[16];
-    snprintf(arch, sizeof(arch), "gfx%x", (unsigned)cfg.gfx);
-    kpt_diag why = {0};
-    kpt_hip_output out;
-    st = kpt_hip_compile(src, arch, &out, &why, &d);
-    free(src);
-    if (st) {
-        fprintf(stderr, "kptc: %s\n", d.message);
-        kpt_hip_output_free(&out);
-        return 1;
-    }
-    bool rtc = !strcmp(out.route, "hipRTC");
-    if (o->verbose)
-        fprintf(stderr, "kptc: %s %.1f ms for %s, %zu bytes%s%s\n%s", out.route, out.ms, arch,
-                out.size, rtc ? "" : "; not hipRTC: ", rtc ? "" : why.message,
+        fprintf(stderr, "kptc: %s %.1f ms for %s, %zu bytes%s%s\n%s", out.route,
+                out.ms > 0 ? out.ms : kpt_now_ms() - t0, t->name, out.size,
+                out.why_not_rtc[0] ? "; not hipRTC: " : "", out.why_not_rtc,
                 out.log ? out.log : "");
-    int rc = 0;
-    if (isatty(fileno(stdout))) {
-        fprintf(stderr, "kptc: not writing a code object to a terminal; redirect stdout to a file\n");
-        rc = EXIT_USAGE;
-    } else if (fwrite(out.code, 1, out.size, stdout) != out.size) {
-        rc = 1;
+    int rc;
+    if (ptx) {
+        fputs(out.text, stdout);
+        rc = 0;
+    } else if (be == KPT_BACKEND_VULKAN) { /* one entry point's module, not the packed pair */
+        const uint32_t *attn, *bm;
+        size_t na, nb;
+        kpt_spirv_unpack(out.binary, out.size, &attn, &na, &bm, &nb);
+        rc = o->blockmap ? write_binary(bm, nb * 4, "SPIR-V") : write_binary(attn, na * 4, "SPIR-V");
+    } else {
+        rc = write_binary(out.binary, out.size, t->binary_kind);
     }
-    kpt_hip_output_free(&out);
+    kpt_rtc_output_free(&out);
     return rc;
 }
 
@@ -573,11 +473,11 @@ static int cmd_emit(int argc, char **argv)
         return report(&d, st);
     }
     if (cuda) {
-        rc = emit_cuda(&o, p, what);
+        rc = emit_target(&o, p, what, KPT_BACKEND_CUDA, "cuda:sm_80");
     } else if (spirv) {
-        rc = emit_spirv(&o, p, what);
+        rc = emit_target(&o, p, what, KPT_BACKEND_VULKAN, "spirv");
     } else if (hip) {
-        rc = emit_hip(&o, p, what);
+        rc = emit_target(&o, p, what, KPT_BACKEND_HIP, "hip:gfx90a");
     } else if (!o.dump_after) {
         char *text = kpt_pattern_ir_text(p);
         if (!text) {

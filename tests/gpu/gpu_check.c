@@ -20,7 +20,7 @@
 #include "compiler/parse_pattern.h"
 #include "base/numeric.h"
 #include "runtime/attention_args.h"
-#include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 #include "tools/rng.h"
 #include "tests/gpu/check_common.h"
 

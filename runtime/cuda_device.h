@@ -5,8 +5,8 @@
  *
  * Thread-safety: a device and its kernels may be used from several threads (launches only read
  * them); creating and destroying are not concurrent with use of the same object. */
-#ifndef KPT_RUNTIME_CUDA_BACKEND_H
-#define KPT_RUNTIME_CUDA_BACKEND_H
+#ifndef KPT_RUNTIME_CUDA_DEVICE_H
+#define KPT_RUNTIME_CUDA_DEVICE_H
 
 #include <kpt/reference.h>
 
@@ -40,29 +40,11 @@ typedef struct kpt_cuda_kernel {
  * around a problem). */
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm);
 
-/* "cuda:sm_80" -> 80: the targets kpt compiles for (80, 86, 89, 90, and 90 for "cuda:sm_90a");
- * -1 for anything else. */
-int kpt_cuda_target_sm(const char *target);
-
-/* Whether a target is "cuda:sm_90a": the Hopper kernel (TMA, wgmma) where the head dims allow
- * it, the sm_80 kernel compiled for sm_90a elsewhere. "cuda:sm_90" is the mma.sync kernel. */
-bool kpt_cuda_target_wgmma(const char *target);
-
 /* Opens device `ordinal`, retaining its primary context and making it current on this thread. */
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag);
 void kpt_cuda_device_close(kpt_cuda_device *dev);
 
-/* The KPT_NVRTC_* flags (vendor/rtc_nvrtc.h) that compile the source generated for `plan` to a
- * CUBIN: sm_90a for the Hopper kernel, and the block-map kernels compiled beside attention
- * rather than after it. */
-unsigned kpt_cuda_nvrtc_flags(const kpt_kernel_plan *plan);
-
-/* Plans the kernels of `p` for `cfg` (cfg->sm must be set) and generates their source (malloc'ed,
- * the caller frees). `smem_limit` > 0 refuses plans needing more shared memory than that. */
-kpt_status kpt_cuda_generate(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
-                             kpt_kernel_plan *plan, char **source, kpt_diag *diag);
-
-/* Loads compiled kernels (a CUBIN made from kpt_cuda_generate's source for `plan`). */
+/* Loads compiled kernels (a CUBIN made by kpt_kernel_compile from the source generated for `plan`). */
 kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p,
                                 const kpt_kernel_plan *plan, const void *cubin,
                                 kpt_cuda_kernel **out, kpt_diag *diag);

@@ -1,7 +1,7 @@
 /* The TMA tensor maps of the sm_90a attention kernel (templates/cuda/attention_sm90.cu): its
  * second parameter, built on every launch from the packed call. */
-#ifndef KPT_RUNTIME_BACKEND_CUDA_TMA_H
-#define KPT_RUNTIME_BACKEND_CUDA_TMA_H
+#ifndef KPT_RUNTIME_CUDA_TMA_H
+#define KPT_RUNTIME_CUDA_TMA_H
 
 #include <stdint.h>
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "base/diag.h"
-#include "runtime/backend_cuda_tma.h"
+#include "runtime/cuda_tma.h"
 
 enum {
     KPT_TM_F16 = 6,          /* CU_TENSOR_MAP_DATA_TYPE_FLOAT16 */

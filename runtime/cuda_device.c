@@ -1,38 +1,22 @@
-/* The CUDA backend (see cuda_backend.h). */
+/* The CUDA backend (see cuda_device.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/cuda_source.h"
+#include "target/target.h"
 #include "base/diag.h"
 #include "base/clock.h"
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
-#include "runtime/cuda_backend.h"
-#include "runtime/backend_cuda_tma.h"
-#include "vendor/rtc_nvrtc.h"
+#include "runtime/cuda_device.h"
+#include "runtime/cuda_tma.h"
 
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
 {
     const char *e = getenv("KPT_CUDA_WGMMA");
     return device_sm == 90 && target_sm == 90 && !(e && !strcmp(e, "0"));
-}
-
-int kpt_cuda_target_sm(const char *t)
-{
-    static const char *const known[] = {"cuda:sm_80", "cuda:sm_86", "cuda:sm_89", "cuda:sm_90",
-                                        "cuda:sm_90a"};
-    static const int sms[] = {80, 86, 89, 90, 90};
-    for (int i = 0; i < 5; i++)
-        if (t && !strcmp(t, known[i]))
-            return sms[i];
-    return -1;
-}
-
-bool kpt_cuda_target_wgmma(const char *t)
-{
-    return t && !strcmp(t, "cuda:sm_90a");
 }
 
 kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *diag)
@@ -100,26 +84,6 @@ kpt_status kpt_cuda_make_current(const kpt_cuda_device *dev, kpt_diag *diag)
     return KPT_OK;
 }
 
-unsigned kpt_cuda_nvrtc_flags(const kpt_kernel_plan *plan)
-{
-    return KPT_NVRTC_CUBIN | (plan->cfg.wgmma ? KPT_NVRTC_ARCH_SPECIFIC : 0) |
-           (plan->has_blockmap ? KPT_NVRTC_PARALLEL : 0);
-}
-
-kpt_status kpt_cuda_generate(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
-                             kpt_kernel_plan *plan, char **source, kpt_diag *diag)
-{
-    *source = NULL;
-    kpt_status st = kpt_plan_tiles(p, cfg, plan, diag);
-    if (st)
-        return st;
-    if (smem_limit > 0 && plan->smem_bytes > (size_t)smem_limit)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "the kernel needs %zu bytes of shared memory; the device allows %d",
-                            plan->smem_bytes, smem_limit);
-    return kpt_cuda_source(p, plan, source, diag);
-}
-
 kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p,
                                 const kpt_kernel_plan *plan, const void *cubin,
                                 kpt_cuda_kernel **out, kpt_diag *diag)
@@ -170,24 +134,29 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
     if (!c.sm)
         c.sm = dev->sm >= 90 ? 90 : dev->sm;
     c.wgmma = c.wgmma || kpt_cuda_wgmma_enabled(dev->sm, c.sm);
+    const kpt_target *t = kpt_target_for(KPT_BACKEND_CUDA, &c);
+    if (!t)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "no CUDA target for sm_%d%s", c.sm,
+                            c.wgmma ? "a" : "");
+    kpt_kernel_request rq = {.kind = c.kind, .dtype = c.dtype, .dqk = c.dqk, .dv = c.dv,
+                             .smem_limit = dev->smem_optin};
     double t0 = kpt_now_ms();
     kpt_kernel_plan plan;
     char *src = NULL;
-    kpt_status st = kpt_cuda_generate(p, &c, dev->smem_optin, &plan, &src, diag);
+    kpt_status st = kpt_kernel_generate(t, p, &rq, &plan, &src, diag);
     double codegen_ms = kpt_now_ms() - t0;
-    kpt_nvrtc_output nv = {0};
+    kpt_rtc_output nv = {0};
     if (!st)
-        st = kpt_nvrtc_compile(src, c.sm, kpt_cuda_nvrtc_flags(&plan) | KPT_NVRTC_PTXAS_VERBOSE,
-                               &nv, diag);
+        st = kpt_kernel_compile(t, src, &plan, KPT_RTC_VERBOSE, &nv, diag);
     free(src);
     if (!st)
-        st = kpt_cuda_kernel_load(dev, p, &plan, nv.cubin, out, diag);
+        st = kpt_cuda_kernel_load(dev, p, &plan, nv.binary, out, diag);
     if (!st) {
         (*out)->codegen_ms = codegen_ms;
         (*out)->nvrtc_ms = nv.ms;
         keep_ptxas_info(*out, nv.log);
     }
-    kpt_nvrtc_output_free(&nv);
+    kpt_rtc_output_free(&nv);
     return st;
 }
 

@@ -1,0 +1,99 @@
+/* Tile planning for the sm_80+ (mma.sync) path.
+ *
+ * Each warp owns mt m16 row blocks and the whole kv tile, so softmax statistics stay in the warp.
+ * Two row blocks per warp (bm = 128 with 4 warps) halve the shared-memory traffic of K and V per
+ * flop against one, which is what keeps mma.sync fed on sm_80/sm_90 (the loads of one 64-key
+ * tile are reused by 32 rows). The registers bound the rest: the O accumulator takes
+ * mt * dv / 2 registers per thread and the scores mt * bn / 2, so dv = 256 drops to one row
+ * block and 32-key tiles. Q stays in registers only when it is small (dqk <= 64); above that it is
+ * re-read from shared memory with ldmatrix each kv tile, as FlashAttention-2 does.
+ */
+#include "base/diag.h"
+#include "compiler/plan_tiles.h"
+
+const int kpt_cuda_head_dims[] = {32, 64, 96, 128, 256};
+const int kpt_cuda_num_head_dims = 5;
+
+bool kpt_cuda_head_dim_ok(int d)
+{
+    for (int i = 0; i < kpt_cuda_num_head_dims; i++)
+        if (kpt_cuda_head_dims[i] == d)
+            return true;
+    return false;
+}
+
+static bool wgmma_dim(int d)
+{
+    return d == 64 || d == 128 || d == 256;
+}
+
+kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
+                               kpt_kernel_plan *out, kpt_diag *diag)
+{
+    if (cfg->dtype != KPT_DTYPE_F16 && cfg->dtype != KPT_DTYPE_BF16)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "dtype %s is not supported by the CUDA backend (f16 or bf16)",
+                            kpt_dtype_name(cfg->dtype));
+    if (!kpt_cuda_head_dim_ok(cfg->dqk) || !kpt_cuda_head_dim_ok(cfg->dv))
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the CUDA backend supports 32, 64, 96, "
+                            "128 and 256", cfg->dqk, cfg->dv);
+    if (cfg->sm < 80)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "sm_%d: the CUDA backend needs sm_80 or newer (mma.sync bf16)", cfg->sm);
+    kpt_kernel_plan pl = {0};
+    pl.cfg = *cfg;
+    int dmax = cfg->dqk > cfg->dv ? cfg->dqk : cfg->dv;
+    pl.warps = 4;
+    pl.stages = 2;
+    kpt_status st = kpt_plan_mask(p, &pl, diag);
+    if (st)
+        return st;
+    /* sm_90a (templates/cuda/attention_sm90.cu): a producer warpgroup (TMA) and two consumer
+     * warpgroups of 64 rows, a ring of two stages of swizzled K and V; head dims 64, 128 and 256
+     * (the 128-byte swizzle atoms are 64 elements wide). 128-key tiles, or 64 where a head dim
+     * is 256: Q and two stages of 128-key K and V tiles would need 256 KB of shared memory, and
+     * O (128 registers a thread) leaves room for the scores of 64 keys only. Other head dims
+     * take the sm_80 kernel. */
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && wgmma_dim(cfg->dqk) && wgmma_dim(cfg->dv);
+    if (pl.cfg.wgmma) {
+        /* Masks that read aux data unroll too: the mask runs in its own loop after S is
+         * ready, and unrolled, the loads of a row's or a key's value are shared across the
+         * tile instead of repeated per score (H100, bf16, D = 128, 16k: document 381 TFLOP/s
+         * against 127 rolled). */
+        bool loads = false;
+        if (pl.has_mask)
+            pl.mask_rolled = kpt_plan_cone_size(&p->g, p->mask, &loads) > KPT_MASK_UNROLL_MAX_NODES;
+        pl.warps = 12;
+        pl.mt = 1;
+        pl.bm = 128;
+        pl.bn = dmax == 256 ? 64 : 128;
+        pl.q_in_regs = false;
+        pl.smem_bytes = 1024 + 2 * ((size_t)pl.bm * (size_t)cfg->dqk +
+                                    (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv));
+        *out = pl;
+        return KPT_OK;
+    }
+    if (dmax <= 64) {
+        pl.mt = 2;
+        pl.bn = 64;
+    } else if (dmax <= 128) {
+        /* Unmasked, 32-key tiles free the 32 score registers that let ptxas load the next K
+         * fragments ahead of their products (H100, bf16, D = 128, 16k: 348 TFLOP/s against
+         * 326 with 64-key tiles); with a mask, 64-key tiles win (325 against 300 causal): the
+         * per-tile work outside the products (tile classes, partial-tile masks) halves. */
+        pl.mt = 2;
+        pl.bn = pl.has_mask ? 64 : 32;
+    } else {
+        pl.mt = 1;
+        pl.bn = 32;
+    }
+    pl.bm = pl.warps * pl.mt * 16;
+    pl.q_in_regs = cfg->dqk <= 64;
+    size_t rows_q = (size_t)pl.bm * (size_t)(cfg->dqk + 8);
+    size_t rows_kv = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
+    pl.smem_bytes = 2 * (rows_q + (size_t)pl.stages * rows_kv);
+    *out = pl;
+    return KPT_OK;
+}
+

@@ -1,0 +1,54 @@
+/* Kernel plans: what one kernel is specialised for (its shape class and target) and how it is
+ * tiled. The types sit beside the IR because every layer above it reads them: the planners
+ * (compiler/plan_tiles*.c) fill them in, codegen turns them into constants, the runtime derives
+ * launch geometry and shared memory from them, and kptc prints them. */
+#ifndef KPT_IR_PLAN_H
+#define KPT_IR_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <kpt/tensor.h>
+
+/* What a kernel computes. Part of every kernel's identity (plans, cache keys) from the first
+ * kind on, so the kinds that follow (backward, decode, split-KV combine) are new rows, not new
+ * paths. */
+typedef enum kpt_kernel_kind {
+    KPT_KERNEL_FORWARD = 0, /* O and LSE of attention (and the block map it needs) */
+    KPT_KERNEL_NUM_KINDS
+} kpt_kernel_kind;
+
+/* The kind's name in messages and keys: "forward". */
+const char *kpt_kernel_kind_name(kpt_kernel_kind kind);
+
+/* A shape class: what a kernel is specialised for (sequence lengths, batch and head counts are
+ * launch arguments, never part of it). */
+typedef struct kpt_kernel_config {
+    kpt_kernel_kind kind;
+    kpt_dtype dtype; /* F16 or BF16 (F32 on Vulkan) */
+    int dqk, dv;     /* head dims */
+    int sm;          /* target compute capability times ten: 80, 86, 89, 90 */
+    bool wgmma;      /* sm_90a: the Hopper kernel (wgmma); sm is 90. The planner clears it for
+                        shape classes that kernel does not cover (they take the sm_80 kernel) */
+    int gfx;         /* AMD targets: the gfx name's digits as hex (0x90a, 0x940, 0x942); else 0 */
+    bool coopmat;    /* Vulkan: the device has 16x16x16 f16 cooperative matrices (NV), subgroups
+                        of 32 and shaderFloat16; f16 kernels then use them where they fit */
+} kpt_kernel_config;
+
+typedef struct kpt_kernel_plan {
+    kpt_kernel_config cfg;
+    int bm, bn;        /* q rows and kv rows per tile */
+    int warps, mt;     /* warps per CTA; m16 row blocks per warp (bm = warps * mt * 16, but for
+                        * wgmma: 128 rows on two consumer warpgroups, plus the producer) */
+    int stages;        /* kv tiles in flight (cp.async ring) */
+    bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
+    bool has_mask, has_score;
+    bool has_blockmap; /* the mask reads aux tensors: tiles are classified by a block-map kernel */
+    bool bm_per_b, bm_per_h; /* the block map differs per batch row / per head */
+    /* Partial tiles evaluate the mask in a loop rather than unrolled per element: for masks that
+     * load aux data or are long, unrolling buys little and costs seconds of NVRTC time. */
+    bool mask_rolled;
+    size_t smem_bytes; /* dynamic shared memory of the attention kernel */
+} kpt_kernel_plan;
+
+#endif
