@@ -17,12 +17,13 @@ static const struct {
     {"opt_simplify", kpt_opt_simplify},
 };
 
-const char *const kpt_pipeline_stage_names[] = {"parse", "opt_fold", "opt_simplify", "all", NULL};
-
+/* Stages --dump-after names: "parse", each pass of the list above by its name, "all". */
 bool kpt_pipeline_is_stage(const char *name)
 {
-    for (int i = 0; kpt_pipeline_stage_names[i]; i++)
-        if (strcmp(name, kpt_pipeline_stage_names[i]) == 0)
+    if (!strcmp(name, "parse") || !strcmp(name, "all"))
+        return true;
+    for (size_t i = 0; i < sizeof(passes) / sizeof(passes[0]); i++)
+        if (!strcmp(name, passes[i].name))
             return true;
     return false;
 }

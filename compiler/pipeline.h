@@ -21,8 +21,7 @@ kpt_status kpt_pipeline_run(kpt_pattern *p, const kpt_pipeline_opts *opts, kpt_d
  * when a pass fails. */
 kpt_status kpt_pipeline_finish(kpt_pattern *p, kpt_pattern **out, kpt_diag *diag);
 
-/* The names accepted by dump_after, in pipeline order, NULL-terminated. */
-extern const char *const kpt_pipeline_stage_names[];
+/* Whether dump_after may name `name`: "parse", a pass of the pass list, or "all". */
 bool kpt_pipeline_is_stage(const char *name);
 
 #endif

@@ -2,11 +2,15 @@
  *
  *   kptc patterns                         the built-in pattern terms
  *   kptc emit --emit ir [--dump-after STAGE] PATTERN
- *   kptc emit --emit cuda|ptx|cubin [--target cuda:sm_XX] [--head-dim D[,Dv]] [--dtype T]
- *             [--verbose] PATTERN
+ *   kptc emit --emit cuda|ptx|cubin|hip|hsaco|glsl|spirv [--target T] [--head-dim D[,Dv]]
+ *             [--dtype T] [--smem BYTES] [--blockmap] [--verbose] PATTERN
+ *             (targets and their limits: target/target.c; the kernel comes from the same
+ *             generation path the runtime takes)
  *   kptc check PATTERN [--backend cpu] [--shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]] [--dtype T]
  *              [--layout bhsd|bshd] [--seed N] [--scalar NAME=V]... [--aux NAME=FILE.npy]...
  *              [--tile QxK] [--save DIR]
+ *   kptc bundle -o FILE --target T[,T...] [--head-dim D[:Dv][,...]] [--dtype T[,T...]] [-j N]
+ *              PATTERN...
  *
  * PATTERN is a built-in pattern string or a Lua script (a path ending in .lua); scripts take
  * --param NAME=VALUE (repeatable) in every command.
@@ -63,8 +67,8 @@ static const char usage_text[] =
     "                                1 to 256 (spirv)\n"
     "      --dtype T                 input dtype of the kernel: f16 or bf16 (CUDA and HIP,\n"
     "                                default bf16); f16 or f32 (spirv, default f16)\n"
-    "      --smem BYTES              spirv: the shared memory to plan for (default 32768, what\n"
-    "                                the runtime plans for on devices with at least that)\n"
+    "      --smem BYTES              spirv: the device's shared memory (default 32768; 49152\n"
+    "                                for spirv:coopmat); portable kernels use at most 32768\n"
     "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n"
     "      --verbose                 print the compiler's time and log (ptxas's register/spill\n"
     "                                report for CUDA) to stderr\n"

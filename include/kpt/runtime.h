@@ -41,9 +41,9 @@ extern "C" {
 #endif
 
 typedef enum kpt_backend_kind {
-    KPT_BACKEND_AUTO = 0, /* CUDA, else a Vulkan GPU (not a CPU driver), else the CPU */
+    KPT_BACKEND_AUTO = 0, /* CUDA, else HIP, else a Vulkan GPU (not a CPU driver), else the CPU */
     KPT_BACKEND_CUDA,
-    KPT_BACKEND_HIP,      /* not built yet: KPT_ERR_UNSUPPORTED */
+    KPT_BACKEND_HIP,      /* AMD Instinct (gfx90a, gfx940, gfx942) through HIP (docs/hip.md) */
     KPT_BACKEND_VULKAN,   /* SPIR-V on any Vulkan 1.1 device (docs/vulkan.md): kpt_buffer memory,
                              stream NULL, launches synchronous; f16 and f32 */
     KPT_BACKEND_CPU,      /* the double-precision reference; host pointers; slow, for checking */
