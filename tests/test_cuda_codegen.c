@@ -188,6 +188,7 @@ static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 25
 /* sm_90a (the wgmma kernel) covers head dims 64, 128 and 256: these entries of dims[] */
 static const int wgmma_dims[] = {1, 3, 4, 5, 6};
 #define NWGMMA_DIMS (sizeof(wgmma_dims) / sizeof(wgmma_dims[0]))
+#define F16_DIM 3 /* the entry of dims[] compiled in f16 too: {128, 128} */
 #define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
@@ -285,18 +286,21 @@ static void test_nvrtc_matrix(void **state)
         print_message("NVRTC not found, skipping: %s\n", d.message);
         skip();
     }
+    /* bf16 at every head dim; f16 at D = 128 only: the two differ in nothing but the conversion
+     * helpers KPT_BF16 selects, and the whole matrix in both took 14 of CI's 15 minutes */
     int n = 0;
     for (size_t p = 0; p < NPAT; p++)
         for (int dt = 0; dt < 2; dt++)
             for (size_t dim = 0; dim < NDIM; dim++)
-                for (int a = 0; a < 2; a++)
+                for (int a = 0; a < 2 && (dt == 0 || dim == F16_DIM); a++)
                     jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = (int)dim, .sm = a ? 90 : 80,
                                       .script = -1};
     for (size_t p = 0; p < NPAT; p++)
         for (int dt = 0; dt < 2; dt++)
             for (size_t dim = 0; dim < NWGMMA_DIMS; dim++)
-                jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = wgmma_dims[dim], .sm = 90,
-                                  .wgmma = true, .script = -1};
+                if (dt == 0 || wgmma_dims[dim] == F16_DIM)
+                    jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = wgmma_dims[dim], .sm = 90,
+                                      .wgmma = true, .script = -1};
     for (int sc = 0; sc < nscripts; sc++)
         for (int dim = 0; dim < 2; dim++)
             for (int a = 0; a < 3; a++)

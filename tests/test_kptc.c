@@ -126,6 +126,36 @@ static void test_emit(void **state)
     EXPECT(r, 2, err, "more than one PATTERN");
     r = run("emit", "--emit", NULL);
     EXPECT(r, 2, err, "option '--emit' needs a value");
+    /* getopt_long: --opt=value, options after PATTERN, flags refuse values, per-command help */
+    r = run("emit", "causal", "--emit=cuda", "--target=cuda:sm_90a", NULL);
+    EXPECT(r, 0, out, "#define KPT_DQK 128");
+    r = run("emit", "--verbose=1", "causal", NULL);
+    EXPECT(r, 2, err, "--verbose takes no value");
+    r = run("emit", "--dtype", "f16", "--dtype", "bf16", "--emit", "cuda", "causal", NULL);
+    EXPECT(r, 2, err, "option '--dtype' given twice");
+    r = run("emit", "--help", NULL);
+    EXPECT(r, 0, out, "usage: kptc emit");
+    r = run("check", "-h", NULL);
+    EXPECT(r, 0, out, "--shape B,Hq,Hkv,Sq,Skv,Dqk[,Dv]");
+    r = run("bundle", "--help", NULL);
+    EXPECT(r, 0, out, "-j N");
+    r = run("patterns", "extra", NULL);
+    EXPECT(r, 2, err, "patterns takes no arguments");
+    /* -o FILE writes there instead of stdout */
+    char path[] = "/tmp/kptc-emit-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    r = run("emit", "--emit", "glsl", "-o", path, "causal", NULL);
+    assert_int_equal(r->status, 0);
+    assert_string_equal(r->out, "");
+    FILE *f = fopen(path, "r");
+    char head[64] = "";
+    assert_non_null(f);
+    assert_non_null(fgets(head, sizeof(head), f));
+    fclose(f);
+    unlink(path);
+    assert_non_null(strstr(head, "#version 450"));
 }
 
 static void test_check(void **state)

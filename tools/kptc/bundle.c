@@ -1,6 +1,7 @@
 /* kptc bundle: compiles every (target, pattern, dtype, head dims) combination asked for, in
  * parallel through offline runtime contexts, and writes one bundle file (runtime/bundle.h) that
  * applications preload with kpt_context_load_bundle. */
+#include <getopt.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,7 +12,8 @@
 
 #include "base/clock.h"
 #include "runtime/context.h"
-#include "tools/kptc.h"
+#include "target/target.h"
+#include "tools/kptc/kptc.h"
 
 #define MAX_LIST 16
 
@@ -23,22 +25,19 @@ typedef struct bundle_opts {
     int ndtypes;
     int dqk[MAX_LIST], dv[MAX_LIST];
     int ndims;
-    const char *patterns[256];
+    const char *patterns[KPTC_MAX_PATTERNS];
     int npatterns;
-    kpt_param_value params[MAX_KV];
-    char param_names[MAX_KV][KPT_NAME_MAX];
+    kpt_param_value params[KPTC_MAX_KV];
+    char param_names[KPTC_MAX_KV][KPT_NAME_MAX];
     int nparams;
     int jobs;
     bool dtypes_given;
 } bundle_opts;
 
-/* The backend that compiles for a target: hip:gfx..., spirv (Vulkan), else CUDA (cuda:sm_...;
- * the CUDA backend names what it does not know). */
+/* The backend that compiles for a target (the target table's; parse_args checked the name). */
 static kpt_backend_kind backend_of(const char *target)
 {
-    if (!strncmp(target, "hip:", 4))
-        return KPT_BACKEND_HIP;
-    return strcmp(target, "spirv") ? KPT_BACKEND_CUDA : KPT_BACKEND_VULKAN;
+    return kpt_target_find(target)->backend;
 }
 
 /* Splits a comma list into `items` (pointers into `buf`): the count, or -1 after a usage
@@ -46,15 +45,15 @@ static kpt_backend_kind backend_of(const char *target)
 static int split(const char *opt, const char *list, char *buf, size_t n, const char **items)
 {
     if (snprintf(buf, n, "%s", list) >= (int)n)
-        return -!!usage_error("%s: list too long", opt);
+        return -!!kptc_usage_error("%s: list too long", opt);
     int count = 0;
     for (char *s = buf, *save = NULL, *tok; (tok = strtok_r(s, ",", &save)); s = NULL) {
         if (count == MAX_LIST)
-            return -!!usage_error("%s: at most %d items", opt, MAX_LIST);
+            return -!!kptc_usage_error("%s: at most %d items", opt, MAX_LIST);
         items[count++] = tok;
     }
     if (!count)
-        return -!!usage_error("%s: empty list", opt);
+        return -!!kptc_usage_error("%s: empty list", opt);
     return count;
 }
 
@@ -64,14 +63,14 @@ static int parse_dims(const char *list, bundle_opts *o)
     const char *items[MAX_LIST];
     int n = split("--head-dim", list, buf, sizeof(buf), items);
     if (n < 0)
-        return EXIT_USAGE;
+        return KPTC_EXIT_USAGE;
     for (int i = 0; i < n; i++) {
         char *colon = strchr(items[i], ':');
         int64_t a, b;
         if (colon)
             *colon = 0;
-        if (!parse_int(items[i], 1, 1024, &a) || (colon && !parse_int(colon + 1, 1, 1024, &b)))
-            return usage_error("--head-dim: '%s' is not D or D:Dv", items[i]);
+        if (!kptc_parse_int(items[i], 1, 1024, &a) || (colon && !kptc_parse_int(colon + 1, 1, 1024, &b)))
+            return kptc_usage_error("--head-dim: '%s' is not D or D:Dv", items[i]);
         o->dqk[i] = (int)a;
         o->dv[i] = colon ? (int)b : (int)a;
     }
@@ -81,59 +80,62 @@ static int parse_dims(const char *list, bundle_opts *o)
 
 static int parse_args(int argc, char **argv, bundle_opts *o)
 {
+    static const struct option longopts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"target", required_argument, NULL, KPTC_OPT_TARGET},
+        {"dtype", required_argument, NULL, KPTC_OPT_DTYPE},
+        {"head-dim", required_argument, NULL, KPTC_OPT_HEAD_DIM},
+        {"jobs", required_argument, NULL, 'j'},
+        {"param", required_argument, NULL, KPTC_OPT_PARAM},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    static kptc_options a;
     static char tbuf[512], dbuf[128];
-    const char *dtypes = "bf16,f16", *dims = "64,128", *targets = NULL;
+    int rc = kptc_parse_options(argc, argv, longopts, kptc_usage_bundle, &a);
+    if (rc)
+        return rc;
+    const char *dtypes = a.dtype ? a.dtype : "bf16,f16", *dims = a.head_dim ? a.head_dim : "64,128";
+    o->dtypes_given = a.dtype != NULL;
+    o->out = a.output;
     o->jobs = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (a[0] != '-') {
-            if (o->npatterns == (int)(sizeof(o->patterns) / sizeof(o->patterns[0])))
-                return usage_error("too many patterns");
-            o->patterns[o->npatterns++] = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return usage_error("option '%s' needs a value", a);
-        const char *v = argv[++i];
-        int64_t j;
-        if (!strcmp(a, "-o"))
-            o->out = v;
-        else if (!strcmp(a, "--target"))
-            targets = v;
-        else if (!strcmp(a, "--dtype")) {
-            dtypes = v;
-            o->dtypes_given = true;
-        } else if (!strcmp(a, "--head-dim"))
-            dims = v;
-        else if (!strcmp(a, "-j") && parse_int(v, 1, 256, &j))
-            o->jobs = (int)j;
-        else if (!strcmp(a, "--param") && o->nparams < MAX_KV) {
-            int rc = parse_assignment("--param", v, true, o->param_names[o->nparams],
-                                      &o->params[o->nparams].value);
-            if (rc)
-                return rc;
-            o->params[o->nparams].name = o->param_names[o->nparams];
-            o->nparams++;
-        } else
-            return usage_error("bundle: bad option '%s %s'", a, v);
+    int64_t j;
+    if (a.jobs && !kptc_parse_int(a.jobs, 1, 256, &j))
+        return kptc_usage_error("-j wants a thread count from 1 to 256, got '%s'", a.jobs);
+    if (a.jobs)
+        o->jobs = (int)j;
+    for (int i = 0; i < a.nparams; i++) {
+        rc = kptc_parse_assignment("--param", a.params[i], true, o->param_names[i],
+                                   &o->params[i].value);
+        if (rc)
+            return rc;
+        o->params[i].name = o->param_names[i];
     }
+    o->nparams = a.nparams;
+    memcpy(o->patterns, a.patterns, sizeof(a.patterns));
+    o->npatterns = a.npatterns;
     if (!o->out)
-        return usage_error("bundle: -o FILE is required");
-    if (!targets)
-        return usage_error("bundle: --target is required (e.g. cuda:sm_80,cuda:sm_90, hip:gfx90a, "
-                           "spirv)");
+        return kptc_usage_error("bundle: -o FILE is required");
+    if (!a.target)
+        return kptc_usage_error("bundle: --target is required (e.g. cuda:sm_80,cuda:sm_90, "
+                                "hip:gfx90a, spirv)");
     if (!o->npatterns)
-        return usage_error("bundle: no PATTERN given");
-    int n = split("--target", targets, tbuf, sizeof(tbuf), o->targets);
+        return kptc_usage_error("bundle: no PATTERN given");
+    int n = split("--target", a.target, tbuf, sizeof(tbuf), o->targets);
     if (n < 0)
-        return EXIT_USAGE;
+        return KPTC_EXIT_USAGE;
     o->ntargets = n;
+    char list[256];
+    for (int i = 0; i < n; i++)
+        if (!kpt_target_find(o->targets[i]))
+            return kptc_usage_error("--target '%s': expected %s", o->targets[i],
+                                    kpt_target_list(KPT_BACKEND_AUTO, list, sizeof(list)));
     const char *items[MAX_LIST];
     if ((n = split("--dtype", dtypes, dbuf, sizeof(dbuf), items)) < 0)
-        return EXIT_USAGE;
+        return KPTC_EXIT_USAGE;
     for (int i = 0; i < n; i++)
         if ((o->dtypes[i] = kpt_dtype_from_name(items[i])) == KPT_DTYPE_INVALID)
-            return usage_error("--dtype: unknown dtype '%s'", items[i]);
+            return kptc_usage_error("--dtype: unknown dtype '%s'", items[i]);
     o->ndtypes = n;
     return parse_dims(dims, o);
 }
@@ -214,7 +216,7 @@ static int run_jobs(job_set *js, int jobs)
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
     if (atomic_load(&js->failed))
-        return report(&js->first_error, js->first_error.status);
+        return kptc_report(&js->first_error, js->first_error.status);
     return 0;
 }
 
@@ -273,7 +275,7 @@ static int write_out(const bundle_opts *o, kpt_context **ctx, double t0)
         qsort(c.v, (size_t)c.n, sizeof(*c.v), by_target_key);
         kpt_status st = kpt_bundle_write(o->out, c.v, c.n, &d);
         if (st)
-            rc = report(&d, st);
+            rc = kptc_report(&d, st);
     }
     size_t bytes = 0;
     for (int i = 0; i < c.n; i++) {
@@ -293,26 +295,26 @@ static int load_patterns(const bundle_opts *o, kpt_pattern **pat)
     for (int i = 0; i < o->npatterns; i++) {
         kpt_diag d = {0};
         kpt_status st;
-        if (is_script(o->patterns[i])) {
+        if (kptc_is_script(o->patterns[i])) {
             kpt_lua_params lp = {.params = o->params, .num_params = o->nparams};
             st = kpt_pattern_from_lua_file(o->patterns[i], &lp, &pat[i], &d);
         } else {
             st = kpt_pattern_parse(o->patterns[i], &pat[i], &d);
         }
         if (st)
-            return report(&d, st);
+            return kptc_report(&d, st);
     }
     return 0;
 }
 
-int kptc_bundle(int argc, char **argv)
+int kptc_cmd_bundle(int argc, char **argv)
 {
     static bundle_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc;
     double t0 = kpt_now_ms();
-    kpt_pattern *pat[256] = {0};
+    kpt_pattern *pat[KPTC_MAX_PATTERNS] = {0};
     kpt_context *ctx[MAX_LIST] = {0};
     rc = load_patterns(&o, pat);
     for (int t = 0; !rc && t < o.ntargets; t++) {
@@ -321,7 +323,7 @@ int kptc_bundle(int argc, char **argv)
         kpt_diag d = {0};
         kpt_status st = kpt_context_create(&cp, &ctx[t], &d);
         if (st)
-            rc = report(&d, st);
+            rc = kptc_report(&d, st);
     }
     if (!rc) {
         job_set js = {.o = &o, .ctx = ctx, .pat = pat, .first_index = INT_MAX, .bar = isatty(2),

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "base/numeric.h"
-#include "tools/kptc.h"
+#include "tools/kptc/kptc.h"
 
 /* Bytes spanned by a tensor (its largest offset + 1 element). */
 static size_t span(const kpt_tensor *t)
@@ -89,13 +89,13 @@ int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_atten
                             : !strcmp(backend, "vulkan") ? KPT_BACKEND_VULKAN
                                                          : KPT_BACKEND_AUTO;
     if (kind == KPT_BACKEND_AUTO)
-        return usage_error("--backend %s: expected cpu, cuda, hip or vulkan", backend);
+        return kptc_usage_error("--backend %s: expected cpu, cuda, hip or vulkan", backend);
     device_run r = {0};
     kpt_diag d = {0};
     kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
     if (st)
-        return report(&d, st);
+        return kptc_report(&d, st);
     kpt_kernel_desc desc = {.dtype = dtype, .head_dim = (int)ref->q.shape[3],
                             .head_dim_v = (int)ref->v.shape[3]};
     kpt_kernel *k = NULL;
@@ -130,7 +130,7 @@ int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_atten
         st = kpt_buffer_read(r.bufs[r.nbufs - 1], 0, lse, ln, &d);
     int rc = 0;
     if (st) {
-        rc = report(&d, st);
+        rc = kptc_report(&d, st);
     } else {
         double lse_err, rel = compare(ref, &a.o, o, lse, &lse_err);
         double tol = dtype == KPT_DTYPE_BF16 ? 1e-2 : dtype == KPT_DTYPE_F16 ? 5e-3 : 1e-4;

@@ -1,0 +1,107 @@
+/* What kptc's command files share (common.c, usage.c). Every shared name is prefixed kptc_. */
+#ifndef KPT_TOOLS_KPTC_KPTC_H
+#define KPT_TOOLS_KPTC_KPTC_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kpt/kpt.h>
+
+#include "compiler/parse_lua.h"
+#include "ir/pattern.h"
+
+#define KPTC_EXIT_USAGE 2
+#define KPTC_MAX_KV 32
+#define KPTC_MAX_PATTERNS 64
+
+extern const char kptc_usage[], kptc_usage_patterns[], kptc_usage_emit[], kptc_usage_check[],
+    kptc_usage_bundle[];
+
+/* "kptc: <message>" and a pointer to --help on stderr; returns KPTC_EXIT_USAGE. */
+__attribute__((format(printf, 1, 2))) int kptc_usage_error(const char *fmt, ...);
+/* Prints a diag; returns the exit status for it. */
+int kptc_report(const kpt_diag *d, kpt_status st);
+bool kptc_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* NAME=VALUE of --scalar and --param: a name of 1 to KPT_NAME_MAX-1 characters and a finite
+ * number (or true/false when `booleans`). */
+int kptc_parse_assignment(const char *opt, const char *arg, bool booleans,
+                          char name[KPT_NAME_MAX], double *value);
+
+/* ---- options: one struct for every command, filled by getopt_long -------------------------- */
+
+/* Codes of the long options without a short form (the commands' `struct option` tables). */
+enum {
+    KPTC_OPT_EMIT = 256,
+    KPTC_OPT_DUMP_AFTER,
+    KPTC_OPT_TARGET,
+    KPTC_OPT_HEAD_DIM,
+    KPTC_OPT_VERBOSE,
+    KPTC_OPT_BACKEND,
+    KPTC_OPT_SHAPE,
+    KPTC_OPT_DTYPE,
+    KPTC_OPT_LAYOUT,
+    KPTC_OPT_SEED,
+    KPTC_OPT_TILE,
+    KPTC_OPT_SAVE,
+    KPTC_OPT_SMEM,
+    KPTC_OPT_BLOCKMAP,
+    KPTC_OPT_PARAM,
+    KPTC_OPT_SCALAR,
+    KPTC_OPT_AUX,
+};
+
+typedef struct kptc_options {
+    const char *pattern; /* patterns[0] */
+    const char *patterns[KPTC_MAX_PATTERNS];
+    int npatterns;
+    const char *emit, *dump_after, *target, *head_dim, *verbose, *backend, *shape, *dtype;
+    const char *layout, *seed, *tile, *save, *smem, *blockmap, *output, *jobs;
+    const char *params[KPTC_MAX_KV];
+    int nparams;
+    const char *scalars[KPTC_MAX_KV];
+    int nscalars;
+    const char *aux[KPTC_MAX_KV];
+    int naux;
+} kptc_options;
+
+/* Parses a command's options (argv[0] is the command) with getopt_long: values as "--opt V" or
+ * "--opt=V", -o and -j where longopts has them, the rest as PATTERNs. Returns 0, an exit status
+ * for a usage error, or -1 after printing `help` for --help/-h. */
+int kptc_parse_options(int argc, char **argv, const struct option *longopts, const char *help,
+                       kptc_options *o);
+/* Exactly one PATTERN was given (else a usage error naming `cmd`). */
+int kptc_one_pattern(const kptc_options *o, const char *cmd);
+
+/* ---- patterns: built-in strings and Lua scripts --------------------------------------------- */
+
+/* Whether PATTERN names a Lua script (ends in .lua) rather than being a pattern string. */
+bool kptc_is_script(const char *pattern);
+
+typedef struct kptc_script {
+    char *src; /* the script's text; NULL for a pattern string */
+    size_t len;
+    kpt_lua_params prm;
+    kpt_param_value values[KPTC_MAX_KV];
+    char names[KPTC_MAX_KV][KPT_NAME_MAX];
+} kptc_script;
+
+/* The pattern before any pass runs: a pattern string, or a script (its text kept in sc; the
+ * caller frees sc->src). Returns 0 or an exit status (the error printed). */
+int kptc_load_pattern(const kptc_options *o, kptc_script *sc, kpt_pattern **out);
+
+/* ---- the commands --------------------------------------------------------------------------- */
+
+int kptc_cmd_patterns(int argc, char **argv);
+int kptc_cmd_emit(int argc, char **argv);
+int kptc_cmd_check(int argc, char **argv);
+int kptc_cmd_bundle(int argc, char **argv);
+
+/* kptc check --backend cuda|hip|vulkan (check_device.c): runs p on the device on ref's inputs
+ * (q, k, v, aux, scalars; host memory) and compares with ref's o and lse (f64). Returns the exit
+ * status. */
+int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
+                      kpt_dtype dtype);
+
+#endif
