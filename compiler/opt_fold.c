@@ -37,11 +37,12 @@ static kpt_ir_ref fold_node(kpt_ir_graph *g, const kpt_ir_node *old, const kpt_i
     }
 }
 
-bool kpt_opt_fold(kpt_pattern *p, bool *progress, char *err, size_t err_size)
+kpt_status kpt_opt_fold(kpt_pattern *p, bool *progress, kpt_diag *diag)
 {
     fold_state st = {false};
-    if (!kpt_pattern_rewrite(p, fold_node, &st, err, err_size))
-        return false;
+    kpt_status status = kpt_pattern_rewrite(p, fold_node, &st, diag);
+    if (status)
+        return status;
     *progress = st.progress;
-    return true;
+    return KPT_OK;
 }

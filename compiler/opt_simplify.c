@@ -189,11 +189,12 @@ static kpt_ir_ref simplify_node(kpt_ir_graph *g, const kpt_ir_node *old, const k
     return kpt_rewrite_copy(g, old, args);
 }
 
-bool kpt_opt_simplify(kpt_pattern *p, bool *progress, char *err, size_t err_size)
+kpt_status kpt_opt_simplify(kpt_pattern *p, bool *progress, kpt_diag *diag)
 {
     simp_state st = {false};
-    if (!kpt_pattern_rewrite(p, simplify_node, &st, err, err_size))
-        return false;
+    kpt_status status = kpt_pattern_rewrite(p, simplify_node, &st, diag);
+    if (status)
+        return status;
     *progress = st.progress;
-    return true;
+    return KPT_OK;
 }

@@ -5,16 +5,17 @@
 
 #include "ir/pattern.h"
 
-/* Returns false on failure with a message in err; *progress says whether the IR changed. */
-typedef bool (*kpt_pass_fn)(kpt_pattern *p, bool *progress, char *err, size_t err_size);
+/* Returns KPT_OK, or the failure's status with its message in diag (the driver prefixes the
+ * pass's name); *progress says whether the IR changed. */
+typedef kpt_status (*kpt_pass_fn)(kpt_pattern *p, bool *progress, kpt_diag *diag);
 
 /* Replaces every operation whose operands are all constants by its value (computed by the
  * interpreter, so folding can never disagree with it). */
-bool kpt_opt_fold(kpt_pattern *p, bool *progress, char *err, size_t err_size);
+kpt_status kpt_opt_fold(kpt_pattern *p, bool *progress, kpt_diag *diag);
 
 /* Algebraic identities that hold exactly under the IR's semantics (i32 wrap-around, IEEE f32
  * with NaN and signed zeros): x+0, x*1, x&&true, not(not x), select on a constant, ... and
  * comparison canonicalisation (a > b becomes b < a). */
-bool kpt_opt_simplify(kpt_pattern *p, bool *progress, char *err, size_t err_size);
+kpt_status kpt_opt_simplify(kpt_pattern *p, bool *progress, kpt_diag *diag);
 
 #endif

@@ -74,13 +74,10 @@ kpt_status kpt_pipeline_run(kpt_pattern *p, const kpt_pipeline_opts *opts, kpt_d
         progress = false;
         for (size_t i = 0; st == KPT_OK && i < sizeof(passes) / sizeof(passes[0]); i++) {
             bool changed = false;
-            char err[300];
-            if (!passes[i].run(p, &changed, err, sizeof(err))) {
-                st = kpt_diag_set(diag,
-                                  strstr(err, "out of memory") ? KPT_ERR_NO_MEMORY
-                                  : strstr(err, "too large")   ? KPT_ERR_LIMIT
-                                                               : KPT_ERR_INTERNAL,
-                                  "%s: %s", passes[i].name, err);
+            kpt_diag pd = {0};
+            st = passes[i].run(p, &changed, &pd);
+            if (st) {
+                kpt_diag_set(diag, st, "%s: %s", passes[i].name, pd.message);
                 break;
             }
             normalise_roots(p);

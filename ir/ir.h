@@ -87,6 +87,7 @@ typedef struct kpt_ir_graph {
     uint32_t num_aux;
     bool failed;
     bool out_of_memory;
+    bool over_limit; /* the first error was max_nodes */
     char error[KPT_IR_ERROR_MAX];
 } kpt_ir_graph;
 

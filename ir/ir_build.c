@@ -96,6 +96,7 @@ static kpt_ir_ref intern(kpt_ir_graph *g, const kpt_ir_node *n)
         return found;
     uint32_t limit = g->max_nodes ? g->max_nodes : KPT_IR_DEFAULT_MAX_NODES;
     if (g->count >= limit) {
+        g->over_limit = !g->failed;
         kpt_ir_fail(g, "expression too large (more than %u nodes)", limit);
         return 0;
     }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/diag.h"
 #include "ir/pattern.h"
 
 kpt_ir_type kpt_aux_ir_type(kpt_dtype dtype)
@@ -162,8 +163,7 @@ kpt_ir_ref kpt_rewrite_copy(kpt_ir_graph *ng, const kpt_ir_node *old, const kpt_
                         args);
 }
 
-bool kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, char *err,
-                         size_t err_size)
+kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt_diag *diag)
 {
     kpt_ir_graph ng;
     kpt_ir_graph_init(&ng);
@@ -177,8 +177,7 @@ bool kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, char *err
     if (!live || !map) {
         free(live);
         free(map);
-        snprintf(err, err_size, "out of memory");
-        return false;
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     }
     kpt_ir_mark_live(&p->g, roots, 2, live);
     for (kpt_ir_ref r = 1; r < p->g.count && !ng.failed; r++) {
@@ -199,16 +198,19 @@ bool kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, char *err
                        (p->mask && kpt_ir_type_of(&ng, mask) != KPT_IR_BOOL)))
         kpt_ir_fail(&ng, "internal: rewrite changed the type of a root");
     if (ng.failed) {
-        snprintf(err, err_size, "%s", ng.error);
+        kpt_status st = ng.out_of_memory ? KPT_ERR_NO_MEMORY
+                        : ng.over_limit  ? KPT_ERR_LIMIT
+                                         : KPT_ERR_INTERNAL;
+        kpt_diag_set(diag, st, "%s", ng.error);
         kpt_ir_graph_free(&ng);
-        return false;
+        return st;
     }
     kpt_ir_graph_free(&p->g);
     p->g = ng;
     attach(p);
     p->score = score;
     p->mask = mask;
-    return true;
+    return KPT_OK;
 }
 
 bool kpt_pattern_validate(const kpt_pattern *p, char *msg, size_t msg_size)

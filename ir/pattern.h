@@ -70,9 +70,10 @@ int kpt_pattern_add_aux(kpt_pattern *p, const kpt_aux_decl *decl, char *err, siz
  * graph; it returns the replacement (0 with the graph failed on error). Dead nodes disappear. */
 typedef kpt_ir_ref (*kpt_rewrite_fn)(kpt_ir_graph *ng, const kpt_ir_node *old,
                                      const kpt_ir_ref *args, void *ctx);
-/* Returns false (with ng's error in `err`) on failure, leaving p unchanged. */
-bool kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, char *err,
-                         size_t err_size);
+/* Rebuilds p through fn. On failure p is unchanged and the status says why: KPT_ERR_NO_MEMORY,
+ * KPT_ERR_LIMIT (the rewrite outgrew max_nodes) or KPT_ERR_INTERNAL (fn built a bad node), with
+ * the graph's message in diag. */
+kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt_diag *diag);
 /* The default rewrite: the same node over the new operands. */
 kpt_ir_ref kpt_rewrite_copy(kpt_ir_graph *ng, const kpt_ir_node *old, const kpt_ir_ref *args);
 
