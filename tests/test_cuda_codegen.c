@@ -21,6 +21,7 @@
 #include "base/diag.h"
 #include "runtime/cuda_device.h"
 #include "target/target.h"
+#include "tests/covers_builtins.h"
 #include "vendor/rtc_nvrtc.h"
 
 static void test_template_fill(void **state)
@@ -378,11 +379,18 @@ static void find_scripts(const char *dir)
     qsort(scripts, (size_t)nscripts, sizeof(scripts[0]), compare_paths);
 }
 
+static void test_covers_builtins(void **state)
+{
+    (void)state;
+    assert_null(kpt_test_uncovered_builtin(patterns, (int)NPAT));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
         find_scripts(argv[1]); /* the examples' directory */
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_covers_builtins),
         cmocka_unit_test(test_template_fill),
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),

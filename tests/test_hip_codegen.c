@@ -24,6 +24,7 @@
 #include "target/target.h"
 #include "vendor/rtc_hiprtc.h"
 #include "tests/runtool.h"
+#include "tests/covers_builtins.h"
 
 static const char *const patterns[] = {
     "full", "causal", "causal_bottom_right", "sliding_window(1024)", "sliding_window($w=256)",
@@ -300,6 +301,12 @@ static void test_gfx940_clang(void **state)
         compile_and_check(scripts[i], KPT_DTYPE_F16, 128, 128, 0x940);
 }
 
+static void test_covers_builtins(void **state)
+{
+    (void)state;
+    assert_null(kpt_test_uncovered_builtin(patterns, (int)NPAT));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) {
@@ -329,6 +336,7 @@ int main(int argc, char **argv)
         return 77;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_covers_builtins),
         cmocka_unit_test(test_source_is_self_contained),
         cmocka_unit_test(test_plan_refusals),
         cmocka_unit_test(test_unknown_arch_refused),

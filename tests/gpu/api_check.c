@@ -23,6 +23,7 @@
 #include "runtime/backend_vulkan.h"
 #include "runtime/context.h"
 #include "tests/gpu/check_common.h"
+#include "tests/covers_builtins.h"
 
 static const char *const all_patterns[] = {
     "full", "causal", "causal_bottom_right", "sliding_window(100)", "sliding_window($w=40)",
@@ -401,6 +402,11 @@ static bool check_llvmpipe_refusal(void)
 
 int main(int argc, char **argv)
 {
+    const char *missing = kpt_test_uncovered_builtin(all_patterns, NPAT);
+    if (missing) {
+        fprintf(stderr, "the pattern list misses the built-in '%s'\n", missing);
+        return 1;
+    }
     bool full = false, do_bench = false;
     const char *filter = NULL, *scripts = NULL;
     uint64_t seed = 1;

@@ -23,6 +23,7 @@
 #include "runtime/cuda_device.h"
 #include "tools/rng.h"
 #include "tests/gpu/check_common.h"
+#include "tests/covers_builtins.h"
 
 static const char *const all_patterns[] = {
     "full", "causal", "causal_bottom_right", "sliding_window(100)", "sliding_window($w=256)",
@@ -295,6 +296,11 @@ static void build_matrix(bool quick)
 
 int main(int argc, char **argv)
 {
+    const char *missing = kpt_test_uncovered_builtin(all_patterns, NPAT);
+    if (missing) {
+        fprintf(stderr, "the pattern list misses the built-in '%s'\n", missing);
+        return 1;
+    }
     bool quick = false;
     const char *filter = NULL, *scripts = NULL;
     uint64_t seed = (uint64_t)time(NULL);
