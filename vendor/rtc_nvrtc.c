@@ -1,4 +1,5 @@
-/* NVRTC through dlopen (see nvrtc.h). The library is searched for, in order: $KPT_NVRTC (a path),
+/* NVRTC through dlopen (see rtc_nvrtc.h). $KPT_NVRTC, when set, names the library (and nothing
+ * else is tried: an explicit choice that does not load is an error). Otherwise it is searched for:
  * the sonames libnvrtc.so.13 and .12 on the loader's path, then the same names under $CUDA_HOME,
  * $CUDA_PATH and /usr/local/cuda, in lib64 and targets/x86_64-linux/lib (where the toolkit puts
  * it). The first that loads and has every symbol wins; the outcome is cached for the process. */
@@ -76,8 +77,14 @@ static void load_once(void)
     static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12"};
     static const char *const subdirs[] = {"lib64", "targets/x86_64-linux/lib"};
     const char *env = getenv("KPT_NVRTC");
-    if (env && *env && try_load(env))
+    if (env && *env) { /* an explicit choice: that library or none, never a silent other one */
+        if (!try_load(env)) {
+            const char *why = dlerror();
+            snprintf(nv.where, sizeof(nv.where), "$KPT_NVRTC=%.150s does not load: %.150s", env,
+                     why ? why : "it lacks NVRTC's symbols");
+        }
         return;
+    }
     for (int i = 0; i < 2; i++)
         if (try_load(names[i]))
             return;
