@@ -189,7 +189,7 @@ static void test_check(void **state)
     /* lavapipe in CI; a machine without any Vulkan device says so after the reference ran */
     r = run("check", "prefix_lm(40)", "--backend", "vulkan", "--dtype", "f32", "--shape",
             "2,4,2,45,70,32", NULL);
-    if (r->status == 2)
+    if (r->status == 1) /* a missing driver is not bad input */
         assert_non_null(strstr(r->err, "Vulkan"));
     else
         EXPECT(r, 0, out, "vulkan     spirv on ");
@@ -197,14 +197,14 @@ static void test_check(void **state)
     EXPECT(r, 2, err, "dtype bf16 is not supported by the Vulkan backend");
     /* without a GPU, --backend cuda says so after the reference ran; with one it must agree */
     r = run("check", "causal", "--backend", "cuda", "--shape", "1,2,1,33,33,64", NULL);
-    if (r->status == 2)
+    if (r->status == 1)
         assert_non_null(strstr(r->err, "CUDA"));
     else
         EXPECT(r, 0, out, "max relative error");
     /* no AMD GPU here: the HIP backend refuses cleanly after the reference ran */
     r = run("check", "causal", "--backend", "hip", "--dtype", "f16", "--shape", "1,2,1,33,33,64",
             NULL);
-    if (r->status == 2)
+    if (r->status == 1)
         assert_non_null(strstr(r->err, "HIP"));
     else
         EXPECT(r, 0, out, "max relative error");
@@ -245,7 +245,7 @@ static void test_reference_f32(void **state)
                        "  end }\n");
     result *r = run("check", path, "--backend", "vulkan", "--dtype", "f32", "--shape",
                     "1,1,1,64,64,32", NULL);
-    if (r->status == 2)
+    if (r->status == 1) /* a missing driver is not bad input */
         assert_non_null(strstr(r->err, "Vulkan"));
     else
         EXPECT(r, 0, out, "vulkan     spirv on ");

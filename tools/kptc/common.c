@@ -27,7 +27,17 @@ int kptc_usage_error(const char *fmt, ...)
 int kptc_report(const kpt_diag *d, kpt_status st)
 {
     fprintf(stderr, "kptc: %s\n", d->message[0] ? d->message : kpt_status_string(st));
-    return st == KPT_ERR_NO_MEMORY || st == KPT_ERR_INTERNAL ? 1 : KPTC_EXIT_USAGE;
+    switch (st) {
+    /* not the input's fault: this machine (no driver, device or compiler), or kpt itself */
+    case KPT_ERR_NO_MEMORY:
+    case KPT_ERR_INTERNAL:
+    case KPT_ERR_NO_DEVICE:
+    case KPT_ERR_COMPILE:
+    case KPT_ERR_DEVICE:
+        return 1;
+    default:
+        return KPTC_EXIT_USAGE;
+    }
 }
 
 
