@@ -14,6 +14,7 @@
 #include "compiler/analyze_mask.h"
 #include "compiler/pipeline.h"
 #include "runtime/attention_args.h"
+#include "target/target.h"
 #include "tools/kptc/kptc.h"
 #include "tools/npy.h"
 #include "tools/rng.h"
@@ -413,6 +414,30 @@ static void free_check(check_ctx *c, void **bufs, int nbufs)
     c->sc.src = NULL;
 }
 
+/* A dtype the backend's targets cannot take is refused before the reference runs. */
+static int check_backend_dtype(const check_ctx *c)
+{
+    static const struct { const char *name, *title; kpt_backend_kind kind; } backends[] = {
+        {"cuda", "CUDA", KPT_BACKEND_CUDA},
+        {"hip", "HIP", KPT_BACKEND_HIP},
+        {"vulkan", "Vulkan", KPT_BACKEND_VULKAN},
+    };
+    for (size_t b = 0; c->o.backend && b < sizeof(backends) / sizeof(backends[0]); b++) {
+        if (strcmp(c->o.backend, backends[b].name))
+            continue;
+        unsigned dtypes = 0;
+        for (int t = 0; t < kpt_target_count(); t++)
+            if (kpt_target_get(t)->backend == backends[b].kind)
+                dtypes |= kpt_target_get(t)->dtypes;
+        if (!(dtypes & (1u << c->dtype)))
+            return kptc_usage_error("dtype %s is not supported by the %s backend (%s); use "
+                                    "--dtype", kpt_dtype_name(c->dtype), backends[b].title,
+                                    backends[b].kind == KPT_BACKEND_VULKAN ? "f16 or f32"
+                                                                           : "f16 or bf16");
+    }
+    return 0;
+}
+
 int kptc_cmd_check(int argc, char **argv)
 {
     check_ctx c;
@@ -439,7 +464,7 @@ int kptc_cmd_check(int argc, char **argv)
     if (c.o.backend && strcmp(c.o.backend, "cpu") && strcmp(c.o.backend, "cuda") &&
         strcmp(c.o.backend, "hip") && strcmp(c.o.backend, "vulkan"))
         return kptc_usage_error("--backend %s: expected cpu, cuda, hip or vulkan", c.o.backend);
-    if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)))
+    if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)) || (rc = check_backend_dtype(&c)))
         return rc;
     kpt_diag d = {0};
     if ((rc = kptc_load_pattern(&c.o, &c.sc, &c.p)))
