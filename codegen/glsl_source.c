@@ -13,6 +13,7 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d\n", kpt_dtype_name(pl->cfg.dtype),
                   pl->cfg.dqk, pl->cfg.dv);
     kpt_sb_printf(sb, "#define KPT_F16 %d\n", pl->cfg.dtype == KPT_DTYPE_F16);
+    kpt_sb_printf(sb, "#define KPT_BF16 %d\n", pl->cfg.dtype == KPT_DTYPE_BF16);
     kpt_sb_printf(sb, "#define KPT_DQK %d\n#define KPT_DV %d\n", pl->cfg.dqk, pl->cfg.dv);
     kpt_sb_printf(sb, "#define KPT_BM %d\n#define KPT_BN %d\n", pl->bm, pl->bn);
     kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,

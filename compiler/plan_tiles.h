@@ -30,7 +30,7 @@ bool kpt_cuda_head_dim_ok(int d);
 
 /* The GLSL (Vulkan) kernel: one invocation per query row, bm rows per workgroup, K and V tiles of
  * bn rows in fp32 shared memory, bn as large as the shared memory allows (at most 32). cfg->sm
- * is 0; dtype F16 or F32; head dims 1..256. With cfg->coopmat, f16 and head dims that are
+ * is 0; dtype F16, BF16 (as 16-bit storage, widened in the shader) or F32; head dims 1..256. With cfg->coopmat, f16 and head dims that are
  * multiples of 16 up to 128 get the cooperative-matrix kernel instead (4 subgroups of 32, bm 64,
  * bn 32; plan.warps = 4), planned for all of smem_limit; cfg->coopmat stays set only when that
  * kernel is planned. Every other plan uses at most KPT_GLSL_PLAN_SMEM bytes: one plan (and so

@@ -37,9 +37,9 @@ int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt)
 static kpt_status plan_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag)
 {
-    if (cfg->dtype != KPT_DTYPE_F16 && cfg->dtype != KPT_DTYPE_F32)
+    if (cfg->dtype != KPT_DTYPE_F16 && cfg->dtype != KPT_DTYPE_BF16 && cfg->dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "dtype %s is not supported by the Vulkan backend (f16 or f32)",
+                            "dtype %s is not supported by the Vulkan backend (f16, bf16 or f32)",
                             kpt_dtype_name(cfg->dtype));
     if (cfg->dqk < 1 || cfg->dqk > KPT_GLSL_MAX_HEAD_DIM || cfg->dv < 1 ||
         cfg->dv > KPT_GLSL_MAX_HEAD_DIM)

@@ -307,7 +307,8 @@ static kpt_status vk_synchronize(kpt_backend *b, kpt_diag *diag)
 /* The target plans and generates; only this device's own gaps are refused here. */
 static kpt_status vk_accepts(kpt_backend *b, const kpt_kernel_desc *d, kpt_diag *diag)
 {
-    if (!b->offline && d->dtype == KPT_DTYPE_F16 && !vb(b)->f16_storage)
+    bool bits16 = d->dtype == KPT_DTYPE_F16 || d->dtype == KPT_DTYPE_BF16;
+    if (!b->offline && bits16 && !vb(b)->f16_storage)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "%s lacks storageBuffer16BitAccess: use f32 on this device",
                             b->device_name);

@@ -14,8 +14,20 @@
 #if KPT_F16
 #extension GL_EXT_shader_16bit_storage : require
 #define KPT_ELEM float16_t
+#elif KPT_BF16
+// bf16 travels as its 16 bits (GLSL has no bf16 type); loads widen it to f32 exactly, stores
+// round to nearest even (NaN stays a quiet NaN)
+#extension GL_EXT_shader_16bit_storage : require
+#define KPT_ELEM uint16_t
 #else
 #define KPT_ELEM float
+#endif
+#if KPT_BF16
+#define KPT_LD(x) uintBitsToFloat(uint(x) << 16)
+#define KPT_ST(v) uint16_t(kpt_bf16_bits(v))
+#else
+#define KPT_LD(x) float(x)
+#define KPT_ST(v) KPT_ELEM(v)
 #endif
 #ifndef KPT_ENTRY_BLOCKMAP
 #define KPT_ENTRY_BLOCKMAP 0
@@ -68,6 +80,13 @@ layout(std430, set = 0, binding = 1) readonly buffer kpt_k_buf { KPT_ELEM k[]; }
 layout(std430, set = 0, binding = 2) readonly buffer kpt_v_buf { KPT_ELEM v[]; } Vb;
 layout(std430, set = 0, binding = 3) writeonly buffer kpt_o_buf { KPT_ELEM o[]; } Ob;
 layout(std430, set = 0, binding = 4) writeonly buffer kpt_lse_buf { float lse[]; } Lb;
+#if KPT_BF16
+uint kpt_bf16_bits(float v)
+{
+    const uint u = floatBitsToUint(v);
+    return isnan(v) ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+#endif
 #if KPT_ENTRY_BLOCKMAP
 layout(std430, set = 0, binding = 5) writeonly buffer kpt_bm_buf { uint cls[]; } BMb;
 #else
@@ -565,7 +584,7 @@ void main()
     float qr[KPT_DQK];
     const uint qbase = G.qo + uint(b) * G.qs[0] + uint(h) * G.qs[1] + uint(qi) * G.qs[2];
     for (int d = 0; d < KPT_DQK; d++)
-        qr[d] = live ? float(Qb.q[qbase + uint(d) * G.qs[3]]) : 0.0;
+        qr[d] = live ? KPT_LD(Qb.q[qbase + uint(d) * G.qs[3]]) : 0.0;
     float acc[KPT_DV];
     for (int d = 0; d < KPT_DV; d++)
         acc[d] = 0.0;
@@ -585,9 +604,9 @@ void main()
             const bool has = r < nk;
             const uint kr = kbase + uint(k0 + r) * G.ks[2], vr = vbase + uint(k0 + r) * G.vs[2];
             KPT_DLOOP(d, KPT_DQK,
-                      sK[r * KPT_DQK + d] = has ? float(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
+                      sK[r * KPT_DQK + d] = has ? KPT_LD(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
             KPT_DLOOP(d, KPT_DV,
-                      sV[r * KPT_DV + d] = has ? float(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
+                      sV[r * KPT_DV + d] = has ? KPT_LD(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
         }
         barrier();
         if (!live)
@@ -630,7 +649,7 @@ void main()
     const float inv = l > 0.0 ? 1.0 / l : 0.0;
     const uint obase = G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qi) * G.os[2];
     for (int d = 0; d < KPT_DV; d++)
-        Ob.o[obase + uint(d) * G.os[3]] = KPT_ELEM(acc[d] * inv);
+        Ob.o[obase + uint(d) * G.os[3]] = KPT_ST(acc[d] * inv);
     if (G.lo != KPT_NO_LSE)
         Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
             l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;

@@ -190,7 +190,8 @@ static gcase cases[4096];
 static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, int Hkv, int Sq,
                 int Skv, bool bshd)
 {
-    if (ncases == (int)(sizeof(cases) / sizeof(cases[0])) || (dt == KPT_DTYPE_F16 && !f16_ok))
+    bool bits16 = dt == KPT_DTYPE_F16 || (dt == KPT_DTYPE_BF16 && backend == KPT_BACKEND_VULKAN);
+    if (ncases == (int)(sizeof(cases) / sizeof(cases[0])) || (bits16 && !f16_ok))
         return;
     const char *scalar = strstr(pat, "$w") ? "w=40" : NULL;
     cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, 0};
@@ -217,6 +218,15 @@ static void build_matrix(bool full, const char *scripts, char paths[][512], int 
             add("causal", dts[di], dims[i][0], dims[i][1], 1, 2, 1, 77, 77, i % 2);
             add("document+causal", dts[di], dims[i][0], dims[i][1], 2, 2, 2, 45, 130, i % 2 == 0);
         }
+    /* bf16 on Vulkan (16-bit storage widened in the shader): every pattern once, long rows and
+     * the head dims of the matrix */
+    if (backend == KPT_BACKEND_VULKAN) {
+        for (int pi = 0; pi < NPAT; pi++)
+            add(all_patterns[pi], KPT_DTYPE_BF16, 64, 64, 2, 4, 1, 77, 45, pi % 2 == 1);
+        for (int i = 0; i < 4; i++)
+            add(i % 2 ? "document+causal" : "causal", KPT_DTYPE_BF16, dims[i][0], dims[i][1], 1,
+                2, 1, i < 2 ? 2048 : 130, i < 2 ? 2048 : 77, i == 1);
+    }
     /* Long rows at every head dim the matrix runs: lavapipe once returned garbage past ~475 keys
      * (its loop limit; docs/vulkan.md), and CI runs this part there. */
     static const int longs[][2] = {{2048, 2048}, {33, 2047}};

@@ -432,7 +432,7 @@ static int check_backend_dtype(const check_ctx *c)
         if (!(dtypes & (1u << c->dtype)))
             return kptc_usage_error("dtype %s is not supported by the %s backend (%s); use "
                                     "--dtype", kpt_dtype_name(c->dtype), backends[b].title,
-                                    backends[b].kind == KPT_BACKEND_VULKAN ? "f16 or f32"
+                                    backends[b].kind == KPT_BACKEND_VULKAN ? "f16, bf16 or f32"
                                                                            : "f16 or bf16");
     }
     return 0;

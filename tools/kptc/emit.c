@@ -70,7 +70,7 @@ static int emit_target(const kptc_options *o, kpt_pattern *p, const char *what, 
         rq.dtype = kpt_dtype_from_name(o->dtype);
         if (rq.dtype < 0 || !(t->dtypes & (1u << rq.dtype)))
             return kptc_usage_error("--dtype '%s': %s takes %s", o->dtype, t->name,
-                               be == KPT_BACKEND_VULKAN ? "f16 or f32" : "f16 or bf16");
+                               be == KPT_BACKEND_VULKAN ? "f16, bf16 or f32" : "f16 or bf16");
     }
     int64_t smem = t->smem_default;
     if (o->smem && !kptc_parse_int(o->smem, 1024, 1 << 30, &smem))
