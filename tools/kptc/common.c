@@ -237,6 +237,11 @@ int kptc_load_pattern(const kptc_options *o, kptc_script *sc, kpt_pattern **out)
                                .num_params = o->nparams, .print = print_from_script,
                                .print_user = (void *)o->pattern};
     *out = kpt_parse_lua(sc->src, sc->len, &sc->prm, &d);
-    return *out ? 0 : kptc_report(&d, d.status);
+    if (*out)
+        return 0;
+    /* the diag quotes the script's line itself: its text is no longer needed */
+    free(sc->src);
+    sc->src = NULL;
+    return kptc_report(&d, d.status);
 }
 
