@@ -1,3 +1,4 @@
+#include <stdint.h>
 #include <string.h>
 
 #include <kpt/tensor.h>
@@ -53,8 +54,15 @@ kpt_tensor kpt_tensor_contiguous(void *data, kpt_dtype dtype, int rank, const in
     t.dtype = dtype;
     if (rank < 0 || rank > KPT_TENSOR_MAX_RANK || !shape)
         return t; /* rank 0: callers' validation rejects it */
-    t.rank = rank;
     int64_t stride = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        /* a negative size or strides past int64 give rank 0, which validation rejects */
+        if (shape[d] < 0 || (shape[d] > 0 && stride > INT64_MAX / shape[d]))
+            return t;
+        stride *= shape[d];
+    }
+    t.rank = rank;
+    stride = 1;
     for (int d = rank - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.stride[d] = stride;

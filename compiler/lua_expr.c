@@ -10,6 +10,7 @@
  *   - indices of aux tensors are i32 (or integral numbers).
  * Every error is raised at the script's line (level 1: the Lua code that applied the operator).
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -712,6 +713,9 @@ static int f_runtime(lua_State *L)
                      "'float')", name);
     }
     double def = has_def ? (double)lua_tonumber(L, 2) : 0;
+    if (has_def && (!isfinite(def) || (type == KPT_IR_F32 && fabs(def) > FLT_MAX)))
+        return RAISE(L, KPT_ERR_TYPE, "kpt.runtime('%s'): the default %g is not a finite %s", name,
+                     def, type == KPT_IR_F32 ? "f32" : "number");
     if (has_def && type == KPT_IR_I32 && (def != floor(def) || fabs(def) > INT32_MAX))
         return RAISE(L, KPT_ERR_TYPE, "kpt.runtime('%s'): the default %g is not an i32", name, def);
     char err[200];

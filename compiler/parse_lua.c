@@ -2,6 +2,7 @@
  * declare its aux tensors, apply param overrides, then call mask(b, h, q, k, p) and
  * score(s, b, h, q, k, p) once each on symbolic values (docs/lua.md). */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,11 +71,17 @@ static void override_params(lua_State *L, const kpt_lua_spec *spec, int params)
 {
     const kpt_lua_params *prm = ctx_of(L)->prm;
     kpt_pattern *p = ctx_of(L)->h.p;
+    if (prm && (prm->num_params < 0 || (prm->num_params > 0 && !prm->params)))
+        FAIL_AT(L, 0, KPT_ERR_INVALID_ARGUMENT, "params: %d given in a %s array",
+                prm->num_params, prm->params ? "non-NULL" : "NULL");
     for (int i = 0; prm && i < prm->num_params; i++) {
         const char *name = prm->params[i].name;
         double v = prm->params[i].value;
         if (!name)
             FAIL_AT(L, 0, KPT_ERR_INVALID_ARGUMENT, "param %d has no name", i);
+        for (int j = 0; j < i; j++)
+            if (prm->params[j].name && !strcmp(prm->params[j].name, name))
+                FAIL_AT(L, 0, KPT_ERR_INVALID_ARGUMENT, "param '%.40s' given twice", name);
         if (!isfinite(v))
             FAIL_AT(L, 0, KPT_ERR_INVALID_ARGUMENT, "param '%s': the value is not finite", name);
         int t = lua_getfield(L, params, name);
@@ -95,6 +102,9 @@ static void override_params(lua_State *L, const kpt_lua_spec *spec, int params)
             if (s->type == KPT_IR_I32 && (v != floor(v) || fabs(v) > INT32_MAX))
                 FAIL_AT(L, spec->line, KPT_ERR_TYPE, "param '%s' is an i32 runtime scalar; %g is "
                         "not an i32", name, v);
+            if (s->type == KPT_IR_F32 && fabs(v) > FLT_MAX)
+                FAIL_AT(L, spec->line, KPT_ERR_TYPE, "param '%s' is an f32 runtime scalar; %g is "
+                        "beyond the f32 range", name, v);
             s->has_default = true;
             s->def = v;
             continue;

@@ -1,3 +1,4 @@
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -120,6 +121,10 @@ static kpt_status bind_scalars(const kpt_pattern *p, const kpt_attention_args *a
                                     name, sv->value);
             out->scalars[idx].i = (int32_t)sv->value;
         } else {
+            if (fabs(sv->value) > FLT_MAX) /* would become inf in the kernels' f32 */
+                return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                    "runtime scalar '$%s' is f32 but %g is beyond its range",
+                                    name, sv->value);
             out->scalars[idx].f = (double)(float)sv->value; /* kernels hold it as f32 */
         }
         set[idx] = true;

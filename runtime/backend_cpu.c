@@ -1,6 +1,7 @@
 /* The CPU backend: the double-precision reference (reference.c) behind the backend interface.
  * It compiles nothing and runs synchronously on host memory; it exists so that applications and
  * tests can use one API everywhere, and check GPU backends against it. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,7 +76,10 @@ static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_a
 
 static kpt_status cpu_mem_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
 {
-    /* 64-byte aligned, like device allocations, so alignment rules are the same everywhere */
+    /* 64-byte aligned, like device allocations, so alignment rules are the same everywhere;
+     * sizes whose rounding would wrap are refused, not allocated small */
+    if (bytes > SIZE_MAX - 128)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%zu bytes)", bytes);
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%zu bytes)", bytes);

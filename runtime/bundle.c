@@ -1,5 +1,6 @@
 /* Kernel bundles (see bundle.h). */
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,14 +169,21 @@ kpt_status kpt_bundle_write(const char *path, const kpt_bundle_entry *entries, i
 
     char tmp[4096];
     kpt_status st = KPT_OK;
-    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-%ld", path, (long)getpid()) >= sizeof(tmp))
+    /* a fresh name made with O_EXCL (mkstemp): a file or symlink someone planted at a
+     * predictable temp name is never followed or overwritten */
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-XXXXXX", path) >= sizeof(tmp))
         st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "path too long: '%s'", path);
-    FILE *f = st ? NULL : fopen(tmp, "wb");
+    int fd = st ? -1 : mkstemp(tmp);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (fd >= 0 && !f)
+        close(fd);
     if (!st && !f)
         st = kpt_diag_set(diag, KPT_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
     if (f) {
         bool ok = fwrite(buf, 1, size, f) == size;
         ok = !fclose(f) && ok;
+        /* mkstemp makes the file 0600; a bundle is meant to be read by others */
+        ok = ok && !chmod(tmp, 0644);
         if (!ok || rename(tmp, path)) {
             st = kpt_diag_set(diag, KPT_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
             unlink(tmp);

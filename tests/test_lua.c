@@ -558,6 +558,27 @@ static void test_api_arguments(void **state)
     assert_string_equal(kpt_pattern_name(p), strrchr(path, '/') + 1);
     kpt_pattern_destroy(&p);
     unlink(path);
+    /* params: a NULL array with a count, a negative count, a name twice, values beyond f32 */
+    const char *w = "return kpt.pattern{ name = 'w', params = { w = kpt.runtime('w', 8.5) },\n"
+                    "  mask = function(b, h, q, k, P) return (q - k):lt(P.w) end }";
+    kpt_lua_params bad = {.params = NULL, .num_params = 2};
+    assert_int_equal(kpt_pattern_from_lua(w, strlen(w), &bad, &p, &d), KPT_ERR_INVALID_ARGUMENT);
+    assert_null(p);
+    assert_non_null(strstr(d.message, "NULL array"));
+    kpt_param_value twice[] = {{"w", 3}, {"w", 4}};
+    bad = (kpt_lua_params){.params = twice, .num_params = -1};
+    assert_int_equal(kpt_pattern_from_lua(w, strlen(w), &bad, &p, &d), KPT_ERR_INVALID_ARGUMENT);
+    bad.num_params = 2;
+    assert_int_equal(kpt_pattern_from_lua(w, strlen(w), &bad, &p, &d), KPT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d.message, "given twice"));
+    kpt_param_value huge[] = {{"w", 1e300}};
+    bad = (kpt_lua_params){.params = huge, .num_params = 1};
+    assert_int_equal(kpt_pattern_from_lua(w, strlen(w), &bad, &p, &d), KPT_ERR_TYPE);
+    assert_non_null(strstr(d.message, "beyond the f32 range"));
+    const char *nan_def = "return kpt.pattern{ params = { w = kpt.runtime('w', 0/0) },\n"
+                          "  mask = function(b, h, q, k, P) return (q - k):lt(P.w) end }";
+    assert_int_equal(kpt_pattern_from_lua(nan_def, strlen(nan_def), NULL, &p, &d), KPT_ERR_TYPE);
+    assert_non_null(strstr(d.message, "not a finite"));
 }
 
 int main(void)

@@ -195,6 +195,15 @@ static void test_cpu_backend(void **state)
     assert_int_equal(s.memory_hits, 1);
     assert_int_equal(s.compiles, 0);
     assert_float_equal(s.hit_rate, 0.5, 1e-12);
+    /* sizes whose rounding wraps are refused, not allocated small */
+    kpt_buffer *huge = NULL;
+    assert_int_equal(kpt_buffer_create(ctx, SIZE_MAX - 10, &huge, &d), KPT_ERR_NO_MEMORY);
+    assert_null(huge);
+    /* shapes whose element count overflows int64 give rank 0 */
+    const int64_t big[4] = {1 << 24, 1 << 24, 1 << 24, 1 << 24};
+    assert_int_equal(kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 4, big).rank, 0);
+    const int64_t neg[2] = {4, -1};
+    assert_int_equal(kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 2, neg).rank, 0);
     kpt_context_destroy(&ctx);
     assert_null(ctx);
 }

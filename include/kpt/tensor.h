@@ -43,7 +43,8 @@ KPT_API const char *kpt_dtype_name(kpt_dtype dtype);
  * Returns KPT_DTYPE_INVALID for anything else. */
 KPT_API kpt_dtype kpt_dtype_from_name(const char *name);
 
-/* A contiguous, row-major view: strides computed from the shape. */
+/* A contiguous, row-major view: strides computed from the shape. A negative size, or a shape
+ * whose element count overflows int64, gives a view of rank 0, which every call rejects. */
 KPT_API kpt_tensor kpt_tensor_contiguous(void *data, kpt_dtype dtype, int rank,
                                          const int64_t *shape);
 
