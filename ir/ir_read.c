@@ -200,7 +200,7 @@ static bool read_type(reader *rd, kpt_ir_type *t)
 static bool read_scalar(reader *rd)
 {
     char name[KPT_NAME_MAX];
-    kpt_ir_type t;
+    kpt_ir_type t = KPT_IR_VOID; /* set by read_type() when it succeeds */
     if (!ident(rd, name, sizeof(name), "a scalar name") || !read_type(rd, &t))
         return false;
     double def = 0;
@@ -340,7 +340,7 @@ static bool read_node(reader *rd)
         rd->pos = start;
         return error(rd, "node %%%lld is defined twice", (long long)label);
     }
-    kpt_ir_type t;
+    kpt_ir_type t = KPT_IR_VOID; /* set by read_type() when it succeeds */
     if (!read_type(rd, &t))
         return false;
     char opname[16];
