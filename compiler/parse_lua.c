@@ -15,6 +15,7 @@
 #include "compiler/parse_lua.h"
 #include "compiler/pipeline.h"
 #include "base/diag.h"
+#include "base/file.h"
 
 typedef struct run_ctx {
     kpt_lua_host h; /* first: the sandbox's user pointer points here */
@@ -439,9 +440,13 @@ kpt_status kpt_lua_fill_aux(const char *source, size_t length, const kpt_lua_par
 
 char *kpt_lua_read_file(const char *path, size_t *length, kpt_diag *diag)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kpt_diag_set(diag, KPT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    long long size = 0;
+    FILE *f = kpt_open_regular(path, "script", &size, diag);
+    if (!f)
+        return NULL;
+    if (size > (long long)KPT_LUA_MAX_SOURCE) {
+        fclose(f);
+        kpt_diag_set(diag, KPT_ERR_LIMIT, "%s is larger than %zu bytes", path, KPT_LUA_MAX_SOURCE);
         return NULL;
     }
     char *buf = malloc(KPT_LUA_MAX_SOURCE + 2);

@@ -364,6 +364,12 @@ static bool read_node(reader *rd)
         if (!label_ref(rd, &args[nargs++]))
             return false;
     }
+    if (op == KPT_IR_LOAD && bits < (uint32_t)rd->p->num_aux &&
+        nargs != rd->p->aux[bits].rank) {
+        rd->pos = ops;
+        return error(rd, "'load' of aux tensor '%s' takes %d indices (its rank), not %d",
+                     rd->p->aux[bits].name, rd->p->aux[bits].rank, nargs);
+    }
     kpt_ir_graph *g = &rd->p->g;
     kpt_ir_ref r = kpt_ir_build(g, op, t, bits, nargs, args);
     if (!r) {

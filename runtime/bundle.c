@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "base/diag.h"
+#include "base/file.h"
 #include "kpt_version.h"
 #include "runtime/bundle.h"
 
@@ -20,10 +21,14 @@ static bool padded_string(const uint8_t *p, size_t n)
 
 static kpt_status read_file(const char *path, uint8_t **data, size_t *size, kpt_diag *diag)
 {
-    FILE *f = fopen(path, "rb");
+    long long fsize = 0;
+    FILE *f = kpt_open_regular(path, "bundle", &fsize, diag);
     if (!f)
-        return kpt_diag_set(diag, KPT_ERR_IO, "cannot open bundle '%s': %s", path,
-                            strerror(errno));
+        return diag ? diag->status : KPT_ERR_IO;
+    if (fsize > (long long)MAX_BUNDLE_BYTES) { /* refused before reading a byte */
+        fclose(f);
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "bundle '%s' is larger than 4 GiB", path);
+    }
     uint8_t *buf = NULL;
     size_t n = 0, cap = 0;
     kpt_status st = KPT_OK;

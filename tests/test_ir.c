@@ -289,6 +289,9 @@ static void test_reader_errors(void **state)
     expect_read_error("kpt-ir 1\n%1 = i32 const 1.5\n", 2, 16, "expected an integer");
     expect_read_error("kpt-ir 1\n%1 = i32 q %1\n", 2, 12, "used before it is defined");
     expect_read_error("kpt-ir 1\npattern \"abc\n", 2, 13, "unterminated string");
+    /* a load takes exactly as many indices as its tensor has dimensions */
+    expect_read_error("kpt-ir 1\naux d i32 [b, sq] segments\n%1 = i32 q\n%2 = i32 load d %1\n", 4,
+                      10, "takes 2 indices (its rank), not 1");
 }
 
 /* Mutated IR text never crashes the reader; whatever it accepts validates and round-trips. */

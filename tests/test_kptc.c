@@ -1,4 +1,7 @@
 /* kptc end to end: every subcommand, and bad input exits 2 with a message saying what and where. */
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "tests/testutil.h"
 
 #include "tests/runtool.h"
@@ -301,7 +304,19 @@ static void test_lua_scripts(void **state)
     EXPECT(r, 0, out, "10.16% of (q, k) pairs kept");
     EXPECT(r, 0, out, "all rows consistent");
     r = run("check", "/nonexistent/x.lua", NULL);
-    EXPECT(r, 2, err, "cannot open /nonexistent/x.lua");
+    EXPECT(r, 2, err, "cannot open '/nonexistent/x.lua'");
+    /* a FIFO (or a device) as a script is refused, not opened and waited on */
+    char fifo[] = "/tmp/kptc-fifo-XXXXXX";
+    assert_non_null(mkdtemp(fifo));
+    char fpath[64];
+    snprintf(fpath, sizeof(fpath), "%s/p.lua", fifo);
+    assert_int_equal(mkfifo(fpath, 0600), 0);
+    r = run("emit", fpath, NULL);
+    EXPECT(r, 2, err, "is not a regular file");
+    unlink(fpath);
+    rmdir(fifo);
+    r = run("check", "document", "--aux", "doc_q=/dev/zero", NULL);
+    EXPECT(r, 2, err, "is not a regular file");
     unlink(path);
 
     /* errors name the script and the line */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/diag.h"
+#include "base/file.h"
 #include "base/numeric.h"
 #include "tools/npy.h"
 
@@ -158,9 +159,10 @@ kpt_status kpt_npy_parse(const void *buf, size_t len, kpt_npy *out, kpt_diag *di
 kpt_status kpt_npy_load(const char *path, kpt_npy *out, kpt_diag *diag)
 {
     memset(out, 0, sizeof(*out));
-    FILE *f = fopen(path, "rb");
+    long long fsize = 0;
+    FILE *f = kpt_open_regular(path, "file", &fsize, diag);
     if (!f)
-        return kpt_diag_set(diag, KPT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+        return diag ? diag->status : KPT_ERR_IO;
     kpt_status st = KPT_OK;
     unsigned char *buf = NULL;
     long size = -1;
