@@ -355,6 +355,21 @@ static void test_check_aux_file(void **state)
     r = run("check", "document", "--shape", "1,1,1,9,8,8", "--aux", arg1, "--aux", arg2, NULL);
     EXPECT(r, 2, err, "aux tensor 'doc_q': dimension 1 has size 8, expected 9 (sq)");
     unlink(path);
+    /* a file of the wrong rank says which rank it has (it said 0) */
+    memcpy(path + strlen(path) - 6, "XXXXXX", 6);
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char header1[] = "{'descr': '<i4', 'fortran_order': False, 'shape': (8,), }\n";
+    hl = strlen(header1);
+    buf[8] = (unsigned char)hl;
+    memcpy(buf + 10, header1, hl);
+    memcpy(buf + 10 + hl, ids, sizeof(ids));
+    assert_true(write(fd, buf, 10 + hl + sizeof(ids)) == (ssize_t)(10 + hl + sizeof(ids)));
+    close(fd);
+    snprintf(arg1, sizeof(arg1), "doc_q=%s", path);
+    r = run("check", "document", "--shape", "1,1,1,8,8,8", "--aux", arg1, NULL);
+    EXPECT(r, 2, err, "has rank 1, the pattern wants 2");
+    unlink(path);
 }
 
 int main(int argc, char **argv)

@@ -179,9 +179,10 @@ static int make_aux(check_ctx *c)
             if (st)
                 return kptc_report(&diag, st);
             if (npy.rank != d->rank) {
+                int rank = npy.rank; /* kpt_npy_free clears it */
                 kpt_npy_free(&npy);
-                return kptc_usage_error("--aux %s: %s has rank %d, the pattern wants %d", d->name, file,
-                                   npy.rank, d->rank);
+                return kptc_usage_error("--aux %s: %s has rank %d, the pattern wants %d", d->name,
+                                        file, rank, d->rank);
             }
             if (d->dtype == KPT_DTYPE_I32 || d->dtype == KPT_DTYPE_BOOL)
                 for (int64_t i = 0; i < npy.count; i++)
