@@ -24,7 +24,7 @@ static kpt_status read_file(const char *path, uint8_t **data, size_t *size, kpt_
     long long fsize = 0;
     FILE *f = kpt_open_regular(path, "bundle", &fsize, diag);
     if (!f)
-        return diag ? diag->status : KPT_ERR_IO;
+        return KPT_ERR_IO;
     if (fsize > (long long)MAX_BUNDLE_BYTES) { /* refused before reading a byte */
         fclose(f);
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "bundle '%s' is larger than 4 GiB", path);

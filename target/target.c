@@ -84,3 +84,29 @@ const char *kpt_target_list(kpt_backend_kind backend, char *buf, size_t size)
     }
     return buf;
 }
+
+unsigned kpt_backend_dtypes(kpt_backend_kind backend)
+{
+    unsigned dtypes = 0;
+    for (int i = 0; i < NUM_TARGETS; i++)
+        if (targets[i].backend == backend)
+            dtypes |= targets[i].dtypes;
+    return dtypes;
+}
+
+const char *kpt_dtype_list(unsigned dtypes, char *buf, size_t size)
+{
+    int total = 0, n = 0;
+    for (int t = 0; t < 32; t++)
+        total += (dtypes >> t) & 1;
+    buf[0] = 0;
+    for (int t = 0; t < 32; t++) {
+        if (!((dtypes >> t) & 1))
+            continue;
+        size_t len = strlen(buf);
+        snprintf(buf + len, size - len, "%s%s", n == 0 ? "" : n == total - 1 ? " or " : ", ",
+                 kpt_dtype_name((kpt_dtype)t));
+        n++;
+    }
+    return buf;
+}

@@ -81,6 +81,11 @@ const kpt_target *kpt_target_for(kpt_backend_kind backend, const kpt_kernel_conf
  * (KPT_BACKEND_AUTO: all), into buf for messages; returns buf. 256 bytes hold every list. */
 const char *kpt_target_list(kpt_backend_kind backend, char *buf, size_t size);
 
+/* The input dtypes some target of `backend` takes (1 << kpt_dtype each). */
+unsigned kpt_backend_dtypes(kpt_backend_kind backend);
+/* Writes "f16, bf16 or f32" for a dtype mask into buf (for messages); returns buf. */
+const char *kpt_dtype_list(unsigned dtypes, char *buf, size_t size);
+
 /* A kernel request: the shape class and kind, and the device's shared memory. */
 typedef struct kpt_kernel_request {
     kpt_kernel_kind kind;

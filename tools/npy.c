@@ -159,16 +159,13 @@ kpt_status kpt_npy_parse(const void *buf, size_t len, kpt_npy *out, kpt_diag *di
 kpt_status kpt_npy_load(const char *path, kpt_npy *out, kpt_diag *diag)
 {
     memset(out, 0, sizeof(*out));
-    long long fsize = 0;
-    FILE *f = kpt_open_regular(path, "file", &fsize, diag);
+    long long size = 0; /* from fstat: the file is regular */
+    FILE *f = kpt_open_regular(path, "file", &size, diag);
     if (!f)
-        return diag ? diag->status : KPT_ERR_IO;
+        return KPT_ERR_IO;
     kpt_status st = KPT_OK;
     unsigned char *buf = NULL;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0)
-        size = ftell(f);
-    if (size < 0 || size > NPY_MAX_FILE || fseek(f, 0, SEEK_SET) != 0) {
+    if (size > NPY_MAX_FILE) {
         st = kpt_diag_set(diag, KPT_ERR_IO, "cannot read '%s'", path);
     } else if (!(buf = malloc((size_t)size + 1))) {
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory reading '%s'", path);

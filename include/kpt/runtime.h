@@ -45,7 +45,7 @@ typedef enum kpt_backend_kind {
     KPT_BACKEND_CUDA,
     KPT_BACKEND_HIP,      /* AMD Instinct (gfx90a, gfx940, gfx942) through HIP (docs/hip.md) */
     KPT_BACKEND_VULKAN,   /* SPIR-V on any Vulkan 1.1 device (docs/vulkan.md): kpt_buffer memory,
-                             stream NULL, launches synchronous; f16 and f32 */
+                             stream NULL, launches synchronous; f16, bf16 and f32 */
     KPT_BACKEND_CPU,      /* the double-precision reference; host pointers; slow, for checking */
 } kpt_backend_kind;
 

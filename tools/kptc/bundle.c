@@ -69,7 +69,8 @@ static int parse_dims(const char *list, bundle_opts *o)
         int64_t a, b;
         if (colon)
             *colon = 0;
-        if (!kptc_parse_int(items[i], 1, 1024, &a) || (colon && !kptc_parse_int(colon + 1, 1, 1024, &b)))
+        if (!kptc_parse_int(items[i], 1, 1024, &a) ||
+            (colon && !kptc_parse_int(colon + 1, 1, 1024, &b)))
             return kptc_usage_error("--head-dim: '%s' is not D or D:Dv", items[i]);
         o->dqk[i] = (int)a;
         o->dv[i] = colon ? (int)b : (int)a;
@@ -177,7 +178,8 @@ static void *worker(void *arg)
         int p = r / (o->ndtypes * o->ndims), d = r % (o->ndtypes * o->ndims);
         kpt_kernel_desc desc = {.dtype = o->dtypes[d / o->ndims], .head_dim = o->dqk[d % o->ndims],
                                 .head_dim_v = o->dv[d % o->ndims]};
-        /* the default dtypes on Vulkan, which has no bf16: f32 in its place */
+        /* the default dtypes on Vulkan: f32 in place of bf16, the kernels spirv bundles held
+         * before Vulkan took bf16 (give --dtype for bf16 ones) */
         if (!o->dtypes_given && desc.dtype == KPT_DTYPE_BF16 &&
             backend_of(o->targets[t]) == KPT_BACKEND_VULKAN)
             desc.dtype = KPT_DTYPE_F32;

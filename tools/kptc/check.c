@@ -21,6 +21,7 @@
 
 typedef struct check_ctx {
     kptc_options o;
+    kpt_backend_kind backend; /* --backend (default cpu) */
     kpt_pattern *p;
     int64_t B, Hq, Hkv, Sq, Skv, Dqk, Dv;
     kpt_dtype dtype;
@@ -51,7 +52,8 @@ static int parse_shape(check_ctx *c)
             memcpy(buf, s, len);
             buf[len] = 0;
             if (!kptc_parse_int(buf, 1, 1 << 24, &v[n]))
-                return kptc_usage_error("--shape: '%s' is not a positive integer (up to 16777216)", buf);
+                return kptc_usage_error(
+                    "--shape: '%s' is not a positive integer (up to 16777216)", buf);
             n++;
             s += len;
             if (*s != ',')
@@ -66,13 +68,15 @@ static int parse_shape(check_ctx *c)
     if (c->Dv < 0)
         c->Dv = c->Dqk;
     if (c->Hq % c->Hkv)
-        return kptc_usage_error("--shape: Hq (%lld) must be a multiple of Hkv (%lld)", (long long)c->Hq,
-                           (long long)c->Hkv);
+        return kptc_usage_error("--shape: Hq (%lld) must be a multiple of Hkv (%lld)",
+                                (long long)c->Hq, (long long)c->Hkv);
     if ((double)c->Sq * (double)c->Skv > (double)(1 << 30))
-        return kptc_usage_error("--shape: Sq x Skv is too large for check's brute-force mask (at most 2^30)");
+        return kptc_usage_error("--shape: Sq x Skv is too large for check's brute-force mask "
+                                "(at most 2^30)");
     double work = (double)c->B * c->Hq * c->Sq * c->Skv * (c->Dqk + c->Dv);
     if (work > 4e11)
-        return kptc_usage_error("--shape: too large for the CPU reference (%.3g multiply-adds)", work);
+        return kptc_usage_error("--shape: too large for the CPU reference (%.3g multiply-adds)",
+                                work);
     c->dtype = KPT_DTYPE_BF16;
     if (c->o.dtype) {
         c->dtype = kpt_dtype_from_name(c->o.dtype);
@@ -110,7 +114,7 @@ static int parse_scalars(check_ctx *c)
             return kptc_usage_error("--scalar '%s': too many scalars", c->o.scalars[i]);
         const char *arg = c->o.scalars[i];
         int rc = kptc_parse_assignment("--scalar", arg[0] == '$' ? arg + 1 : arg, false,
-                                  names[c->nscalars], &c->scalars[c->nscalars].value);
+                                       names[c->nscalars], &c->scalars[c->nscalars].value);
         if (rc)
             return rc;
         c->scalars[c->nscalars].name = names[c->nscalars];
@@ -165,7 +169,8 @@ static int make_aux(check_ctx *c)
         name[n] = 0;
         int idx = kpt_pattern_find_aux(c->p, name);
         if (idx < 0)
-            return kptc_usage_error("--aux %s: the pattern has no aux tensor '%s'", c->o.aux[i], name);
+            return kptc_usage_error("--aux %s: the pattern has no aux tensor '%s'", c->o.aux[i],
+                                    name);
         files[idx] = eq + 1;
     }
     for (int a = 0; a < c->p->num_aux; a++) {
@@ -188,8 +193,8 @@ static int make_aux(check_ctx *c)
                 for (int64_t i = 0; i < npy.count; i++)
                     if (npy.values[i] != floor(npy.values[i]) || fabs(npy.values[i]) > INT32_MAX) {
                         kpt_npy_free(&npy);
-                        return kptc_usage_error("--aux %s: element %lld of %s is not an i32", d->name,
-                                           (long long)i, file);
+                        return kptc_usage_error("--aux %s: element %lld of %s is not an i32",
+                                                d->name, (long long)i, file);
                     }
         }
         for (int k = 0; k < d->rank; k++) {
@@ -418,25 +423,18 @@ static void free_check(check_ctx *c, void **bufs, int nbufs)
 /* A dtype the backend's targets cannot take is refused before the reference runs. */
 static int check_backend_dtype(const check_ctx *c)
 {
-    static const struct { const char *name, *title; kpt_backend_kind kind; } backends[] = {
-        {"cuda", "CUDA", KPT_BACKEND_CUDA},
-        {"hip", "HIP", KPT_BACKEND_HIP},
-        {"vulkan", "Vulkan", KPT_BACKEND_VULKAN},
-    };
-    for (size_t b = 0; c->o.backend && b < sizeof(backends) / sizeof(backends[0]); b++) {
-        if (strcmp(c->o.backend, backends[b].name))
-            continue;
-        unsigned dtypes = 0;
-        for (int t = 0; t < kpt_target_count(); t++)
-            if (kpt_target_get(t)->backend == backends[b].kind)
-                dtypes |= kpt_target_get(t)->dtypes;
-        if (!(dtypes & (1u << c->dtype)))
-            return kptc_usage_error("dtype %s is not supported by the %s backend (%s); use "
-                                    "--dtype", kpt_dtype_name(c->dtype), backends[b].title,
-                                    backends[b].kind == KPT_BACKEND_VULKAN ? "f16, bf16 or f32"
-                                                                           : "f16 or bf16");
-    }
-    return 0;
+    if (c->backend == KPT_BACKEND_CPU)
+        return 0;
+    unsigned dtypes = kpt_backend_dtypes(c->backend);
+    if (dtypes & (1u << c->dtype))
+        return 0;
+    char list[64];
+    const char *title = c->backend == KPT_BACKEND_CUDA ? "CUDA"
+                        : c->backend == KPT_BACKEND_HIP ? "HIP"
+                                                        : "Vulkan";
+    return kptc_usage_error("dtype %s is not supported by the %s backend (%s); use --dtype",
+                            kpt_dtype_name(c->dtype), title,
+                            kpt_dtype_list(dtypes, list, sizeof(list)));
 }
 
 int kptc_cmd_check(int argc, char **argv)
@@ -462,9 +460,9 @@ int kptc_cmd_check(int argc, char **argv)
         rc = kptc_one_pattern(&c.o, "check");
     if (rc)
         return rc;
-    if (c.o.backend && strcmp(c.o.backend, "cpu") && strcmp(c.o.backend, "cuda") &&
-        strcmp(c.o.backend, "hip") && strcmp(c.o.backend, "vulkan"))
-        return kptc_usage_error("--backend %s: expected cpu, cuda, hip or vulkan", c.o.backend);
+    c.backend = KPT_BACKEND_CPU;
+    if (c.o.backend && (rc = kptc_parse_backend(c.o.backend, &c.backend)))
+        return rc;
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)) || (rc = check_backend_dtype(&c)))
         return rc;
     kpt_diag d = {0};
@@ -584,8 +582,8 @@ int kptc_cmd_check(int argc, char **argv)
            bad ? "INCONSISTENT rows found" : "all rows consistent");
     printf("  time       %.3f s for the reference attention\n", t1 - t0);
     fflush(stdout);
-    if (c.o.backend && strcmp(c.o.backend, "cpu") && !bad && ms.agrees)
-        rc = kptc_check_device(c.o.backend, c.p, &args, c.dtype);
+    if (c.backend != KPT_BACKEND_CPU && !bad && ms.agrees)
+        rc = kptc_check_device(c.backend, c.p, &args, c.dtype);
     free_check(&c, bufs, 5);
     if (rc)
         return rc;

@@ -81,15 +81,10 @@ static double compare(const kpt_attention_args *ref, const kpt_tensor *o, const 
     return err / scale;
 }
 
-int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
-                      kpt_dtype dtype)
+int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
+                      const kpt_attention_args *ref, kpt_dtype dtype)
 {
-    kpt_backend_kind kind = !strcmp(backend, "cuda")     ? KPT_BACKEND_CUDA
-                            : !strcmp(backend, "hip")    ? KPT_BACKEND_HIP
-                            : !strcmp(backend, "vulkan") ? KPT_BACKEND_VULKAN
-                                                         : KPT_BACKEND_AUTO;
-    if (kind == KPT_BACKEND_AUTO)
-        return kptc_usage_error("--backend %s: expected cpu, cuda, hip or vulkan", backend);
+    const char *backend = kpt_backend_name(kind);
     device_run r = {0};
     kpt_diag d = {0};
     kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};

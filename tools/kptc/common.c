@@ -145,6 +145,18 @@ int kptc_parse_options(int argc, char **argv, const struct option *longopts, con
     return 0;
 }
 
+int kptc_parse_backend(const char *name, kpt_backend_kind *kind)
+{
+    static const kpt_backend_kind kinds[] = {KPT_BACKEND_CPU, KPT_BACKEND_CUDA, KPT_BACKEND_HIP,
+                                             KPT_BACKEND_VULKAN};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        if (!strcmp(name, kpt_backend_name(kinds[i]))) {
+            *kind = kinds[i];
+            return 0;
+        }
+    return kptc_usage_error("--backend %s: expected cpu, cuda, hip or vulkan", name);
+}
+
 int kptc_one_pattern(const kptc_options *o, const char *cmd)
 {
     if (o->npatterns > 1)
@@ -169,13 +181,13 @@ bool kptc_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 /* NAME=VALUE of --scalar and --param: a name of 1 to KPT_NAME_MAX-1 characters and a finite
  * number (or true/false when `booleans`). */
 int kptc_parse_assignment(const char *opt, const char *arg, bool booleans,
-                            char name[KPT_NAME_MAX], double *value)
+                          char name[KPT_NAME_MAX], double *value)
 {
     const char *eq = strchr(arg, '=');
     size_t n = eq ? (size_t)(eq - arg) : 0;
     if (!eq || n == 0 || n >= KPT_NAME_MAX)
-        return kptc_usage_error("%s wants NAME=VALUE (a name of at most %d characters), got '%s'", opt,
-                           KPT_NAME_MAX - 1, arg);
+        return kptc_usage_error("%s wants NAME=VALUE (a name of at most %d characters), got '%s'",
+                                opt, KPT_NAME_MAX - 1, arg);
     if (booleans && (!strcmp(eq + 1, "true") || !strcmp(eq + 1, "false"))) {
         *value = eq[1] == 't';
     } else {
@@ -206,7 +218,8 @@ static void print_from_script(void *ud, const char *text)
 static int parse_params(const kptc_options *o, kptc_script *sc)
 {
     for (int i = 0; i < o->nparams; i++) {
-        int rc = kptc_parse_assignment("--param", o->params[i], true, sc->names[i], &sc->values[i].value);
+        int rc = kptc_parse_assignment("--param", o->params[i], true, sc->names[i],
+                                       &sc->values[i].value);
         if (rc)
             return rc;
         sc->values[i].name = sc->names[i];
@@ -222,8 +235,8 @@ int kptc_load_pattern(const kptc_options *o, kptc_script *sc, kpt_pattern **out)
     kpt_diag d = {0};
     if (!kptc_is_script(o->pattern)) {
         if (o->nparams)
-            return kptc_usage_error("--param goes with Lua scripts (.lua); a pattern string takes its "
-                               "values in the text, e.g. sliding_window(256)");
+            return kptc_usage_error("--param goes with Lua scripts (.lua); a pattern string "
+                                    "takes its values in the text, e.g. sliding_window(256)");
         *out = kpt_parse_pattern(o->pattern, &d);
         return *out ? 0 : kptc_report(&d, d.status);
     }

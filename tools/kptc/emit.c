@@ -62,15 +62,15 @@ static int emit_target(const kptc_options *o, kpt_pattern *p, const char *what, 
     const kpt_target *t = kpt_target_find(name);
     if (!t || t->backend != be)
         return kptc_usage_error("--target '%s': --emit %s takes %s", name, what,
-                           kpt_target_list(be, list, sizeof(list)));
+                                kpt_target_list(be, list, sizeof(list)));
     kpt_kernel_request rq = {.kind = KPT_KERNEL_FORWARD, .dtype = t->default_dtype};
     if (parse_head_dims(o->head_dim, &rq.dqk, &rq.dv))
         return kptc_usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
     if (o->dtype) {
         rq.dtype = kpt_dtype_from_name(o->dtype);
-        if (rq.dtype < 0 || !(t->dtypes & (1u << rq.dtype)))
+        if (!(t->dtypes & (1u << rq.dtype)))
             return kptc_usage_error("--dtype '%s': %s takes %s", o->dtype, t->name,
-                               be == KPT_BACKEND_VULKAN ? "f16, bf16 or f32" : "f16 or bf16");
+                                    kpt_dtype_list(t->dtypes, list, sizeof(list)));
     }
     int64_t smem = t->smem_default;
     if (o->smem && !kptc_parse_int(o->smem, 1024, 1 << 30, &smem))
@@ -116,7 +116,8 @@ static int emit_target(const kptc_options *o, kpt_pattern *p, const char *what, 
         const uint32_t *attn, *bm;
         size_t na, nb;
         kpt_spirv_unpack(out.binary, out.size, &attn, &na, &bm, &nb);
-        rc = o->blockmap ? write_binary(bm, nb * 4, "SPIR-V") : write_binary(attn, na * 4, "SPIR-V");
+        rc = o->blockmap ? write_binary(bm, nb * 4, "SPIR-V")
+                         : write_binary(attn, na * 4, "SPIR-V");
     } else {
         rc = write_binary(out.binary, out.size, t->binary_kind);
     }
@@ -155,18 +156,18 @@ int kptc_cmd_emit(int argc, char **argv)
     bool spirv = !strcmp(what, "glsl") || !strcmp(what, "spirv");
     bool hip = !strcmp(what, "hip") || !strcmp(what, "hsaco");
     if (strcmp(what, "ir") != 0 && !cuda && !spirv && !hip)
-        return kptc_usage_error("unknown --emit '%s' (expected ir, cuda, ptx, cubin, glsl, spirv, hip "
-                           "or hsaco)", what);
+        return kptc_usage_error("unknown --emit '%s' (expected ir, cuda, ptx, cubin, glsl, "
+                                "spirv, hip or hsaco)", what);
     if (!cuda && !spirv && !hip && (o.target || o.head_dim || o.dtype || o.verbose))
         return kptc_usage_error("--target, --head-dim, --dtype and --verbose go with --emit "
-                           "cuda|ptx|cubin|glsl|spirv|hip|hsaco");
+                                "cuda|ptx|cubin|glsl|spirv|hip|hsaco");
     if (!spirv && (o.smem || o.blockmap))
         return kptc_usage_error("--smem and --blockmap go with --emit glsl|spirv");
     if ((cuda || spirv || hip) && o.dump_after)
         return kptc_usage_error("--dump-after goes with --emit ir");
     if (o.dump_after && !kpt_pipeline_is_stage(o.dump_after))
-        return kptc_usage_error("unknown stage '%s' for --dump-after (parse, opt_fold, opt_simplify, all)",
-                           o.dump_after);
+        return kptc_usage_error("unknown stage '%s' for --dump-after (parse, opt_fold, "
+                                "opt_simplify, all)", o.dump_after);
     kpt_diag d = {0};
     kptc_script sc;
     kpt_pattern *p;

@@ -71,6 +71,9 @@ typedef struct kptc_options {
  * for a usage error, or -1 after printing `help` for --help/-h. */
 int kptc_parse_options(int argc, char **argv, const struct option *longopts, const char *help,
                        kptc_options *o);
+/* --backend NAME (kpt_backend_name's names: cpu, cuda, hip, vulkan) -> *kind; else a usage
+ * error. */
+int kptc_parse_backend(const char *name, kpt_backend_kind *kind);
 /* Exactly one PATTERN was given (else a usage error naming `cmd`). */
 int kptc_one_pattern(const kptc_options *o, const char *cmd);
 
@@ -101,7 +104,7 @@ int kptc_cmd_bundle(int argc, char **argv);
 /* kptc check --backend cuda|hip|vulkan (check_device.c): runs p on the device on ref's inputs
  * (q, k, v, aux, scalars; host memory) and compares with ref's o and lse (f64). Returns the exit
  * status. */
-int kptc_check_device(const char *backend, const kpt_pattern *p, const kpt_attention_args *ref,
-                      kpt_dtype dtype);
+int kptc_check_device(kpt_backend_kind backend, const kpt_pattern *p,
+                      const kpt_attention_args *ref, kpt_dtype dtype);
 
 #endif
