@@ -18,4 +18,9 @@ kpt_status kpt_opt_fold(kpt_pattern *p, bool *progress, kpt_diag *diag);
  * comparison canonicalisation (a > b becomes b < a). */
 kpt_status kpt_opt_simplify(kpt_pattern *p, bool *progress, kpt_diag *diag);
 
+/* Not a pipeline pass but run on a derived copy for backward kernels (diff_score.c): adds the
+ * gradient roots (kpt_pattern.dscore, dloads) of the score mod, then runs the pipeline over
+ * them. Marks p derived. */
+kpt_status kpt_diff_score(kpt_pattern *p, kpt_diag *diag);
+
 #endif

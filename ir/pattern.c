@@ -163,6 +163,48 @@ kpt_ir_ref kpt_rewrite_copy(kpt_ir_graph *ng, const kpt_ir_node *old, const kpt_
                         args);
 }
 
+/* Every root of p, in a fixed order: score, mask, dscore, then each dload's load and deriv.
+ * Returns the count; `roots` has room for 3 + 2 * KPT_MAX_DLOADS. */
+static int collect_roots(const kpt_pattern *p, kpt_ir_ref *roots)
+{
+    int n = 0;
+    roots[n++] = p->score;
+    roots[n++] = p->mask;
+    roots[n++] = p->dscore;
+    for (int i = 0; i < p->num_dloads; i++) {
+        roots[n++] = p->dloads[i].load;
+        roots[n++] = p->dloads[i].deriv;
+    }
+    return n;
+}
+
+static void assign_roots(kpt_pattern *p, const kpt_ir_ref *roots)
+{
+    p->score = roots[0];
+    p->mask = roots[1];
+    p->dscore = roots[2];
+    for (int i = 0; i < p->num_dloads; i++) {
+        p->dloads[i].load = roots[3 + 2 * i];
+        p->dloads[i].deriv = roots[4 + 2 * i];
+    }
+}
+
+/* The roots' types must survive a rewrite: the score and derivatives f32, the mask bool, and a
+ * dload's load still a load. */
+static bool roots_keep_types(const kpt_ir_graph *g, const kpt_ir_ref *roots, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!roots[i])
+            continue;
+        kpt_ir_type want = i == 1 ? KPT_IR_BOOL : KPT_IR_F32;
+        if (kpt_ir_type_of(g, roots[i]) != want)
+            return false;
+        if (i >= 3 && i % 2 == 1 && kpt_ir_node_get(g, roots[i])->op != KPT_IR_LOAD)
+            return false;
+    }
+    return true;
+}
+
 kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt_diag *diag)
 {
     kpt_ir_graph ng;
@@ -170,7 +212,8 @@ kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt
     ng.aux_types = p->aux_types;
     ng.num_aux = (uint32_t)p->num_aux;
     ng.max_nodes = p->g.max_nodes;
-    kpt_ir_ref roots[2] = {p->score, p->mask};
+    kpt_ir_ref roots[3 + 2 * KPT_MAX_DLOADS];
+    int nroots = collect_roots(p, roots);
     uint32_t n = p->g.count ? p->g.count : 1;
     uint8_t *live = calloc(n, 1);
     kpt_ir_ref *map = calloc(n, sizeof(*map));
@@ -179,7 +222,7 @@ kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt
         free(map);
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     }
-    kpt_ir_mark_live(&p->g, roots, 2, live);
+    kpt_ir_mark_live(&p->g, roots, nroots, live);
     for (kpt_ir_ref r = 1; r < p->g.count && !ng.failed; r++) {
         if (!live[r])
             continue;
@@ -191,11 +234,11 @@ kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt
         if (!map[r] && !ng.failed)
             kpt_ir_fail(&ng, "internal: rewrite produced no node for %%%u", r);
     }
-    kpt_ir_ref score = map[p->score], mask = map[p->mask];
+    for (int i = 0; i < nroots; i++)
+        roots[i] = map[roots[i]];
     free(live);
     free(map);
-    if (!ng.failed && ((p->score && kpt_ir_type_of(&ng, score) != KPT_IR_F32) ||
-                       (p->mask && kpt_ir_type_of(&ng, mask) != KPT_IR_BOOL)))
+    if (!ng.failed && !roots_keep_types(&ng, roots, nroots))
         kpt_ir_fail(&ng, "internal: rewrite changed the type of a root");
     if (ng.failed) {
         kpt_status st = ng.out_of_memory ? KPT_ERR_NO_MEMORY
@@ -208,17 +251,50 @@ kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt
     kpt_ir_graph_free(&p->g);
     p->g = ng;
     attach(p);
-    p->score = score;
-    p->mask = mask;
+    assign_roots(p, roots);
     return KPT_OK;
+}
+
+kpt_pattern *kpt_pattern_clone(const kpt_pattern *p)
+{
+    kpt_pattern *c = malloc(sizeof(*c));
+    if (!c)
+        return NULL;
+    *c = *p;
+    kpt_ir_graph_init(&c->g);
+    c->g.max_nodes = p->g.max_nodes;
+    c->name = strdup(p->name ? p->name : "");
+    size_t n = p->g.count, t = p->g.table_cap;
+    c->g.nodes = n ? malloc(p->g.cap * sizeof(*c->g.nodes)) : NULL;
+    c->g.table = t ? malloc(t * sizeof(*c->g.table)) : NULL;
+    if (!c->name || (n && !c->g.nodes) || (t && !c->g.table)) {
+        kpt_pattern_destroy(&c);
+        return NULL;
+    }
+    if (n)
+        memcpy(c->g.nodes, p->g.nodes, n * sizeof(*c->g.nodes));
+    if (t)
+        memcpy(c->g.table, p->g.table, t * sizeof(*c->g.table));
+    c->g.count = p->g.count;
+    c->g.cap = p->g.cap;
+    c->g.table_cap = p->g.table_cap;
+    attach(c);
+    return c;
 }
 
 bool kpt_pattern_validate(const kpt_pattern *p, char *msg, size_t msg_size)
 {
     if (!kpt_ir_validate(&p->g, msg, msg_size))
         return false;
-    if ((p->score && p->score >= p->g.count) || (p->mask && p->mask >= p->g.count)) {
-        snprintf(msg, msg_size, "a root is not a node");
+    kpt_ir_ref roots[3 + 2 * KPT_MAX_DLOADS];
+    int nroots = collect_roots(p, roots);
+    for (int i = 0; i < nroots; i++)
+        if (roots[i] && roots[i] >= p->g.count) {
+            snprintf(msg, msg_size, "a root is not a node");
+            return false;
+        }
+    if (!roots_keep_types(&p->g, roots, nroots) && (p->dscore || p->num_dloads)) {
+        snprintf(msg, msg_size, "a gradient root has the wrong type");
         return false;
     }
     if (p->score && kpt_ir_type_of(&p->g, p->score) != KPT_IR_F32) {

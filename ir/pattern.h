@@ -11,6 +11,7 @@
 #define KPT_NAME_MAX 32    /* identifiers: scalar and aux names, at most 31 characters */
 #define KPT_MAX_SCALARS 32
 #define KPT_MAX_AUX 16
+#define KPT_MAX_DLOADS 16 /* differentiable aux loads in one score mod (backward kernels) */
 
 typedef struct kpt_scalar_decl {
     char name[KPT_NAME_MAX];
@@ -35,11 +36,25 @@ typedef struct kpt_aux_decl {
     double fill_lo, fill_hi;
 } kpt_aux_decl;
 
+/* A float aux load of the score mod and the score's derivative with respect to its value: the
+ * backward adds dS' * deriv into the gradient of aux[load's index] at the load's indices. */
+typedef struct kpt_dload {
+    kpt_ir_ref load;  /* a LOAD node of f32 type, live in the score */
+    kpt_ir_ref deriv; /* f32: d score / d load */
+} kpt_dload;
+
 struct kpt_pattern {
     char *name;       /* normalised source text; owned */
     kpt_ir_graph g;
     kpt_ir_ref score; /* f32 expression of s; 0 = s unchanged */
     kpt_ir_ref mask;  /* bool expression; 0 = keep everything */
+    /* Gradient roots, present only on the derived copies kpt_diff_score makes for backward
+     * kernels and the reference backward (never printed or read: the IR text of a pattern is
+     * its forward definition). */
+    bool derived;
+    kpt_ir_ref dscore; /* f32: d score / d s; 0 = 1 (no score mod, or one that adds to s) */
+    int num_dloads;
+    kpt_dload dloads[KPT_MAX_DLOADS];
     int num_scalars;
     kpt_scalar_decl scalars[KPT_MAX_SCALARS];
     int num_aux;
@@ -65,9 +80,13 @@ int kpt_pattern_find_aux(const kpt_pattern *p, const char *name);
 /* Declares an aux tensor (name must be new). Returns its index or -1 with a message. */
 int kpt_pattern_add_aux(kpt_pattern *p, const kpt_aux_decl *decl, char *err, size_t err_size);
 
+/* A deep copy (graph, declarations, gradient roots), or NULL when out of memory. */
+kpt_pattern *kpt_pattern_clone(const kpt_pattern *p);
+
 /* Rewriting: rebuild the live part of the graph into a fresh graph, node by node in topological
  * order. `fn` receives the new graph, the old node and its operands already mapped into the new
- * graph; it returns the replacement (0 with the graph failed on error). Dead nodes disappear. */
+ * graph; it returns the replacement (0 with the graph failed on error). Dead nodes disappear;
+ * every root (score, mask and the gradient roots) is kept and mapped. */
 typedef kpt_ir_ref (*kpt_rewrite_fn)(kpt_ir_graph *ng, const kpt_ir_node *old,
                                      const kpt_ir_ref *args, void *ctx);
 /* Rebuilds p through fn. On failure p is unchanged and the status says why: KPT_ERR_NO_MEMORY,

@@ -234,3 +234,89 @@ kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
         return st;
     return bind_aux(p, args, out, diag);
 }
+
+static kpt_status check_like(const char *name, const kpt_tensor *t, const kpt_tensor *like,
+                             const char *like_name, kpt_diag *diag)
+{
+    kpt_status st = check_tensor(name, t, 4, diag);
+    for (int d = 0; !st && d < 4; d++)
+        if (t->shape[d] != like->shape[d])
+            st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                              "tensor %s must have the shape of %s: dimension %d is %lld, not %lld",
+                              name, like_name, d, (long long)t->shape[d],
+                              (long long)like->shape[d]);
+    return st;
+}
+
+static kpt_status bind_daux(const kpt_pattern *p, const kpt_attn_binding *bind,
+                            const kpt_aux_tensor *at, bool allow_f64, kpt_grad_binding *out,
+                            kpt_diag *diag)
+{
+    if (!at->name)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "an aux gradient has no name");
+    int idx = kpt_pattern_find_aux(p, at->name);
+    if (idx < 0)
+        return kpt_diag_set(diag, KPT_ERR_NOT_FOUND,
+                            "gradient of unknown aux tensor '%.40s' (pattern '%.80s')", at->name,
+                            p->name);
+    const kpt_aux_decl *d = &p->aux[idx];
+    const kpt_tensor *t = &at->tensor;
+    const kpt_ir_auxview *v = &bind->aux[idx];
+    if (kpt_aux_ir_type(d->dtype) != KPT_IR_F32)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "aux tensor '%s' is %s: only float aux tensors have gradients",
+                            d->name, kpt_dtype_name(d->dtype));
+    if (out->daux[idx].data)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the gradient of aux tensor '%s' is given twice", d->name);
+    if (!t->data)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the gradient of aux tensor '%s' has no data", d->name);
+    if (t->dtype != KPT_DTYPE_F32 && !(allow_f64 && t->dtype == KPT_DTYPE_F64))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the gradient of aux tensor '%s' must be f32%s, not %s", d->name,
+                            allow_f64 ? " or f64" : "", kpt_dtype_name(t->dtype));
+    if (t->rank != v->rank)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the gradient of aux tensor '%s' must have rank %d, not %d", d->name,
+                            v->rank, t->rank);
+    for (int k = 0; k < v->rank; k++)
+        if (t->shape[k] != v->shape[k])
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "the gradient of aux tensor '%s': dimension %d has size %lld, "
+                                "expected %lld (the aux tensor's)",
+                                d->name, k, (long long)t->shape[k], (long long)v->shape[k]);
+    kpt_ir_auxview *o = &out->daux[idx];
+    o->data = t->data;
+    o->dtype = t->dtype;
+    o->rank = t->rank;
+    for (int k = 0; k < t->rank; k++) {
+        o->shape[k] = t->shape[k];
+        o->stride[k] = t->stride[k];
+    }
+    return KPT_OK;
+}
+
+kpt_status kpt_attn_bind_grads(const kpt_pattern *p, const kpt_attention_args *args,
+                               const kpt_attn_binding *bind, const kpt_attention_grads *g,
+                               bool allow_f64, kpt_grad_binding *out, kpt_diag *diag)
+{
+    memset(out, 0, sizeof(*out));
+    if (!g)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "grads is NULL");
+    kpt_status st = check_like("dout", &g->dout, &args->o, "o", diag);
+    if (!st && g->dq.data)
+        st = check_like("dq", &g->dq, &args->q, "q", diag);
+    if (!st && g->dk.data)
+        st = check_like("dk", &g->dk, &args->k, "k", diag);
+    if (!st && g->dv.data)
+        st = check_like("dv", &g->dv, &args->v, "v", diag);
+    if (st)
+        return st;
+    if (g->num_daux < 0 || (g->num_daux > 0 && !g->daux))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "daux: bad array or count");
+    for (int i = 0; i < g->num_daux; i++)
+        if ((st = bind_daux(p, bind, &g->daux[i], allow_f64, out, diag)))
+            return st;
+    return KPT_OK;
+}

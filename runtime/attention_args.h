@@ -28,4 +28,15 @@ int64_t kpt_attn_dim_size(int64_t dim, const kpt_attn_shape *s);
 kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
                          kpt_attn_binding *out, kpt_diag *diag);
 
+/* The gradient tensors of a backward call, checked against the bound forward arguments. */
+typedef struct kpt_grad_binding {
+    kpt_ir_auxview daux[KPT_MAX_AUX]; /* by aux index; data NULL: no gradient wanted */
+} kpt_grad_binding;
+
+/* Checks dout (the shape of o), dq, dk, dv (those of q, k, v, where given) and the aux
+ * gradients (a float aux tensor's shape; f32, or f64 too where `allow_f64`), and fills `out`. */
+kpt_status kpt_attn_bind_grads(const kpt_pattern *p, const kpt_attention_args *args,
+                               const kpt_attn_binding *bind, const kpt_attention_grads *g,
+                               bool allow_f64, kpt_grad_binding *out, kpt_diag *diag);
+
 #endif

@@ -18,6 +18,7 @@
 #include "base/diag.h"
 #include "base/numeric.h"
 #include "runtime/attention_args.h"
+#include "runtime/reference_util.h"
 
 typedef struct ref_state {
     const kpt_pattern *p;
@@ -29,12 +30,12 @@ typedef struct ref_state {
     uint8_t *kept;
 } ref_state;
 
-static int64_t off4(const kpt_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3)
+int64_t kpt_ref_off4(const kpt_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3)
 {
     return i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] + i3 * t->stride[3];
 }
 
-static double dot(const double *a, const double *b, int64_t n)
+double kpt_ref_dot(const double *a, const double *b, int64_t n)
 {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int64_t i = 0;
@@ -49,12 +50,12 @@ static double dot(const double *a, const double *b, int64_t n)
     return (s0 + s1) + (s2 + s3);
 }
 
-static void load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, int64_t cols,
-                      double *out)
+void kpt_ref_load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, int64_t cols,
+                       double *out)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
-            out[r * cols + c] = kpt_load_as_double(t->data, t->dtype, off4(t, b, h, r, c));
+            out[r * cols + c] = kpt_load_as_double(t->data, t->dtype, kpt_ref_off4(t, b, h, r, c));
 }
 
 static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_t q)
@@ -63,7 +64,7 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
     const kpt_attn_shape *s = &st->bind.shape;
     const kpt_pattern *p = st->p;
     for (int64_t d = 0; d < s->Dqk; d++)
-        st->qd[d] = kpt_load_as_double(a->q.data, a->q.dtype, off4(&a->q, b, h, q, d));
+        st->qd[d] = kpt_load_as_double(a->q.data, a->q.dtype, kpt_ref_off4(&a->q, b, h, q, d));
     env->q = (int32_t)q;
     double m = -INFINITY;
     bool nan_seen = false;
@@ -76,7 +77,7 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
                 continue;
             }
         }
-        double x = st->bind.scale * dot(st->qd, st->kd + k * s->Dqk, s->Dqk);
+        double x = st->bind.scale * kpt_ref_dot(st->qd, st->kd + k * s->Dqk, s->Dqk);
         if (p->score) {
             env->s = x;
             kpt_ir_prog_run(&st->score_prog, env, st->vals);
@@ -108,7 +109,7 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
         lse = m + log(sum);
     }
     for (int64_t d = 0; d < s->Dv; d++)
-        kpt_store_double(a->o.data, a->o.dtype, off4(&a->o, b, h, q, d), st->od[d]);
+        kpt_store_double(a->o.data, a->o.dtype, kpt_ref_off4(&a->o, b, h, q, d), st->od[d]);
     if (a->lse.data)
         kpt_store_double(a->lse.data, a->lse.dtype,
                          b * a->lse.stride[0] + h * a->lse.stride[1] + q * a->lse.stride[2], lse);
@@ -140,9 +141,9 @@ static bool alloc_state(ref_state *st)
 
 /* One worker: the (b, kv head) pairs w, w + n, w + 2n, ... */
 typedef struct ref_worker {
+    kpt_ref_worker_base base; /* first: kpt_ref_run_workers starts it */
     ref_state st;
     int index, count;
-    pthread_t thread;
 } ref_worker;
 
 static void *run_worker(void *arg)
@@ -157,8 +158,8 @@ static void *run_worker(void *arg)
     for (int64_t pair = w->index; pair < s->B * s->Hkv; pair += w->count) {
         int64_t b = pair / s->Hkv, hk = pair % s->Hkv;
         env.b = (int32_t)b;
-        load_rows(&args->k, b, hk, s->Skv, s->Dqk, st->kd);
-        load_rows(&args->v, b, hk, s->Skv, s->Dv, st->vd);
+        kpt_ref_load_rows(&args->k, b, hk, s->Skv, s->Dqk, st->kd);
+        kpt_ref_load_rows(&args->v, b, hk, s->Skv, s->Dv, st->vd);
         for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
             env.h = (int32_t)h;
             for (int64_t q = 0; q < s->Sq; q++)
@@ -170,7 +171,7 @@ static void *run_worker(void *arg)
 
 /* Workers: $KPT_REFERENCE_THREADS, else one per online core (at most 64), never more than there
  * are (b, kv head) pairs. Small problems stay on the calling thread. */
-static int worker_count(const kpt_attn_shape *s)
+int kpt_ref_workers(const kpt_attn_shape *s)
 {
     const char *env = getenv("KPT_REFERENCE_THREADS");
     long n = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
@@ -197,7 +198,7 @@ kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_arg
     if (status)
         return status;
     const kpt_attn_shape *s = &base.bind.shape;
-    int n = worker_count(s);
+    int n = kpt_ref_workers(s);
     ref_worker *w = calloc((size_t)n, sizeof(*w));
     kpt_ir_prog mask_prog = {0}, score_prog = {0};
     bool ok = w && kpt_ir_prog_init(&mask_prog, &p->g, &p->mask, 1) &&
@@ -210,20 +211,8 @@ kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_arg
         w[i].count = n;
         ok = alloc_state(&w[i].st);
     }
-    if (ok) {
-        int started = 1;
-        for (int i = 1; i < n; i++, started++)
-            if (pthread_create(&w[i].thread, NULL, run_worker, &w[i]) != 0)
-                break;
-        /* Workers that could not start have their pairs done here, after our own. */
-        for (int i = started; i < n; i++) {
-            w[i].index = i;
-            run_worker(&w[i]);
-        }
-        run_worker(&w[0]);
-        for (int i = 1; i < started; i++)
-            pthread_join(w[i].thread, NULL);
-    }
+    if (ok)
+        kpt_ref_run_workers(w, sizeof(*w), n, run_worker);
     for (int i = 0; w && i < n; i++)
         free_state(&w[i].st);
     free(w);
@@ -233,4 +222,21 @@ kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_arg
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (reference, Skv = %lld)",
                             (long long)s->Skv);
     return KPT_OK;
+}
+
+void kpt_ref_run_workers(void *workers, size_t size, int n, void *(*fn)(void *))
+{
+    unsigned char *w = workers;
+    int started = 1;
+    for (int i = 1; i < n; i++, started++) {
+        kpt_ref_worker_base *b = (kpt_ref_worker_base *)(w + (size_t)i * size);
+        if (pthread_create(&b->thread, NULL, fn, b) != 0)
+            break;
+    }
+    /* Workers that could not start have their share done here, after our own. */
+    for (int i = started; i < n; i++)
+        fn(w + (size_t)i * size);
+    fn(w);
+    for (int i = 1; i < started; i++)
+        pthread_join(((kpt_ref_worker_base *)(w + (size_t)i * size))->thread, NULL);
 }

@@ -48,6 +48,30 @@ typedef struct kpt_attention_args {
 KPT_API kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_args *args,
                                            kpt_diag *diag);
 
+/* Gradients of attention (the backward pass): given dO, the gradients of a scalar loss with
+ * respect to q, k, v and the float aux tensors the score mod reads. The tensors' layouts follow
+ * kpt_attention_args: dq like q, dk like k, dv like v, dout like o. dk and dv are summed over the
+ * query heads that share each kv head (GQA/MQA); rows with no kept key contribute nothing (zero
+ * gradients, never NaN). Score mods are differentiated exactly (kpt's IR derivative pass); masks
+ * have no gradient. */
+typedef struct kpt_attention_grads {
+    kpt_tensor dout;       /* dO, [B, Hq, Sq, Dv]: read */
+    kpt_tensor dq, dk, dv; /* written; data == NULL: not wanted */
+    /* Gradients of aux tensors, by the aux tensor's name: each the aux tensor's shape, f32 (f64
+     * in the reference). Only f32/f16/bf16 aux tensors can have one; an aux tensor the score mod
+     * does not read (or reads only in the mask) gets zeros. Written, not accumulated into. */
+    const kpt_aux_tensor *daux;
+    int num_daux;
+} kpt_attention_grads;
+
+/* The reference backward, in double precision: the exact gradient of kpt_reference_attention at
+ * args (args->o and args->lse are not read; the reference recomputes what it needs). Gradients
+ * may be f16, bf16, f32 or f64 (f64 keeps full precision). Errors leave the outputs untouched. */
+KPT_API kpt_status kpt_reference_attention_backward(const kpt_pattern *p,
+                                                    const kpt_attention_args *args,
+                                                    const kpt_attention_grads *grads,
+                                                    kpt_diag *diag);
+
 #ifdef __cplusplus
 }
 #endif

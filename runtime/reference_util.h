@@ -1,0 +1,36 @@
+/* What the CPU reference's forward (reference.c) and backward (reference_backward.c) share:
+ * element offsets, the double dot product, rows converted to doubles, and the worker threads. */
+#ifndef KPT_RUNTIME_REFERENCE_UTIL_H
+#define KPT_RUNTIME_REFERENCE_UTIL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kpt/tensor.h>
+
+#include "runtime/attention_args.h"
+
+/* The element offset of [i0, i1, i2, i3] in a rank-4 tensor. */
+int64_t kpt_ref_off4(const kpt_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3);
+/* sum(a[i] * b[i]) in a fixed order (four partial sums), so results do not depend on threads. */
+double kpt_ref_dot(const double *a, const double *b, int64_t n);
+/* t[b, h, 0..rows, 0..cols] as contiguous doubles. */
+void kpt_ref_load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, int64_t cols,
+                       double *out);
+
+/* Workers for a problem of this shape: $KPT_REFERENCE_THREADS, else one per online core (at
+ * most 64), never more than there are (batch row, kv head) pairs; small problems get one. */
+int kpt_ref_workers(const kpt_attn_shape *s);
+
+/* A worker's first member: its thread. */
+typedef struct kpt_ref_worker_base {
+    pthread_t thread;
+} kpt_ref_worker_base;
+
+/* Runs fn on each of n workers (an array of `size`-byte structs starting with a
+ * kpt_ref_worker_base): workers 1.. on threads, worker 0 on the caller's; a worker whose thread
+ * cannot start runs on the caller's too. Returns when all are done. */
+void kpt_ref_run_workers(void *workers, size_t size, int n, void *(*fn)(void *));
+
+#endif
