@@ -4,18 +4,21 @@
 #include "codegen/cuda_source.h"
 #include "codegen/emit_c.h"
 #include "codegen/expr_source.h"
+#include "codegen/template.h"
 #include "base/diag.h"
 
 /* templates/cuda/: common.cu around one of the attention kernels, embedded */
 extern const char kpt_tmpl_cuda_common[];
 extern const char kpt_tmpl_cuda_attention[];
 extern const char kpt_tmpl_cuda_attention_sm90[];
+extern const char kpt_tmpl_cuda_attention_bwd[];
 
 static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
 {
-    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, sm_%d%s\n",
+    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, sm_%d%s%s\n",
                   kpt_dtype_name(pl->cfg.dtype), pl->cfg.dqk, pl->cfg.dv, pl->cfg.sm,
-                  pl->cfg.wgmma ? "a" : "");
+                  pl->cfg.wgmma ? "a" : "",
+                  pl->cfg.kind == KPT_KERNEL_BACKWARD ? ", backward" : "");
     kpt_sb_printf(sb, "#define KPT_WGMMA %d\n", pl->cfg.wgmma);
     kpt_sb_printf(sb, "#define KPT_BF16 %d\n", pl->cfg.dtype == KPT_DTYPE_BF16);
     kpt_sb_printf(sb, "#define KPT_DQK %d\n#define KPT_DV %d\n", pl->cfg.dqk, pl->cfg.dv);
@@ -29,16 +32,41 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
 }
 
+/* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient. */
+static kpt_status backward_kernel(const kpt_pattern *p, const kpt_c_dialect *d, char **out,
+                                  kpt_diag *diag)
+{
+    kpt_strbuf grad = {0}, src = {0};
+    char err[256];
+    kpt_emit_score_grad_body(&grad, p, d);
+    kpt_status st = KPT_OK;
+    const kpt_hole holes[] = {{"GRAD", grad.data}};
+    if (grad.failed)
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
+    else if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention_bwd, holes, 1, err, sizeof(err)))
+        st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "cuda backward template: %s", err);
+    if (!st && !(*out = kpt_sb_take(&src)))
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
+    kpt_sb_free(&grad);
+    kpt_sb_free(&src);
+    return st;
+}
+
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
                            const kpt_c_dialect *d, char **out, kpt_diag *diag)
 {
     kpt_strbuf cfg = {0};
+    char *bwd = NULL;
     emit_config(&cfg, plan);
-    kpt_status st =
-        kpt_cpp_kernel_source(p, d, kpt_tmpl_cuda_common,
-                              plan->cfg.wgmma ? kpt_tmpl_cuda_attention_sm90
-                                              : kpt_tmpl_cuda_attention,
-                              &cfg, out, diag);
+    kpt_status st = KPT_OK;
+    if (plan->cfg.kind == KPT_KERNEL_BACKWARD)
+        st = backward_kernel(p, d, &bwd, diag);
+    const char *kernel = bwd                ? bwd
+                         : plan->cfg.wgmma ? kpt_tmpl_cuda_attention_sm90
+                                           : kpt_tmpl_cuda_attention;
+    if (!st)
+        st = kpt_cpp_kernel_source(p, d, kpt_tmpl_cuda_common, kernel, &cfg, out, diag);
+    free(bwd);
     kpt_sb_free(&cfg);
     return st;
 }

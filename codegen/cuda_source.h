@@ -13,6 +13,10 @@
 /* The kernels' entry points. */
 #define KPT_CUDA_ATTENTION_ENTRY "kpt_attention"
 #define KPT_CUDA_BLOCKMAP_ENTRY "kpt_blockmap"
+/* the backward kernels (kind "backward") */
+#define KPT_CUDA_BWD_PREP_ENTRY "kpt_bwd_prep"
+#define KPT_CUDA_BWD_DKDV_ENTRY "kpt_bwd_dkdv"
+#define KPT_CUDA_BWD_DQ_ENTRY "kpt_bwd_dq"
 /* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */
 #define KPT_CUDA_BLOCKMAP_ORDER_ENTRY "kpt_blockmap_order"
 

@@ -220,12 +220,27 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
     kpt_sb_printf(sb, "KPT_UNSUPPORTED_OP_%s", kpt_ir_op_name(op));
 }
 
-static uint8_t *live_set(const kpt_pattern *p, kpt_ir_ref root)
+static uint8_t *live_set(const kpt_pattern *p, const kpt_ir_ref *roots, int nroots)
 {
     uint8_t *live = calloc(p->g.count ? p->g.count : 1, 1);
-    if (live && root)
-        kpt_ir_mark_live(&p->g, &root, 1, live);
+    if (live)
+        kpt_ir_mark_live(&p->g, roots, nroots, live);
     return live;
+}
+
+/* The roots per-element code may read: score and mask, and on a derived pattern (backward
+ * kernels) the score's derivatives too. Returns the count; `roots` holds 3 + KPT_MAX_DLOADS. */
+static int code_roots(const kpt_pattern *p, kpt_ir_ref *roots)
+{
+    int n = 0;
+    roots[n++] = p->score;
+    roots[n++] = p->mask;
+    if (p->derived) {
+        roots[n++] = p->dscore;
+        for (int i = 0; i < p->num_dloads; i++)
+            roots[n++] = p->dloads[i].deriv;
+    }
+    return n;
 }
 
 /* Uniform values: nodes that depend on neither the score, q, k nor aux data (ALiBi's slope(h),
@@ -249,7 +264,8 @@ static void uniform_free(uniform_info *u)
 static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
 {
     size_t n = p->g.count ? p->g.count : 1;
-    kpt_ir_ref roots[2] = {p->score, p->mask};
+    kpt_ir_ref roots[3 + KPT_MAX_DLOADS];
+    int nroots = code_roots(p, roots);
     u->live = calloc(n, 1);
     u->invariant = calloc(n, 1);
     u->uniform = calloc(n, 1);
@@ -259,7 +275,7 @@ static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
         free(deps);
         return false;
     }
-    kpt_ir_mark_live(&p->g, roots, 2, u->live);
+    kpt_ir_mark_live(&p->g, roots, nroots, u->live);
     kpt_ir_deps(&p->g, deps);
     const uint16_t varying = KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K | KPT_DEP_AUX;
     for (kpt_ir_ref r = 1; r < p->g.count; r++) {
@@ -276,17 +292,17 @@ static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
             if (u->invariant[nd->arg[i]])
                 u->boundary[nd->arg[i]] = 1;
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < nroots; i++)
         if (roots[i] && u->invariant[roots[i]])
             u->boundary[roots[i]] = 1;
     free(deps);
     return true;
 }
 
-static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref root,
-                        const kpt_c_dialect *d)
+static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, const kpt_ir_ref *roots,
+                        int nroots, const kpt_c_dialect *d)
 {
-    uint8_t *live = live_set(p, root);
+    uint8_t *live = live_set(p, roots, nroots);
     uniform_info u = {0};
     if (!live || !uniform_analyse(p, &u)) {
         free(live);
@@ -341,7 +357,7 @@ static void emit_root_body(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref root
         kpt_sb_printf(sb, "    return %s;", fallback);
         return;
     }
-    emit_values(sb, p, root, d);
+    emit_values(sb, p, &root, 1, d);
     kpt_sb_printf(sb, "    return v%u;", (unsigned)root);
 }
 
@@ -353,6 +369,21 @@ void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_diale
 void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
 {
     emit_root_body(sb, p, p->mask, "true", d);
+}
+
+void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+{
+    if (!p->score) {
+        kpt_sb_puts(sb, "    ds = 1.0f;\n    return s;");
+        return;
+    }
+    kpt_ir_ref roots[2] = {p->score, p->dscore};
+    emit_values(sb, p, roots, p->dscore ? 2 : 1, d);
+    if (p->dscore)
+        kpt_sb_printf(sb, "    ds = v%u;\n", (unsigned)p->dscore);
+    else
+        kpt_sb_puts(sb, "    ds = 1.0f;\n");
+    kpt_sb_printf(sb, "    return v%u;", (unsigned)p->score);
 }
 
 /* ---- intervals ------------------------------------------------------------------------------ */
@@ -439,7 +470,7 @@ void kpt_emit_tile_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
         kpt_sb_puts(sb, "    return 2;");
         return;
     }
-    uint8_t *live = live_set(p, p->mask);
+    uint8_t *live = live_set(p, &p->mask, 1);
     if (!live) {
         sb->failed = true;
         return;

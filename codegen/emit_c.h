@@ -53,6 +53,10 @@ void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p
 void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
 /* Body of `bool kpt_mask(const kpt_args &A, const kpt_uniform &U, int b, int h, int q, int k)`. */
 void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
+/* Body of `float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float s, int b, int h,
+ * int q, int k, float &ds)` for a derived pattern (kpt_diff_score): returns the score mod's value
+ * at s and sets ds to its derivative d s'/d s. */
+void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
 /* Body of `int kpt_tile_interval(const kpt_args &A, int b, int h, int q0, int q1, int k0, int k1)`:
  * interval arithmetic over the box q in [q0, q1], k in [k0, k1]; returns 0 when no pair can be
  * kept, 2 when every pair is, 1 otherwise. Sound for every mask; exact for box-separable

@@ -27,6 +27,35 @@ static bool wgmma_dim(int d)
     return d == 64 || d == 128 || d == 256;
 }
 
+/* The backward kernels (templates/cuda/attention_bwd.cu): 64 x 64 tiles, four warps of 16 rows
+ * (keys in kpt_bwd_dkdv, queries in kpt_bwd_dq), one stage. dK and dV (or dQ) accumulate in
+ * registers, dqk / 2 + dv / 2 a thread, so head dims stop at 128: at 256 they alone would take
+ * all 255 registers. Shared memory holds K, V, Q and dO tiles and two row vectors. */
+static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
+                                kpt_kernel_plan *out, kpt_diag *diag)
+{
+    if (cfg->dqk > 128 || cfg->dv > 128)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the CUDA backward supports 32, 64, 96 "
+                            "and 128", cfg->dqk, cfg->dv);
+    kpt_kernel_plan pl = {0};
+    pl.cfg = *cfg;
+    pl.cfg.wgmma = false;
+    pl.warps = 4;
+    pl.mt = 1;
+    pl.bm = 64;
+    pl.bn = 64;
+    pl.stages = 1;
+    kpt_status st = kpt_plan_mask(p, &pl, diag);
+    if (st)
+        return st;
+    size_t rows = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8) +
+                  (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
+    pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float);
+    *out = pl;
+    return KPT_OK;
+}
+
 kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -41,6 +70,8 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
     if (cfg->sm < 80)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "sm_%d: the CUDA backend needs sm_80 or newer (mma.sync bf16)", cfg->sm);
+    if (cfg->kind == KPT_KERNEL_BACKWARD)
+        return plan_backward(p, cfg, out, diag);
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
     int dmax = cfg->dqk > cfg->dv ? cfg->dqk : cfg->dv;

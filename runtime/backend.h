@@ -36,6 +36,15 @@ typedef struct kpt_backend_ops {
     void (*unload)(kpt_backend *b, void *kernel);
     kpt_status (*launch)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                          uint64_t blockmap, void *stream, kpt_diag *diag);
+    /* Backward kernels (NULL where the backend has none): the workspace a call needs, and the
+     * launch (workspace 0: the backend allocates a temporary one). */
+    kpt_status (*backward_workspace)(kpt_backend *b, void *kernel,
+                                     const kpt_attention_args *args, size_t *bytes,
+                                     kpt_diag *diag);
+    kpt_status (*launch_backward)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
+                                  const kpt_attention_grads *grads, uint64_t blockmap,
+                                  uint64_t workspace, size_t workspace_bytes, void *stream,
+                                  kpt_diag *diag);
     /* Device memory (host memory for the CPU backend), for kpt_buffer and block maps. Reads
      * and writes are synchronous; synchronize waits for all work of the device. */
     kpt_status (*mem_alloc)(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag);

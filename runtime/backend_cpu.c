@@ -58,10 +58,8 @@ static kpt_status check(const kpt_tensor *t, const char *name, kpt_dtype dt, int
     return KPT_OK;
 }
 
-static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_args *a,
-                             uint64_t blockmap, void *stream, kpt_diag *diag)
+static kpt_status check_inputs(const cpu_kernel *k, const kpt_attention_args *a, kpt_diag *diag)
 {
-    const cpu_kernel *k = kernel;
     kpt_status st;
     if ((st = check(&a->q, "q", k->cfg.dtype, k->cfg.dqk, diag)) ||
         (st = check(&a->k, "k", k->cfg.dtype, k->cfg.dqk, diag)) ||
@@ -71,7 +69,38 @@ static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_a
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor o has head dim %lld; this kernel was made for %d",
                             (long long)a->o.shape[3], k->cfg.dv);
-    return kpt_reference_attention(k->pattern, a, diag);
+    return KPT_OK;
+}
+
+static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_args *a,
+                             uint64_t blockmap, void *stream, kpt_diag *diag)
+{
+    const cpu_kernel *k = kernel;
+    if (k->cfg.kind != KPT_KERNEL_FORWARD)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "this is a backward kernel: launch it with the backward");
+    kpt_status st = check_inputs(k, a, diag);
+    return st ? st : kpt_reference_attention(k->pattern, a, diag);
+}
+
+static kpt_status cpu_backward_workspace(kpt_backend *b, void *kernel,
+                                         const kpt_attention_args *args, size_t *bytes,
+                                         kpt_diag *diag)
+{
+    *bytes = 0; /* the reference allocates its own scratch */
+    return KPT_OK;
+}
+
+static kpt_status cpu_launch_backward(kpt_backend *b, void *kernel, const kpt_attention_args *a,
+                                      const kpt_attention_grads *g, uint64_t blockmap,
+                                      uint64_t workspace, size_t workspace_bytes, void *stream,
+                                      kpt_diag *diag)
+{
+    const cpu_kernel *k = kernel;
+    kpt_status st = check_inputs(k, a, diag);
+    if (!st && g && g->dout.data)
+        st = check(&g->dout, "dout", k->cfg.dtype, k->cfg.dv, diag);
+    return st ? st : kpt_reference_attention_backward(k->pattern, a, g, diag);
 }
 
 static kpt_status cpu_mem_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
@@ -117,6 +146,8 @@ static const kpt_backend_ops cpu_ops = {
     .load = cpu_load,
     .unload = cpu_unload,
     .launch = cpu_launch,
+    .backward_workspace = cpu_backward_workspace,
+    .launch_backward = cpu_launch_backward,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .mem_write = cpu_mem_write,

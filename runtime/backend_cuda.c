@@ -49,6 +49,23 @@ static kpt_status cuda_launch(kpt_backend *b, void *kernel, const kpt_attention_
     return kpt_cuda_attention(kernel, args, blockmap, stream, diag);
 }
 
+static kpt_status cuda_backward_workspace(kpt_backend *b, void *kernel,
+                                          const kpt_attention_args *args, size_t *bytes,
+                                          kpt_diag *diag)
+{
+    return kpt_cuda_backward_workspace(kernel, args, bytes, diag);
+}
+
+static kpt_status cuda_launch_backward(kpt_backend *b, void *kernel,
+                                       const kpt_attention_args *args,
+                                       const kpt_attention_grads *grads, uint64_t blockmap,
+                                       uint64_t workspace, size_t workspace_bytes, void *stream,
+                                       kpt_diag *diag)
+{
+    return kpt_cuda_attention_backward(kernel, args, grads, blockmap, workspace, workspace_bytes,
+                                       stream, diag);
+}
+
 static kpt_status cuda_blockmap_size(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                                      size_t *bytes, kpt_diag *diag)
 {
@@ -125,6 +142,8 @@ static const kpt_backend_ops cuda_ops = {
     .load = cuda_load,
     .unload = cuda_unload,
     .launch = cuda_launch,
+    .backward_workspace = cuda_backward_workspace,
+    .launch_backward = cuda_launch_backward,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .mem_write = cuda_mem_write,

@@ -316,13 +316,14 @@ static kpt_status generate(kpt_backend *b, const kpt_pattern *p, const kpt_kerne
     kpt_status st = b->ops->accepts ? b->ops->accepts(b, d, diag) : KPT_OK;
     if (st)
         return st;
+    kpt_kernel_kind kind = d->options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD;
     if (!b->tgt) {
         memset(plan, 0, sizeof(*plan));
-        plan->cfg = (kpt_kernel_config){.dtype = d->dtype, .dqk = d->head_dim,
+        plan->cfg = (kpt_kernel_config){.kind = kind, .dtype = d->dtype, .dqk = d->head_dim,
                                         .dv = d->head_dim_v};
         return KPT_OK;
     }
-    kpt_kernel_request rq = {.kind = KPT_KERNEL_FORWARD, .dtype = d->dtype, .dqk = d->head_dim,
+    kpt_kernel_request rq = {.kind = kind, .dtype = d->dtype, .dqk = d->head_dim,
                              .dv = d->head_dim_v, .smem_limit = b->smem_limit};
     return kpt_kernel_generate(b->tgt, p, &rq, plan, src, diag);
 }
@@ -385,7 +386,9 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
 static char *module_key(const request *rq, size_t *n, bool with_heads)
 {
     kpt_strbuf sb = {0};
-    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d", kpt_kernel_kind_name(KPT_KERNEL_FORWARD), rq->ir,
+    kpt_kernel_kind kind =
+        rq->desc.options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD;
+    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d", kpt_kernel_kind_name(kind), rq->ir,
                   (int)rq->desc.dtype, rq->desc.head_dim, rq->desc.head_dim_v);
     if (with_heads)
         kpt_sb_printf(&sb, " %d %d %u", rq->desc.num_heads_q, rq->desc.num_heads_kv,
@@ -436,9 +439,10 @@ static kpt_status check_desc(const kpt_kernel_desc *d, kpt_diag *diag)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "kernel desc: %d query heads are not a multiple of %d kv heads",
                             d->num_heads_q, d->num_heads_kv);
-    if (d->options)
+    if (d->options & ~(unsigned)KPT_DESC_BACKWARD)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "kernel desc: unknown options 0x%x (must be 0)", d->options);
+                            "kernel desc: unknown options 0x%x (KPT_DESC_BACKWARD is 0x%x)",
+                            d->options, (unsigned)KPT_DESC_BACKWARD);
     return KPT_OK;
 }
 
@@ -548,6 +552,30 @@ static void map_dims(const kpt_attention_args *a, int64_t dims[4])
     dims[3] = a->k.shape[2];
 }
 
+static kpt_status check_map(const kpt_kernel *k, const kpt_attention_args *args,
+                            const kpt_blockmap *map, kpt_diag *diag)
+{
+    int64_t d[4];
+    map_dims(args, d);
+    if (map->mod != k->mod)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the block map was made for another kernel");
+    if (args->q.rank == 4 && args->k.rank == 4 &&
+        (d[0] != map->B || d[1] != map->Hq || d[2] != map->Sq || d[3] != map->Skv))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the block map was made for B=%lld Hq=%lld Sq=%lld Skv=%lld, "
+                            "not B=%lld Hq=%lld Sq=%lld Skv=%lld",
+                            (long long)map->B, (long long)map->Hq, (long long)map->Sq,
+                            (long long)map->Skv, (long long)d[0], (long long)d[1],
+                            (long long)d[2], (long long)d[3]);
+    return KPT_OK;
+}
+
+static bool is_backward(const kpt_kernel *k)
+{
+    return k->desc.options & KPT_DESC_BACKWARD;
+}
+
 kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args,
                              const kpt_blockmap *map, void *stream, kpt_diag *diag)
 {
@@ -555,22 +583,48 @@ kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args
     if (st)
         return st;
     kpt_backend *b = k->mod->ctx->backend;
-    if (map) {
-        int64_t d[4];
-        map_dims(args, d);
-        if (map->mod != k->mod)
-            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                                "the block map was made for another kernel");
-        if (args->q.rank == 4 && args->k.rank == 4 &&
-            (d[0] != map->B || d[1] != map->Hq || d[2] != map->Sq || d[3] != map->Skv))
-            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                                "the block map was made for B=%lld Hq=%lld Sq=%lld Skv=%lld, "
-                                "not B=%lld Hq=%lld Sq=%lld Skv=%lld",
-                                (long long)map->B, (long long)map->Hq, (long long)map->Sq,
-                                (long long)map->Skv, (long long)d[0], (long long)d[1],
-                                (long long)d[2], (long long)d[3]);
-    }
+    if (is_backward(k))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "this is a backward kernel: launch it with kpt_kernel_launch_backward");
+    if (map && (st = check_map(k, args, map, diag)))
+        return st;
     return b->ops->launch(b, k->mod->impl, args, map ? map->mem : 0, stream, diag);
+}
+
+kpt_status kpt_kernel_backward_workspace(const kpt_kernel *k, const kpt_attention_args *args,
+                                         size_t *bytes, kpt_diag *diag)
+{
+    if (bytes)
+        *bytes = 0;
+    kpt_status st = check_launch(k, args, diag);
+    if (st)
+        return st;
+    kpt_backend *b = k->mod->ctx->backend;
+    if (!bytes || !is_backward(k) || !b->ops->backward_workspace)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            !bytes ? "bytes is NULL"
+                                   : "not a backward kernel (get it with KPT_DESC_BACKWARD)");
+    return b->ops->backward_workspace(b, k->mod->impl, args, bytes, diag);
+}
+
+kpt_status kpt_kernel_launch_backward(const kpt_kernel *k, const kpt_attention_args *args,
+                                      const kpt_attention_grads *grads, const kpt_blockmap *map,
+                                      void *workspace, size_t workspace_bytes, void *stream,
+                                      kpt_diag *diag)
+{
+    kpt_status st = check_launch(k, args, diag);
+    if (st)
+        return st;
+    kpt_backend *b = k->mod->ctx->backend;
+    if (!is_backward(k) || !b->ops->launch_backward)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "not a backward kernel (get it with KPT_DESC_BACKWARD)");
+    if (!grads)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "grads is NULL");
+    if (map && (st = check_map(k, args, map, diag)))
+        return st;
+    return b->ops->launch_backward(b, k->mod->impl, args, grads, map ? map->mem : 0,
+                                   (uint64_t)(uintptr_t)workspace, workspace_bytes, stream, diag);
 }
 
 kpt_status kpt_blockmap_create(const kpt_kernel *k, const kpt_attention_args *args, void *stream,

@@ -84,6 +84,33 @@ kpt_status kpt_cuda_make_current(const kpt_cuda_device *dev, kpt_diag *diag)
     return KPT_OK;
 }
 
+/* An entry point that takes the plan's dynamic shared memory. */
+static kpt_status get_big_function(kpt_cuda_kernel *k, CUfunction *f, const char *name,
+                                   kpt_diag *diag)
+{
+    const kpt_cu_api *cu = k->dev->cu;
+    CUresult r = cu->ModuleGetFunction(f, k->module, name);
+    if (r)
+        return kpt_cu_fail(diag, name, r);
+    if ((r = cu->FuncSetAttribute(*f, KPT_CU_FUNC_MAX_DYNAMIC_SMEM, (int)k->plan.smem_bytes)))
+        return kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
+    return KPT_OK;
+}
+
+static kpt_status load_attention(kpt_cuda_kernel *k, kpt_diag *diag)
+{
+    return get_big_function(k, &k->attention, KPT_CUDA_ATTENTION_ENTRY, diag);
+}
+
+static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
+{
+    CUresult r = k->dev->cu->ModuleGetFunction(&k->bwd_prep, k->module, KPT_CUDA_BWD_PREP_ENTRY);
+    if (r)
+        return kpt_cu_fail(diag, KPT_CUDA_BWD_PREP_ENTRY, r);
+    kpt_status st = get_big_function(k, &k->bwd_dkdv, KPT_CUDA_BWD_DKDV_ENTRY, diag);
+    return st ? st : get_big_function(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, diag);
+}
+
 kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p,
                                 const kpt_kernel_plan *plan, const void *cubin,
                                 kpt_cuda_kernel **out, kpt_diag *diag)
@@ -103,17 +130,15 @@ kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p
     CUresult r = cu->ModuleLoadData(&k->module, cubin);
     if (r)
         st = kpt_cu_fail(diag, "cuModuleLoadData", r);
-    if (!st && (r = cu->ModuleGetFunction(&k->attention, k->module, KPT_CUDA_ATTENTION_ENTRY)))
-        st = kpt_cu_fail(diag, "cuModuleGetFunction(attention)", r);
+    if (!st)
+        st = plan->cfg.kind == KPT_KERNEL_BACKWARD ? load_backward(k, diag)
+                                                   : load_attention(k, diag);
     if (!st && plan->has_blockmap &&
         (r = cu->ModuleGetFunction(&k->blockmap, k->module, KPT_CUDA_BLOCKMAP_ENTRY)))
         st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap)", r);
     if (!st && plan->has_blockmap && plan->cfg.wgmma &&
         (r = cu->ModuleGetFunction(&k->blockmap_order, k->module, KPT_CUDA_BLOCKMAP_ORDER_ENTRY)))
         st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap order)", r);
-    if (!st && (r = cu->FuncSetAttribute(k->attention, KPT_CU_FUNC_MAX_DYNAMIC_SMEM,
-                                         (int)plan->smem_bytes)))
-        st = kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
     k->load_ms = kpt_now_ms() - t0;
     if (st) {
         kpt_cuda_kernel_destroy(&k);
@@ -230,6 +255,9 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
 {
     if (!k)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel is NULL");
+    if (k->plan.cfg.kind != KPT_KERNEL_FORWARD)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "this is a backward kernel: launch it with the backward");
     kpt_kernel_args a;
     kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (st)
@@ -270,4 +298,80 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
     if (r)
         return kpt_cu_fail(diag, "cuLaunchKernel(attention)", r);
     return KPT_OK;
+}
+
+kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                                       size_t *bytes, kpt_diag *diag)
+{
+    *bytes = 0;
+    kpt_kernel_args a;
+    kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
+    if (!st)
+        *bytes = kpt_kernel_args_bwd_workspace(&a);
+    return st;
+}
+
+/* The three backward launches (attention_bwd.cu), in order on the stream. */
+static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
+                                  kpt_kernel_gargs *g, CUstream stream, kpt_diag *diag)
+{
+    const kpt_cu_api *cu = k->dev->cu;
+    void *params[] = {a, g};
+    const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
+    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, (unsigned)((a->Sq + 7) / 8), (unsigned)a->Hq,
+                                      (unsigned)a->B, 256, 1, 1, 0, stream, params, NULL));
+    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
+                                      (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
+    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
+                                      (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
+    return KPT_OK;
+}
+
+kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                                       const kpt_attention_grads *g, CUdeviceptr map,
+                                       CUdeviceptr workspace, size_t workspace_bytes,
+                                       CUstream stream, kpt_diag *diag)
+{
+    if (!k)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel is NULL");
+    if (k->plan.cfg.kind != KPT_KERNEL_BACKWARD)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "a forward kernel cannot run the backward: get the kernel with "
+                            "KPT_DESC_BACKWARD");
+    kpt_kernel_args a;
+    kpt_kernel_gargs ga;
+    kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
+    if (!st)
+        st = kpt_kernel_gargs_pack(k->pattern, &k->plan, "CUDA", args, g, &ga, diag);
+    if (st)
+        return st;
+    size_t need = kpt_kernel_args_bwd_workspace(&a);
+    if (workspace && workspace_bytes < need)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the workspace has %zu bytes; this call needs %zu", workspace_bytes,
+                            need);
+    if ((st = kpt_cuda_make_current(k->dev, diag)))
+        return st;
+    const kpt_cu_api *cu = k->dev->cu;
+    CUdeviceptr tmp_ws = 0, tmp_map = 0;
+    if (!workspace)
+        KPT_CU_TRY(diag, cu->MemAllocAsync(&tmp_ws, need, stream));
+    ga.delta = workspace ? workspace : tmp_ws;
+    a.blockmap = map;
+    if (k->plan.has_blockmap && !map) {
+        size_t bytes = kpt_kernel_args_map_bytes(&k->plan, &a);
+        CUresult r = cu->MemAllocAsync(&tmp_map, bytes, stream);
+        if (r)
+            st = kpt_cu_fail(diag, "cuMemAllocAsync(block map)", r);
+        a.blockmap = tmp_map;
+        if (!st)
+            st = launch_blockmap(k, &a, stream, diag);
+    }
+    if (!st)
+        st = launch_backward(k, &a, &ga, stream, diag);
+    if (tmp_map)
+        cu->MemFreeAsync(tmp_map, stream);
+    if (tmp_ws)
+        cu->MemFreeAsync(tmp_ws, stream);
+    return st;
 }

@@ -30,6 +30,7 @@ typedef struct kpt_cuda_kernel {
     kpt_kernel_plan plan;
     CUmodule module;
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
+    CUfunction bwd_prep, bwd_dkdv, bwd_dq;          /* backward kernels (no attention) */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
 } kpt_cuda_kernel;
@@ -72,5 +73,18 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
  * needs it. Asynchronous: errors of the kernel itself surface at the next synchronisation. */
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                               CUdeviceptr map, CUstream stream, kpt_diag *diag);
+
+/* Bytes of workspace kpt_cuda_attention_backward needs for these arguments. */
+kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                                       size_t *bytes, kpt_diag *diag);
+
+/* Launches the backward kernels (a kernel of kind "backward") on `stream`: dq, dk, dv of `g`
+ * from args (q, k, v, o, lse of the forward) and g->dout. `workspace`: device memory of at least
+ * kpt_cuda_backward_workspace bytes, or 0 for a temporary one (stream-ordered allocation); `map`
+ * as for kpt_cuda_attention, built by this kernel. */
+kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_attention_args *args,
+                                       const kpt_attention_grads *g, CUdeviceptr map,
+                                       CUdeviceptr workspace, size_t workspace_bytes,
+                                       CUstream stream, kpt_diag *diag);
 
 #endif

@@ -126,3 +126,50 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
     return bytes;
 }
 
+
+kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                                 const char *backend, const kpt_attention_args *a,
+                                 const kpt_attention_grads *g, kpt_kernel_gargs *out,
+                                 kpt_diag *diag)
+{
+    kpt_attn_binding bind;
+    kpt_grad_binding gb;
+    kpt_status st = kpt_attn_bind(p, a, &bind, diag);
+    if (!st)
+        st = kpt_attn_bind_grads(p, a, &bind, g, false, &gb, diag);
+    if (st)
+        return st;
+    if (!a->lse.data)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the backward needs lse (the forward's, f32 [B, Hq, Sq])");
+    if (!g->dq.data || !g->dk.data || !g->dv.data)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the %s backward writes dq, dk and dv: all three need data", backend);
+    if (g->num_daux)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "aux gradients: the %s backward does not compute them yet (the CPU "
+                            "backend and kpt_reference_attention_backward do)", backend);
+    kpt_dtype dt = pl->cfg.dtype;
+    if ((st = check_tensor(&g->dout, "dout", dt, pl->cfg.dv, diag)) ||
+        (st = check_tensor(&g->dq, "dq", dt, pl->cfg.dqk, diag)) ||
+        (st = check_tensor(&g->dk, "dk", dt, pl->cfg.dqk, diag)) ||
+        (st = check_tensor(&g->dv, "dv", dt, pl->cfg.dv, diag)))
+        return st;
+    memset(out, 0, sizeof(*out));
+    out->dout = (uint64_t)(uintptr_t)g->dout.data;
+    out->dq = (uint64_t)(uintptr_t)g->dq.data;
+    out->dk = (uint64_t)(uintptr_t)g->dk.data;
+    out->dv = (uint64_t)(uintptr_t)g->dv.data;
+    for (int i = 0; i < 4; i++) {
+        out->dos[i] = g->dout.stride[i];
+        out->dqs[i] = g->dq.stride[i];
+        out->dks[i] = g->dk.stride[i];
+        out->dvs[i] = g->dv.stride[i];
+    }
+    return KPT_OK;
+}
+
+size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a)
+{
+    return (((size_t)a->B * (size_t)a->Hq * (size_t)a->Sq * sizeof(float)) + 255) & ~(size_t)255;
+}

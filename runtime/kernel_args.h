@@ -34,11 +34,31 @@ typedef struct kpt_kernel_args {
 _Static_assert(sizeof(kpt_kernel_aux_arg) == 48, "kpt_kernel_aux_arg layout");
 _Static_assert(sizeof(kpt_kernel_args) == 1160, "kpt_kernel_args layout");
 
+/* The gradient arguments of the backward kernels: the host twin of `struct kpt_gargs` in
+ * templates/cuda/attention_bwd.cu. */
+typedef struct kpt_kernel_gargs {
+    uint64_t dout, dq, dk, dv, delta;
+    int64_t dos[4], dqs[4], dks[4], dvs[4];
+} kpt_kernel_gargs;
+
+_Static_assert(sizeof(kpt_kernel_gargs) == 168, "kpt_kernel_gargs layout");
+
 /* Validates `a` against the pattern and plan of a kernel (dtypes, head dims, strides, alignment,
  * sizes; `backend` names the backend in messages) and fills `out`; out->blockmap stays 0. */
 kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
                                 const char *backend, const kpt_attention_args *a,
                                 kpt_kernel_args *out, kpt_diag *diag);
+
+/* Validates a backward call's gradients against the kernel (dout, dq, dk, dv of the kernel's
+ * dtype and head dims, all present; lse present in `a`; no aux gradients, which only the CPU
+ * backend computes so far) and fills `out`; out->delta stays 0. `a` was packed already. */
+kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                                 const char *backend, const kpt_attention_args *a,
+                                 const kpt_attention_grads *g, kpt_kernel_gargs *out,
+                                 kpt_diag *diag);
+
+/* Bytes of the backward's workspace for a packed call: delta, f32 [B, Hq, Sq]. */
+size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a);
 
 /* Bytes of the block map for a packed call (0 when the plan needs none). */
 size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *plan, const kpt_kernel_args *a);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/diag.h"
+#include "compiler/passes.h"
 #include "target/target.h"
 #include "vendor/rtc_glslang.h"
 #include "vendor/rtc_hiprtc.h"
@@ -14,6 +15,7 @@ const char *kpt_kernel_kind_name(kpt_kernel_kind kind)
 {
     switch (kind) {
     case KPT_KERNEL_FORWARD: return "forward";
+    case KPT_KERNEL_BACKWARD: return "backward";
     default: return "?";
     }
 }
@@ -135,9 +137,20 @@ kpt_status kpt_kernel_generate(const kpt_target *t, const kpt_pattern *p,
                                kpt_diag *diag)
 {
     *source = NULL;
-    if (rq->kind != KPT_KERNEL_FORWARD)
+    if ((unsigned)rq->kind >= KPT_KERNEL_NUM_KINDS || !(t->kinds & (1u << rq->kind)))
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "%s: no %s kernel for this target",
                             t->name, kpt_kernel_kind_name(rq->kind));
+    if (rq->kind == KPT_KERNEL_BACKWARD && !p->derived) {
+        /* backward kernels are generated from the derived pattern (the score's derivatives) */
+        kpt_pattern *dp = kpt_pattern_clone(p);
+        if (!dp)
+            return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+        kpt_status st = kpt_diff_score(dp, diag);
+        if (!st)
+            st = kpt_kernel_generate(t, dp, rq, plan, source, diag);
+        kpt_pattern_destroy(&dp);
+        return st;
+    }
     kpt_kernel_config cfg = t->base;
     cfg.kind = rq->kind;
     cfg.dtype = rq->dtype;

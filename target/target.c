@@ -10,17 +10,19 @@
 extern const kpt_rtc kpt_rtc_nvrtc, kpt_rtc_hip, kpt_rtc_glslang; /* generate.c */
 
 #define DT(t) (1u << KPT_DTYPE_##t)
+#define KIND(k) (1u << KPT_KERNEL_##k)
 #define CUDA_DIMS "32, 64, 96, 128 and 256"
 #define CUDA(nm, sm_, wg) \
     {nm, KPT_BACKEND_CUDA, &kpt_dialect_cuda, {.sm = sm_, .wgmma = wg}, kpt_plan_tiles_cuda, \
-     kpt_cuda_source, &kpt_rtc_nvrtc, DT(F16) | DT(BF16), KPT_DTYPE_BF16, 0, CUDA_DIMS, "CUBIN"}
+     kpt_cuda_source, &kpt_rtc_nvrtc, KIND(FORWARD) | KIND(BACKWARD), DT(F16) | DT(BF16), \
+     KPT_DTYPE_BF16, 0, CUDA_DIMS, "CUBIN"}
 #define HIP(nm, gfx_) \
     {nm, KPT_BACKEND_HIP, &kpt_dialect_hip, {.gfx = gfx_}, kpt_plan_tiles_hip, kpt_hip_source, \
-     &kpt_rtc_hip, DT(F16) | DT(BF16), KPT_DTYPE_BF16, 0, CUDA_DIMS, "code object"}
+     &kpt_rtc_hip, KIND(FORWARD), DT(F16) | DT(BF16), KPT_DTYPE_BF16, 0, CUDA_DIMS, "code object"}
 #define SPIRV(nm, coop, smem) \
     {nm, KPT_BACKEND_VULKAN, &kpt_dialect_glsl, {.coopmat = coop}, kpt_plan_tiles_glsl, \
-     kpt_glsl_source, &kpt_rtc_glslang, DT(F16) | DT(BF16) | DT(F32), KPT_DTYPE_F16, smem, \
-     "1 to 256", "SPIR-V"}
+     kpt_glsl_source, &kpt_rtc_glslang, KIND(FORWARD), DT(F16) | DT(BF16) | DT(F32), \
+     KPT_DTYPE_F16, smem, "1 to 256", "SPIR-V"}
 
 /* spirv:coopmat is spirv on a device with cooperative matrices (NVIDIA's 48 KiB of shared
  * memory without a device): Vulkan contexts call both "spirv", and bundles hold spirv. */

@@ -64,6 +64,7 @@ struct kpt_target {
     kpt_status (*source)(const kpt_pattern *p, const kpt_kernel_plan *plan,
                          const kpt_c_dialect *d, char **out, kpt_diag *diag);
     const kpt_rtc *rtc;
+    unsigned kinds;              /* 1 << kpt_kernel_kind for each kind it generates */
     unsigned dtypes;             /* 1 << kpt_dtype for each input dtype it takes */
     kpt_dtype default_dtype;     /* kptc's default */
     int smem_default;            /* the shared memory planned for without a device (0: none) */

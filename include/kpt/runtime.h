@@ -115,8 +115,15 @@ typedef struct kpt_kernel_desc {
     int head_dim_v;   /* Dv; 0: head_dim */
     int num_heads_q;  /* Hq and Hkv; 0: any. When given, launches check them (and Hq % Hkv). */
     int num_heads_kv;
-    unsigned options; /* reserved; must be 0 */
+    unsigned options; /* KPT_DESC_* flags; 0: the forward kernel */
 } kpt_kernel_desc;
+
+/* Kernel desc options. */
+enum {
+    /* The backward kernels (gradients; kpt_kernel_launch_backward) instead of the forward.
+     * CUDA (sm_80 and newer, head dims up to 128) and the CPU backend have them. */
+    KPT_DESC_BACKWARD = 1u << 0,
+};
 
 typedef struct kpt_kernel kpt_kernel;
 
@@ -159,6 +166,29 @@ KPT_API void kpt_blockmap_destroy(kpt_blockmap **map);
  * surface at the stream's next synchronisation, as with any CUDA kernel. */
 KPT_API kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args,
                                      const kpt_blockmap *map, void *stream, kpt_diag *diag);
+
+/* The backward pass: dq, dk and dv (grads) from args (q, k, v, o and lse as the forward launch
+ * that made o and lse received them; lse is required on GPU backends) and grads->dout, for a
+ * kernel got with KPT_DESC_BACKWARD. On CUDA the gradients are the kernels' dtype and head dims,
+ * all three wanted, and aux gradients are refused (the CPU backend computes them).
+ *
+ * Deterministic: CUDA's backward uses no atomics (dk and dv are summed over a kv head's query
+ * heads in a fixed order, dq by one CTA per q tile), so the same inputs give the same bits on
+ * every run.
+ *
+ * Workspace: `workspace` is device memory of at least kpt_kernel_backward_workspace() bytes
+ * (256-byte aligned), used for scratch (dO . O per row); with it (and a block map where the
+ * pattern needs one) the launch does no allocation and no host synchronisation, so it can be
+ * captured in a CUDA graph. NULL: a temporary one is allocated on the stream (stream-ordered).
+ * `map`: a block map made by this (backward) kernel, or NULL, as for kpt_kernel_launch. */
+KPT_API kpt_status kpt_kernel_backward_workspace(const kpt_kernel *k,
+                                                 const kpt_attention_args *args, size_t *bytes,
+                                                 kpt_diag *diag);
+KPT_API kpt_status kpt_kernel_launch_backward(const kpt_kernel *k, const kpt_attention_args *args,
+                                              const kpt_attention_grads *grads,
+                                              const kpt_blockmap *map, void *workspace,
+                                              size_t workspace_bytes, void *stream,
+                                              kpt_diag *diag);
 
 /* Information about a kernel. Strings are valid while the context lives. */
 typedef struct kpt_kernel_info {

@@ -5,35 +5,6 @@
 // and all its columns, so row statistics never leave the warp (reductions are quad shuffles).
 // Scores live in registers only; P is repacked in registers as the A operand of P*V.
 
-// Copies ROWS rows of D 16-bit elements (row r from src + r * stride) into shared memory with row
-// stride STR; rows at or past `valid` are zero-filled, so padding keys contribute nothing. The
-// trip count is a compile-time constant, so the loop unrolls into straight 16-byte copies whose
-// addresses step by a constant; the row test only runs for the last, short tile.
-template <int ROWS, int D, int STR>
-__device__ __forceinline__ void kpt_load_tile(u32 dst, const u16 *src, i64 stride, int valid)
-{
-    constexpr int CH = D / 8, N = ROWS * CH, ITERS = (N + KPT_THREADS - 1) / KPT_THREADS;
-    const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
-    constexpr int RSTEP = KPT_THREADS / CH; // rows between a thread's copies when CH divides it
-    if (KPT_THREADS % CH == 0 && N % KPT_THREADS == 0 && valid >= ROWS) {
-        const u16 *g = src + (i64)r0 * stride + c * 8;
-        const u32 d = dst + (u32)(r0 * STR + c * 8) * 2u;
-#pragma unroll
-        for (int it = 0; it < ITERS; it++)
-            kpt_cp16(d + (u32)(it * RSTEP * STR) * 2u, g + (i64)(it * RSTEP) * stride, true);
-        return;
-    }
-#pragma unroll
-    for (int it = 0; it < ITERS; it++) {
-        const int i = (int)threadIdx.x + it * KPT_THREADS;
-        if (N % KPT_THREADS != 0 && i >= N) break;
-        const int r = i / CH, cc = i % CH;
-        const bool ok = r < valid;
-        const u16 *g = src + (ok ? (i64)r * stride : 0) + cc * 8;
-        kpt_cp16(dst + (u32)(r * STR + cc * 8) * 2u, g, ok);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kpt_args A)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];

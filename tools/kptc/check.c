@@ -452,6 +452,7 @@ int kptc_cmd_check(int argc, char **argv)
         {"tile", required_argument, NULL, KPTC_OPT_TILE},
         {"save", required_argument, NULL, KPTC_OPT_SAVE},
         {"param", required_argument, NULL, KPTC_OPT_PARAM},
+        {"backward", no_argument, NULL, KPTC_OPT_BACKWARD},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -584,6 +585,8 @@ int kptc_cmd_check(int argc, char **argv)
     fflush(stdout);
     if (c.backend != KPT_BACKEND_CPU && !bad && ms.agrees)
         rc = kptc_check_device(c.backend, c.p, &args, c.dtype);
+    if (!rc && c.o.backward && !bad && ms.agrees)
+        rc = kptc_check_backward(c.backend, c.p, &args, c.dtype, c.seed);
     free_check(&c, bufs, 5);
     if (rc)
         return rc;

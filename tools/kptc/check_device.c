@@ -10,7 +10,7 @@
 #include "tools/kptc/kptc.h"
 
 /* Bytes spanned by a tensor (its largest offset + 1 element). */
-static size_t span(const kpt_tensor *t)
+size_t kptc_span(const kpt_tensor *t)
 {
     int64_t last = 0;
     for (int i = 0; i < t->rank; i++)
@@ -18,17 +18,10 @@ static size_t span(const kpt_tensor *t)
     return (size_t)(last + 1) * (size_t)kpt_dtype_size(t->dtype);
 }
 
-typedef struct device_run {
-    kpt_context *ctx;
-    kpt_buffer *bufs[8 + KPT_MAX_AUX];
-    int nbufs;
-    kpt_aux_tensor aux[KPT_MAX_AUX];
-} device_run;
-
-static kpt_status upload(device_run *r, kpt_tensor *t, bool copy, kpt_diag *d)
+kpt_status kptc_upload(kptc_device_run *r, kpt_tensor *t, bool copy, kpt_diag *d)
 {
     kpt_buffer **b = &r->bufs[r->nbufs++];
-    size_t n = span(t);
+    size_t n = kptc_span(t);
     kpt_status st = kpt_buffer_create(r->ctx, n, b, d);
     if (!st && copy)
         st = kpt_buffer_write(*b, 0, t->data, n, d);
@@ -45,7 +38,7 @@ static kpt_status upload(device_run *r, kpt_tensor *t, bool copy, kpt_diag *d)
     return st;
 }
 
-static double element(const kpt_tensor *t, const void *data, int64_t i0, int64_t i1, int64_t i2,
+double kptc_element(const kpt_tensor *t, const void *data, int64_t i0, int64_t i1, int64_t i2,
                       int64_t i3)
 {
     int64_t off = i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] +
@@ -64,14 +57,14 @@ static double compare(const kpt_attention_args *ref, const kpt_tensor *o, const 
         for (int64_t h = 0; h < ro->shape[1]; h++)
             for (int64_t q = 0; q < ro->shape[2]; q++) {
                 for (int64_t e = 0; e < ro->shape[3]; e++) {
-                    double want = element(ro, ref->o.data, b, h, q, e);
-                    double got = element(o, od, b, h, q, e);
+                    double want = kptc_element(ro, ref->o.data, b, h, q, e);
+                    double got = kptc_element(o, od, b, h, q, e);
                     if (isnan(got))
                         return INFINITY;
                     err = fmax(err, fabs(got - want));
                     scale = fmax(scale, fabs(want));
                 }
-                double wl = element(&ref->lse, ref->lse.data, b, h, q, 0);
+                double wl = kptc_element(&ref->lse, ref->lse.data, b, h, q, 0);
                 double gl = lse[(b * ro->shape[1] + h) * ro->shape[2] + q];
                 if (isinf(wl) ? gl != wl : !(fabs(gl - wl) <= 1e30))
                     *lse_err = INFINITY;
@@ -85,7 +78,7 @@ int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
                       const kpt_attention_args *ref, kpt_dtype dtype)
 {
     const char *backend = kpt_backend_name(kind);
-    device_run r = {0};
+    kptc_device_run r = {0};
     kpt_diag d = {0};
     kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
@@ -103,18 +96,18 @@ int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
     memcpy(r.aux, ref->aux, (size_t)ref->num_aux * sizeof(*r.aux));
     a.aux = r.aux;
     for (int i = 0; !st && i < 3; i++)
-        st = upload(&r, i == 0 ? &a.q : i == 1 ? &a.k : &a.v, true, &d);
+        st = kptc_upload(&r, i == 0 ? &a.q : i == 1 ? &a.k : &a.v, true, &d);
     for (int i = 0; !st && i < a.num_aux; i++)
-        st = upload(&r, &r.aux[i].tensor, true, &d);
+        st = kptc_upload(&r, &r.aux[i].tensor, true, &d);
     if (!st)
-        st = upload(&r, &a.o, false, &d);
+        st = kptc_upload(&r, &a.o, false, &d);
     if (!st)
-        st = upload(&r, &a.lse, false, &d);
+        st = kptc_upload(&r, &a.lse, false, &d);
     if (!st)
         st = kpt_kernel_launch(k, &a, NULL, NULL, &d);
     if (!st)
         st = kpt_context_synchronize(r.ctx, &d);
-    size_t on = span(&a.o), ln = span(&a.lse);
+    size_t on = kptc_span(&a.o), ln = kptc_span(&a.lse);
     void *o = malloc(on);
     float *lse = malloc(ln);
     if (!st && (!o || !lse))

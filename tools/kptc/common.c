@@ -61,6 +61,7 @@ static const char **slot(kptc_options *o, int code)
     case KPTC_OPT_SAVE: return &o->save;
     case KPTC_OPT_SMEM: return &o->smem;
     case KPTC_OPT_BLOCKMAP: return &o->blockmap;
+    case KPTC_OPT_BACKWARD: return &o->backward;
     case 'o': return &o->output;
     case 'j': return &o->jobs;
     default: return NULL;

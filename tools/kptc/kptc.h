@@ -50,6 +50,7 @@ enum {
     KPTC_OPT_PARAM,
     KPTC_OPT_SCALAR,
     KPTC_OPT_AUX,
+    KPTC_OPT_BACKWARD,
 };
 
 typedef struct kptc_options {
@@ -57,7 +58,7 @@ typedef struct kptc_options {
     const char *patterns[KPTC_MAX_PATTERNS];
     int npatterns;
     const char *emit, *dump_after, *target, *head_dim, *verbose, *backend, *shape, *dtype;
-    const char *layout, *seed, *tile, *save, *smem, *blockmap, *output, *jobs;
+    const char *layout, *seed, *tile, *save, *smem, *blockmap, *backward, *output, *jobs;
     const char *params[KPTC_MAX_KV];
     int nparams;
     const char *scalars[KPTC_MAX_KV];
@@ -106,5 +107,31 @@ int kptc_cmd_bundle(int argc, char **argv);
  * status. */
 int kptc_check_device(kpt_backend_kind backend, const kpt_pattern *p,
                       const kpt_attention_args *ref, kpt_dtype dtype);
+
+/* kptc check --backward (check_backward.c): the gradients of the reference (double precision)
+ * for a random dO, checked on the CPU backend against central finite differences of the
+ * reference forward along random directions, on a device backend against that backend's
+ * backward kernels (outputs poisoned, run twice to check the bits repeat). */
+int kptc_check_backward(kpt_backend_kind backend, const kpt_pattern *p,
+                        const kpt_attention_args *ref, kpt_dtype dtype, uint64_t seed);
+
+/* ---- shared by the device checks (check_device.c) ---- */
+
+/* Bytes spanned by a tensor (its largest offset + 1 element). */
+size_t kptc_span(const kpt_tensor *t);
+/* An element of a rank-3 or rank-4 tensor as a double. */
+double kptc_element(const kpt_tensor *t, const void *data, int64_t i0, int64_t i1, int64_t i2,
+                    int64_t i3);
+
+typedef struct kptc_device_run {
+    kpt_context *ctx;
+    kpt_buffer *bufs[16 + KPT_MAX_AUX];
+    int nbufs;
+    kpt_aux_tensor aux[KPT_MAX_AUX];
+} kptc_device_run;
+
+/* A device buffer for t (its data copied when `copy`, else poisoned with 0xff bytes, NaN in
+ * every float dtype); t->data becomes the buffer's. */
+kpt_status kptc_upload(kptc_device_run *r, kpt_tensor *t, bool copy, kpt_diag *d);
 
 #endif

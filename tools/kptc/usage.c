@@ -35,6 +35,8 @@
     "      --smem BYTES              spirv: the device's shared memory (default 32768; 49152\n" \
     "                                for spirv:coopmat); portable kernels use at most 32768\n" \
     "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n" \
+    "      --backward                the backward kernels (gradients; CUDA targets, head dims\n" \
+    "                                up to 128)\n" \
     "      --verbose                 print the compiler's time and log (ptxas's register/spill\n" \
     "                                report for CUDA) to stderr\n" \
     "      -o FILE                   write to FILE instead of stdout (binaries too)\n"
@@ -51,7 +53,11 @@
     "      --aux NAME=FILE.npy       data of an aux tensor (repeatable; default: generated)\n" \
     "      --tile QxK                tile size for the mask-analysis report (default 64x64)\n" \
     "      --save DIR                write q, k, v, o, lse and the aux tensors there as .npy\n" \
-    "                                (f64, [B, H, S, D] order whatever the layout)\n"
+    "                                (f64, [B, H, S, D] order whatever the layout)\n" \
+    "      --backward                also the gradients for a random dO: on cpu the reference's\n" \
+    "                                against finite differences of the reference forward; on\n" \
+    "                                cuda the backward kernels' against the reference (run\n" \
+    "                                twice: the bits must repeat)\n"
 
 #define BUNDLE_OPTIONS \
     "      -o FILE                   the bundle to write (required)\n" \

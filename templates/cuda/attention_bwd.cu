@@ -1,0 +1,343 @@
+// The sm_80+ backward kernels (mma.sync m16n8k16, ldmatrix, cp.async), inserted into
+// templates/cuda/common.cu by codegen/cuda_source.c for the kernel kind "backward".
+//
+// Three launches, and no atomics anywhere, so the gradients are bitwise reproducible:
+//   kpt_bwd_prep  delta[b, h, q] = dO . O per row (one warp a row);
+//   kpt_bwd_dkdv  one CTA per (kv tile, kv head, batch row): dK and dV of its 64 keys stay in
+//                 registers while it walks the live q tiles of every query head of its group in
+//                 a fixed order (GQA sums without atomics). Rows of the MMAs are keys: it
+//                 computes S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are already the A
+//                 operands of dV += P^T dO and dK += dS^T Q;
+//   kpt_bwd_dq    one CTA per (q tile, head, batch row): dQ over its live kv tiles, as the
+//                 forward walks them.
+// Both recompute S and dP: the price of determinism without an fp32 dQ accumulator. With
+// gradients of the score mod, dS = P (dP - delta) * d s'/d s (kpt_score_grad).
+
+// The gradient arguments; runtime/kernel_args.h holds the host twin.
+struct kpt_gargs {
+    u64 dout, dq, dk, dv, delta;
+    i64 dos[4], dqs[4], dks[4], dvs[4];
+};
+static_assert(sizeof(kpt_gargs) == 168, "kpt_gargs layout");
+
+#define KPT_INF __int_as_float(0x7f800000u)
+
+// The score mod and its derivative at one pair (generated from the pattern's derived IR).
+KPT_DEV float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float s, int b, int h,
+                             int q, int k, float &ds)
+{
+@GRAD@
+}
+
+__device__ __forceinline__ float kpt_x2f(u16 x)
+{
+#if KPT_BF16
+    return kpt_bf2f(x);
+#else
+    return kpt_h2f(x);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) kpt_bwd_prep(const kpt_args A, const kpt_gargs G)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+    if (q >= A.Sq) return;
+    const u16 *o = (const u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)q * A.os[2];
+    const u16 *d = (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q * G.dos[2];
+    float s = 0.0f;
+    for (int i = lane * 2; i < KPT_DV; i += 64) {
+        const u32 x = *(const u32 *)(o + i), y = *(const u32 *)(d + i);
+        s += kpt_x2f((u16)x) * kpt_x2f((u16)y) + kpt_x2f((u16)(x >> 16)) * kpt_x2f((u16)(y >> 16));
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (lane == 0) ((float *)G.delta)[((i64)b * A.Hq + h) * A.Sq + q] = s;
+}
+
+// LSE of row q in log2 units, +inf where the row keeps nothing (or lies past Sq), so that
+// 2^(x - lse) is 0 there instead of NaN.
+__device__ __forceinline__ float kpt_lse2(const kpt_args &A, int b, int h, int q)
+{
+    if (q >= A.Sq) return KPT_INF;
+    const float l = ((const float *)A.lse)[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)q * A.lses[2]];
+    return l == KPT_NINF ? KPT_INF : l * KPT_LOG2E;
+}
+
+__device__ __forceinline__ float kpt_delta(const kpt_args &A, const kpt_gargs &G, int b, int h, int q)
+{
+    return q < A.Sq ? ((const float *)G.delta)[((i64)b * A.Hq + h) * A.Sq + q] : 0.0f;
+}
+
+// C[16 x N] (+)= A[16 x K] B^T: A rows from shared memory (row stride ASTR), B rows (N of them,
+// row stride BSTR) from shared memory, both K-contiguous. One warp; accumulator layout as mma.sync.
+template <int N, int K, int ASTR, int BSTR, bool ZERO>
+__device__ __forceinline__ void kpt_mm_abt(float (&C)[N / 8][4], u32 sA, u32 sB, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        u32 a[4];
+        kpt_ldsm4(a, sA + ((lane & 15) * ASTR + kk * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+        for (int np = 0; np < N / 16; np++) {
+            u32 bb[4];
+            kpt_ldsm4(bb, sB + ((np * 16 + (lane & 7) + (lane >> 4) * 8) * BSTR + kk * 16 +
+                                ((lane >> 3) & 1) * 8) * 2);
+            if (ZERO && kk == 0) {
+                kpt_mma_z(C[2 * np], a, bb[0], bb[1]);
+                kpt_mma_z(C[2 * np + 1], a, bb[2], bb[3]);
+            } else {
+                kpt_mma(C[2 * np], a, bb[0], bb[1]);
+                kpt_mma(C[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+// C[16 x N] += P[16 x K] B: P from registers (accumulator layout, repacked as A fragments), B
+// rows (K of them, row stride BSTR, N-contiguous) from shared memory.
+template <int N, int K, int BSTR>
+__device__ __forceinline__ void kpt_mm_pb(float (&C)[N / 8][4], const float (&P)[K / 8][4], u32 sB,
+                                          int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        u32 pa[4];
+        pa[0] = kpt_pack(P[2 * kk][0], P[2 * kk][1]);
+        pa[1] = kpt_pack(P[2 * kk][2], P[2 * kk][3]);
+        pa[2] = kpt_pack(P[2 * kk + 1][0], P[2 * kk + 1][1]);
+        pa[3] = kpt_pack(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < N / 16; dp++) {
+            u32 bv[4];
+            kpt_ldsm4t(bv, sB + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * BSTR + dp * 16 +
+                                 (lane >> 4) * 8) * 2);
+            kpt_mma(C[2 * dp], pa, bv[0], bv[1]);
+            kpt_mma(C[2 * dp + 1], pa, bv[2], bv[3]);
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void kpt_zero(float (&C)[N / 8][4])
+{
+#pragma unroll
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) C[n][e] = 0.0f;
+}
+
+// Writes this thread's two rows (row0 + lane / 4, + 8) of a 16 x N accumulator times `mul` to a
+// 16-bit tensor (rows at or past `rows` are skipped).
+template <int N>
+__device__ __forceinline__ void kpt_store_acc(const float (&C)[N / 8][4], u16 *base, i64 stride,
+                                              int row0, int rows, float mul, int lane)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + (lane >> 2) + r * 8;
+        if (row >= rows) continue;
+        u16 *g = base + (i64)row * stride;
+#pragma unroll
+        for (int n = 0; n < N / 8; n++)
+            *(u32 *)(g + n * 8 + (lane & 3) * 2) = kpt_pack(C[n][2 * r] * mul, C[n][2 * r + 1] * mul);
+    }
+}
+
+#define KPT_BWD_ROWS (KPT_BN * KPT_KSTR + KPT_BN * KPT_VSTR + KPT_BM * KPT_QSTR + KPT_BM * KPT_VSTR)
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
+{
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    const u32 sK = kpt_smem_addr(kpt_smem);
+    const u32 sV = sK + KPT_BN * KPT_KSTR * 2;
+    const u32 sQ = sV + KPT_BN * KPT_VSTR * 2;
+    const u32 sO = sQ + KPT_BM * KPT_QSTR * 2; // dO
+    float *s_lse = (float *)(kpt_smem + KPT_BWD_ROWS * 2);
+    float *s_del = s_lse + KPT_BM;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int k0 = kt * KPT_BN;
+    const int wrow = warp * 16; // this warp's keys in the tile
+    kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(sK, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
+    kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(sV, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
+    kpt_cp_commit();
+
+    float dK[KPT_DQK / 8][4], dV[KPT_DV / 8][4];
+    kpt_zero<KPT_DQK>(dK);
+    kpt_zero<KPT_DV>(dV);
+    for (int h = hk * A.group; h < (hk + 1) * A.group; h++) {
+        kpt_uniform U;
+        kpt_uniform_init(A, b, h, U);
+        const u16 *gQ = (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1];
+        const u16 *gO = (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1];
+        for (int qt = 0; qt < A.n_qt; qt++) {
+            const int q0 = qt * KPT_BM;
+#if KPT_HAS_MASK
+            const int cls = kpt_tile_class(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, kt);
+            if (cls == 0) continue;
+#else
+            const int cls = 2;
+#endif
+            __syncthreads(); // the previous q tile is done with sQ, sO and the row vectors
+            kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(sQ, gQ + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
+            kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(sO, gO + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
+            kpt_cp_commit();
+            for (int i = tid; i < KPT_BM; i += KPT_THREADS) {
+                s_lse[i] = kpt_lse2(A, b, h, q0 + i);
+                s_del[i] = kpt_delta(A, G, b, h, q0 + i);
+            }
+            kpt_cp_wait<0>();
+            __syncthreads();
+
+            // S^T = K Q^T: this warp's 16 keys against the tile's queries.
+            float S[KPT_BM / 8][4];
+            kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(S, sK + wrow * KPT_KSTR * 2, sQ, lane);
+            const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+#if KPT_HAS_SCORE
+            float D[KPT_BM / 8][4];
+#endif
+#pragma unroll
+            for (int n = 0; n < KPT_BM / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int ki = k0 + wrow + (lane >> 2) + (e >> 1) * 8;
+                    const int c = n * 8 + (lane & 3) * 2 + (e & 1), qi = q0 + c;
+                    bool kp = true;
+                    if (partial) {
+                        kp = ki < A.Skv && qi < A.Sq;
+#if KPT_HAS_MASK
+                        kp = kp && kpt_mask(A, U, b, h, qi, ki);
+#endif
+                    }
+                    float x = S[n][e] * A.scale;
+#if KPT_HAS_SCORE
+                    x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
+#endif
+                    S[n][e] = kp ? kpt_ex2(x * KPT_LOG2E - s_lse[c]) : 0.0f; // P^T
+                }
+            // dV += P^T dO
+            kpt_mm_pb<KPT_DV, KPT_BM, KPT_VSTR>(dV, S, sO, lane);
+            // dP^T = V dO^T
+            float dP[KPT_BM / 8][4];
+            kpt_mm_abt<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sV + wrow * KPT_VSTR * 2, sO, lane);
+            // dS^T = P^T (dP^T - delta) (times d s'/d s); the scale is applied at the end
+#pragma unroll
+            for (int n = 0; n < KPT_BM / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = n * 8 + (lane & 3) * 2 + (e & 1);
+                    float g = S[n][e] * (dP[n][e] - s_del[c]);
+#if KPT_HAS_SCORE
+                    g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
+#endif
+                    S[n][e] = g;
+                }
+            // dK += dS^T Q
+            kpt_mm_pb<KPT_DQK, KPT_BM, KPT_QSTR>(dK, S, sQ, lane);
+        }
+    }
+    kpt_cp_wait<0>();
+    kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
+                           k0 + wrow, A.Skv, A.scale, lane);
+    kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],
+                          k0 + wrow, A.Skv, 1.0f, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
+{
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    const u32 sK = kpt_smem_addr(kpt_smem);
+    const u32 sV = sK + KPT_BN * KPT_KSTR * 2;
+    const u32 sQ = sV + KPT_BN * KPT_VSTR * 2;
+    const u32 sO = sQ + KPT_BM * KPT_QSTR * 2; // dO
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int qt = A.n_qt - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
+    const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    const int wrow = warp * 16;
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
+    kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
+    kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(sO, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
+    kpt_cp_commit();
+    const u16 *gK = (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1];
+    const u16 *gV = (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1];
+
+    int lo = 0, hi = A.n_kt - 1;
+#if KPT_HAS_MASK
+    __shared__ int s_lo, s_hi;
+    __shared__ unsigned char s_cls[KPT_CLS_CAP];
+    kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
+#endif
+    float lse[2], del[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qi = q0 + wrow + (lane >> 2) + r * 8;
+        lse[r] = kpt_lse2(A, b, h, qi);
+        del[r] = kpt_delta(A, G, b, h, qi);
+    }
+    float dQ[KPT_DQK / 8][4];
+    kpt_zero<KPT_DQK>(dQ);
+    for (int j = lo; j <= hi; j++) {
+#if KPT_HAS_MASK
+        const int cls = j < KPT_CLS_CAP ? (int)s_cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j);
+        if (cls == 0) continue;
+#else
+        const int cls = 2;
+#endif
+        const int k0 = j * KPT_BN;
+        __syncthreads(); // the previous kv tile is done with sK and sV
+        kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(sK, gK + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
+        kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(sV, gV + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
+        kpt_cp_commit();
+        kpt_cp_wait<0>();
+        __syncthreads();
+
+        float S[KPT_BN / 8][4];
+        kpt_mm_abt<KPT_BN, KPT_DQK, KPT_QSTR, KPT_KSTR, true>(S, sQ + wrow * KPT_QSTR * 2, sK, lane);
+        const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+#if KPT_HAS_SCORE
+        float D[KPT_BN / 8][4];
+#endif
+#pragma unroll
+        for (int n = 0; n < KPT_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = q0 + wrow + (lane >> 2) + (e >> 1) * 8;
+                const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
+                bool kp = true;
+                if (partial) {
+                    kp = ki < A.Skv && qi < A.Sq;
+#if KPT_HAS_MASK
+                    kp = kp && kpt_mask(A, U, b, h, qi, ki);
+#endif
+                }
+                float x = S[n][e] * A.scale;
+#if KPT_HAS_SCORE
+                x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
+#endif
+                S[n][e] = kp ? kpt_ex2(x * KPT_LOG2E - lse[e >> 1]) : 0.0f; // P
+            }
+        float dP[KPT_BN / 8][4];
+        kpt_mm_abt<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sO + wrow * KPT_VSTR * 2, sV, lane);
+#pragma unroll
+        for (int n = 0; n < KPT_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float g = S[n][e] * (dP[n][e] - del[e >> 1]);
+#if KPT_HAS_SCORE
+                g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f;
+#endif
+                S[n][e] = g;
+            }
+        // dQ += dS K
+        kpt_mm_pb<KPT_DQK, KPT_BN, KPT_KSTR>(dQ, S, sK, lane);
+    }
+    kpt_cp_wait<0>();
+    kpt_store_acc<KPT_DQK>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1], G.dqs[2],
+                           q0 + wrow, A.Sq, A.scale, lane);
+}

@@ -1,0 +1,381 @@
+/* kptc check --backward: the gradients of a random dO through the reference backward, checked
+ * against finite differences of the reference forward (--backend cpu), or against a backend's
+ * backward kernels (--backend cuda). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/diag.h"
+#include "base/numeric.h"
+#include "ir/pattern.h"
+#include "tools/kptc/kptc.h"
+#include "tools/rng.h"
+
+typedef struct bwd_check {
+    const kpt_pattern *p;
+    const kpt_attention_args *ref;
+    kpt_dtype dtype;
+    kpt_rng rng;
+    void *dout;               /* dO in the input dtype, o's strides */
+    double *dq, *dk, *dv;     /* the reference's gradients, q's, k's and v's strides */
+    double *daux[KPT_MAX_AUX]; /* float aux tensors' gradients, contiguous */
+    kpt_aux_tensor daux_t[KPT_MAX_AUX];
+    int ndaux;
+    kpt_attention_grads g;
+} bwd_check;
+
+static int64_t count_of(const kpt_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+/* Elements spanned (largest offset + 1). */
+static int64_t elems(const kpt_tensor *t)
+{
+    return (int64_t)(kptc_span(t) / (size_t)kpt_dtype_size(t->dtype));
+}
+
+static kpt_tensor like(const kpt_tensor *t, void *data, kpt_dtype dt)
+{
+    kpt_tensor r = *t;
+    r.data = data;
+    r.dtype = dt;
+    return r;
+}
+
+static bool setup(bwd_check *c)
+{
+    const kpt_attention_args *r = c->ref;
+    int64_t no = elems(&r->o);
+    c->dout = malloc((size_t)no * (size_t)kpt_dtype_size(c->dtype));
+    c->dq = calloc((size_t)elems(&r->q), sizeof(double));
+    c->dk = calloc((size_t)elems(&r->k), sizeof(double));
+    c->dv = calloc((size_t)elems(&r->v), sizeof(double));
+    if (!c->dout || !c->dq || !c->dk || !c->dv)
+        return false;
+    for (int64_t i = 0; i < no; i++)
+        kpt_store_double(c->dout, c->dtype, i, kpt_rng_normal(&c->rng));
+    c->g.dout = like(&r->o, c->dout, c->dtype);
+    c->g.dq = like(&r->q, c->dq, KPT_DTYPE_F64);
+    c->g.dk = like(&r->k, c->dk, KPT_DTYPE_F64);
+    c->g.dv = like(&r->v, c->dv, KPT_DTYPE_F64);
+    for (int a = 0; a < r->num_aux; a++) {
+        const kpt_tensor *t = &r->aux[a].tensor;
+        if (t->dtype != KPT_DTYPE_F32 && t->dtype != KPT_DTYPE_F16 && t->dtype != KPT_DTYPE_BF16)
+            continue;
+        if (!(c->daux[c->ndaux] = calloc((size_t)count_of(t), sizeof(double))))
+            return false;
+        c->daux_t[c->ndaux].name = r->aux[a].name;
+        c->daux_t[c->ndaux].tensor =
+            kpt_tensor_contiguous(c->daux[c->ndaux], KPT_DTYPE_F64, t->rank, t->shape);
+        c->ndaux++;
+    }
+    c->g.daux = c->daux_t;
+    c->g.num_daux = c->ndaux;
+    return true;
+}
+
+static void teardown(bwd_check *c)
+{
+    free(c->dout);
+    free(c->dq);
+    free(c->dk);
+    free(c->dv);
+    for (int a = 0; a < c->ndaux; a++)
+        free(c->daux[a]);
+}
+
+/* ---- finite differences (cpu) ------------------------------------------------------------ */
+
+/* sum(o * dO) of the reference forward at args (o f64 scratch). */
+static double loss(bwd_check *c, const kpt_attention_args *args, kpt_status *st)
+{
+    kpt_diag d = {0};
+    *st = kpt_reference_attention(c->p, args, &d);
+    const kpt_tensor *o = &args->o;
+    double l = 0;
+    for (int64_t b = 0; b < o->shape[0]; b++)
+        for (int64_t h = 0; h < o->shape[1]; h++)
+            for (int64_t q = 0; q < o->shape[2]; q++)
+                for (int64_t e = 0; e < o->shape[3]; e++)
+                    l += kptc_element(o, o->data, b, h, q, e) *
+                         kptc_element(&c->g.dout, c->dout, b, h, q, e);
+    return l;
+}
+
+/* The directional derivative along a random u of tensor x (a copy the check may change, in
+ * x's own dtype): (L(x + hu) - L(x - hu)) / 2h against sum(g * (x+ - x-)) / 2h, where x+ and
+ * x- are the perturbed values as stored (rounded to the dtype). Returns the relative error. */
+static double directional(bwd_check *c, kpt_attention_args *args, kpt_tensor *x, const double *g,
+                          const kpt_tensor *gt, kpt_status *st)
+{
+    const double h = x->dtype == KPT_DTYPE_F64 || x->dtype == KPT_DTYPE_F32 ? 3e-3 : 3e-2;
+    int64_t n = count_of(x), idx[4] = {0};
+    double *x0 = malloc((size_t)n * sizeof(double)), *u = malloc((size_t)n * sizeof(double));
+    int64_t *off = malloc((size_t)n * sizeof(int64_t)), *goff = malloc((size_t)n * sizeof(int64_t));
+    if (!x0 || !u || !off || !goff) {
+        free(x0), free(u), free(off), free(goff);
+        *st = KPT_ERR_NO_MEMORY;
+        return INFINITY;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        off[i] = goff[i] = 0;
+        for (int d = 0; d < x->rank; d++) {
+            off[i] += idx[d] * x->stride[d];
+            goff[i] += idx[d] * gt->stride[d];
+        }
+        for (int d = x->rank - 1; d >= 0 && ++idx[d] == x->shape[d]; d--)
+            idx[d] = 0;
+        x0[i] = kpt_load_as_double(x->data, x->dtype, off[i]);
+        u[i] = kpt_rng_normal(&c->rng);
+    }
+    double an = 0, lp, lm = 0;
+    for (int64_t i = 0; i < n; i++)
+        kpt_store_double(x->data, x->dtype, off[i], x0[i] + h * u[i]);
+    for (int64_t i = 0; i < n; i++)
+        an += g[goff[i]] * kpt_load_as_double(x->data, x->dtype, off[i]);
+    lp = loss(c, args, st);
+    for (int64_t i = 0; i < n; i++)
+        kpt_store_double(x->data, x->dtype, off[i], x0[i] - h * u[i]);
+    for (int64_t i = 0; i < n; i++)
+        an -= g[goff[i]] * kpt_load_as_double(x->data, x->dtype, off[i]);
+    if (!*st)
+        lm = loss(c, args, st);
+    for (int64_t i = 0; i < n; i++)
+        kpt_store_double(x->data, x->dtype, off[i], x0[i]);
+    free(x0), free(u), free(off), free(goff);
+    if (*st)
+        return INFINITY;
+    double fd = lp - lm;
+    return fabs(fd - an) / fmax(fabs(an), 1e-12);
+}
+
+/* A writable f64 copy of t (same strides). */
+static double *copy_f64(const kpt_tensor *t)
+{
+    int64_t n = elems(t);
+    double *x = malloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; x && i < n; i++)
+        x[i] = kpt_load_as_double(t->data, t->dtype, i);
+    return x;
+}
+
+static int check_fd(bwd_check *c)
+{
+    const kpt_attention_args *r = c->ref;
+    kpt_attention_args a = *r;
+    kpt_aux_tensor aux[KPT_MAX_AUX];
+    memcpy(aux, r->aux, (size_t)r->num_aux * sizeof(*aux));
+    a.aux = aux;
+    double *q = copy_f64(&r->q), *k = copy_f64(&r->k), *v = copy_f64(&r->v);
+    double *o = malloc((size_t)elems(&r->o) * sizeof(double));
+    void *auxc[KPT_MAX_AUX] = {0};
+    bool ok = q && k && v && o;
+    a.q = like(&r->q, q, KPT_DTYPE_F64);
+    a.k = like(&r->k, k, KPT_DTYPE_F64);
+    a.v = like(&r->v, v, KPT_DTYPE_F64);
+    a.o = like(&r->o, o, KPT_DTYPE_F64);
+    a.lse.data = NULL;
+    const double tol = 2e-3;
+    double worst = 0;
+    kpt_status st = ok ? KPT_OK : KPT_ERR_NO_MEMORY;
+    const char *names[3] = {"dq", "dk", "dv"};
+    kpt_tensor *xs[3] = {&a.q, &a.k, &a.v};
+    const kpt_tensor *gs[3] = {&c->g.dq, &c->g.dk, &c->g.dv};
+    for (int i = 0; !st && i < 3; i++) {
+        double e = directional(c, &a, xs[i], gs[i]->data, gs[i], &st);
+        printf("  gradient   %s: finite differences agree to %.2g (tolerance %g)\n", names[i], e,
+               tol);
+        worst = fmax(worst, e);
+    }
+    for (int j = 0; !st && j < c->ndaux; j++) {
+        int a_i = kpt_pattern_find_aux(c->p, c->daux_t[j].name);
+        kpt_tensor *t = &aux[a_i].tensor;
+        size_t bytes = kptc_span(t);
+        if (!(auxc[a_i] = malloc(bytes))) {
+            st = KPT_ERR_NO_MEMORY;
+            break;
+        }
+        memcpy(auxc[a_i], t->data, bytes);
+        t->data = auxc[a_i];
+        double e = directional(c, &a, t, c->daux[j], &c->daux_t[j].tensor, &st);
+        printf("  gradient   d%s (aux): finite differences agree to %.2g (tolerance %g)\n",
+               c->daux_t[j].name, e, tol);
+        worst = fmax(worst, e);
+    }
+    free(q), free(k), free(v), free(o);
+    for (int i = 0; i < KPT_MAX_AUX; i++)
+        free(auxc[i]);
+    if (st) {
+        fprintf(stderr, "kptc: %s\n", kpt_status_string(st));
+        return 1;
+    }
+    if (!(worst <= tol)) {
+        fprintf(stderr, "kptc: the reference gradients disagree with finite differences\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- a device's backward ---------------------------------------------------------------- */
+
+/* max |got - want| / max |want| over a gradient tensor. */
+static double grad_error(const kpt_tensor *t, const void *got, const double *want)
+{
+    double err = 0, scale = 1e-30;
+    for (int64_t b = 0; b < t->shape[0]; b++)
+        for (int64_t h = 0; h < t->shape[1]; h++)
+            for (int64_t s = 0; s < t->shape[2]; s++)
+                for (int64_t e = 0; e < t->shape[3]; e++) {
+                    int64_t off = b * t->stride[0] + h * t->stride[1] + s * t->stride[2] + e;
+                    double g = kpt_load_as_double(got, t->dtype, off), w = want[off];
+                    if (isnan(g))
+                        return INFINITY;
+                    err = fmax(err, fabs(g - w));
+                    scale = fmax(scale, fabs(w));
+                }
+    return err / scale;
+}
+
+typedef struct dev_grads {
+    kpt_tensor t[3]; /* dq, dk, dv on the device */
+    kpt_buffer *buf[3];
+    void *host[3];
+} dev_grads;
+
+static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, kpt_kernel *bwd,
+                             dev_grads *dg, void *copy2[3], kpt_diag *d)
+{
+    const kpt_attention_args *ref = c->ref;
+    kpt_attention_args a = *ref;
+    kpt_attention_grads g = {.dout = c->g.dout};
+    a.o = like(&ref->o, NULL, c->dtype);
+    a.lse = kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 3,
+                                  (int64_t[]){ref->o.shape[0], ref->o.shape[1], ref->o.shape[2]});
+    memcpy(r->aux, ref->aux, (size_t)ref->num_aux * sizeof(*r->aux));
+    a.aux = r->aux;
+    kpt_status st = KPT_OK;
+    for (int i = 0; !st && i < 3; i++)
+        st = kptc_upload(r, i == 0 ? &a.q : i == 1 ? &a.k : &a.v, true, d);
+    for (int i = 0; !st && i < a.num_aux; i++)
+        st = kptc_upload(r, &r->aux[i].tensor, true, d);
+    if (!st)
+        st = kptc_upload(r, &a.o, false, d);
+    if (!st)
+        st = kptc_upload(r, &a.lse, false, d);
+    if (!st)
+        st = kptc_upload(r, &g.dout, true, d);
+    const kpt_tensor *shapes[3] = {&ref->q, &ref->k, &ref->v};
+    for (int i = 0; !st && i < 3; i++) {
+        dg->t[i] = like(shapes[i], NULL, c->dtype);
+        st = kptc_upload(r, &dg->t[i], false, d);
+        dg->buf[i] = r->bufs[r->nbufs - 1];
+    }
+    g.dq = dg->t[0], g.dk = dg->t[1], g.dv = dg->t[2];
+    if (!st)
+        st = kpt_kernel_launch(fwd, &a, NULL, NULL, d);
+    for (int run = 0; run < 2 && !st; run++) {
+        if (run == 1) /* poison again: the second run must write everything too */
+            for (int i = 0; i < 3 && !st; i++) {
+                size_t n = kptc_span(&dg->t[i]);
+                memset(copy2[i], 0xff, n);
+                st = kpt_buffer_write(dg->buf[i], 0, copy2[i], n, d);
+            }
+        if (!st)
+            st = kpt_kernel_launch_backward(bwd, &a, &g, NULL, NULL, 0, NULL, d);
+        if (!st)
+            st = kpt_context_synchronize(r->ctx, d);
+        for (int i = 0; i < 3 && !st; i++)
+            st = kpt_buffer_read(dg->buf[i], 0, run ? copy2[i] : dg->host[i],
+                                 kptc_span(&dg->t[i]), d);
+    }
+    return st;
+}
+
+static int check_device(bwd_check *c, kpt_backend_kind kind)
+{
+    const char *backend = kpt_backend_name(kind);
+    const kpt_attention_args *ref = c->ref;
+    kptc_device_run r = {0};
+    kpt_diag d = {0};
+    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
+    if (st)
+        return kptc_report(&d, st);
+    kpt_kernel_desc desc = {.dtype = c->dtype, .head_dim = (int)ref->q.shape[3],
+                            .head_dim_v = (int)ref->v.shape[3]};
+    kpt_kernel *fwd = NULL, *bwd = NULL;
+    st = kpt_kernel_get(r.ctx, c->p, &desc, &fwd, &d);
+    desc.options = KPT_DESC_BACKWARD;
+    if (!st)
+        st = kpt_kernel_get(r.ctx, c->p, &desc, &bwd, &d);
+    dev_grads dg = {0};
+    void *copy2[3] = {0};
+    const kpt_tensor *shapes[3] = {&ref->q, &ref->k, &ref->v};
+    for (int i = 0; i < 3 && !st; i++) {
+        kpt_tensor t = like(shapes[i], NULL, c->dtype);
+        dg.host[i] = malloc(kptc_span(&t));
+        copy2[i] = malloc(kptc_span(&t));
+        if (!dg.host[i] || !copy2[i])
+            st = kpt_diag_set(&d, KPT_ERR_NO_MEMORY, "out of memory");
+    }
+    if (!st)
+        st = run_device(c, &r, fwd, bwd, &dg, copy2, &d);
+    int rc = 0;
+    if (st) {
+        rc = kptc_report(&d, st);
+    } else {
+        const double *want[3] = {c->dq, c->dk, c->dv};
+        double tol = c->dtype == KPT_DTYPE_BF16 ? 2e-2 : 1e-2, e[3];
+        bool same = true;
+        for (int i = 0; i < 3; i++) {
+            e[i] = grad_error(&dg.t[i], dg.host[i], want[i]);
+            same &= memcmp(dg.host[i], copy2[i], kptc_span(&dg.t[i])) == 0;
+        }
+        kpt_stats s;
+        kpt_context_get_stats(r.ctx, &s);
+        printf("  %-10s %s backward on %s: max relative error dq %.3g, dk %.3g, dv %.3g "
+               "(tolerance %g); %s on a second run; compiled in %.0f ms (forward and backward)\n",
+               backend, kpt_context_target(r.ctx), kpt_context_device_name(r.ctx), e[0], e[1],
+               e[2], tol, same ? "bitwise identical" : "DIFFERENT BITS", s.compile_ms_total);
+        if (!(e[0] <= tol && e[1] <= tol && e[2] <= tol) || !same) {
+            fprintf(stderr, "kptc: the %s backward disagrees with the reference\n", backend);
+            rc = 1;
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        free(dg.host[i]), free(copy2[i]);
+    for (int i = 0; i < r.nbufs; i++)
+        kpt_buffer_destroy(&r.bufs[i]);
+    kpt_context_destroy(&r.ctx);
+    return rc;
+}
+
+int kptc_check_backward(kpt_backend_kind backend, const kpt_pattern *p,
+                        const kpt_attention_args *ref, kpt_dtype dtype, uint64_t seed)
+{
+    bwd_check c = {.p = p, .ref = ref, .dtype = dtype};
+    kpt_rng_seed(&c.rng, seed * 7919 + 17);
+    if (!setup(&c)) {
+        teardown(&c);
+        fprintf(stderr, "kptc: out of memory\n");
+        return 1;
+    }
+    kpt_diag d = {0};
+    kpt_status st = kpt_reference_attention_backward(p, ref, &c.g, &d);
+    int rc;
+    if (st) {
+        rc = kptc_report(&d, st);
+    } else {
+        printf("  backward   reference gradients for a standard normal dO (%s); %d aux "
+               "gradient%s\n", kpt_dtype_name(dtype), c.ndaux, c.ndaux == 1 ? "" : "s");
+        fflush(stdout);
+        rc = backend == KPT_BACKEND_CPU ? check_fd(&c) : check_device(&c, backend);
+    }
+    teardown(&c);
+    return rc;
+}
