@@ -22,6 +22,7 @@
 #include "runtime/cuda_device.h"
 #include "target/target.h"
 #include "tests/covers_builtins.h"
+#include "compiler/passes.h"
 #include "vendor/rtc_nvrtc.h"
 
 static void test_template_fill(void **state)
@@ -190,7 +191,7 @@ static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {256, 25
 static const int wgmma_dims[] = {1, 3, 4, 5, 6};
 #define NWGMMA_DIMS (sizeof(wgmma_dims) / sizeof(wgmma_dims[0]))
 #define F16_DIM 3 /* the entry of dims[] compiled in f16 too: {128, 128} */
-#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS)
+#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + NPAT + 1)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
 #define MAX_SCRIPTS 32
@@ -201,16 +202,17 @@ static const int script_dims[] = {1 /* 64 */, 3 /* 128 */};
 typedef struct job {
     int pat, dt, dim, sm;
     bool wgmma;  /* cuda:sm_90a */
+    bool backward; /* the backward kernels (kind "backward") */
     int script; /* index into scripts, or -1 */
     kpt_status st;
-    bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg;
+    bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg, bwd_entries;
     bool serialized; /* ptxas serialised the warpgroup MMAs (its "Potential Performance Loss") */
     long spill_bytes;
     double ms;
     char msg[1100];
 } job;
 
-static job jobs[NJOBS + MAX_SCRIPTS * 6];
+static job jobs[NJOBS + MAX_SCRIPTS * 7];
 static int next_job, njobs;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -242,13 +244,16 @@ static void *worker(void *arg)
         kpt_diag d = {0};
         kpt_kernel_plan plan;
         char *src = NULL;
-        kpt_kernel_config cfg = {.dtype = j->dt ? KPT_DTYPE_F16 : KPT_DTYPE_BF16,
+        kpt_kernel_config cfg = {.kind = j->backward ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD,
+                                 .dtype = j->dt ? KPT_DTYPE_F16 : KPT_DTYPE_BF16,
                                  .dqk = dims[j->dim][0], .dv = dims[j->dim][1], .sm = j->sm,
                                  .wgmma = j->wgmma};
         if (j->script >= 0)
             j->st = kpt_pattern_from_lua_file(scripts[j->script], NULL, &p, &d);
         else
             j->st = kpt_pattern_parse(patterns[j->pat], &p, &d);
+        if (!j->st && j->backward)
+            j->st = kpt_diff_score(p, &d);
         if (!j->st)
             j->st = kpt_plan_tiles_cuda(p, &cfg, 0, &plan, &d);
         if (!j->st && plan.cfg.wgmma != j->wgmma)
@@ -265,6 +270,9 @@ static void *worker(void *arg)
             j->ldmatrix = strstr(out.ptx, "ldmatrix.sync.aligned") != NULL;
             j->cp_async = strstr(out.ptx, "cp.async.cg.shared.global") != NULL;
             j->tma = strstr(out.ptx, "cp.async.bulk.tensor.4d") != NULL;
+            j->bwd_entries = strstr(out.ptx, ".entry kpt_bwd_prep") &&
+                             strstr(out.ptx, ".entry kpt_bwd_dkdv") &&
+                             strstr(out.ptx, ".entry kpt_bwd_dq");
             j->setmaxnreg = strstr(out.ptx, "setmaxnreg.inc.sync.aligned.u32 240") != NULL;
             j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
             j->serialized = out.log && strstr(out.log, "wgmma.mma_async instructions are serialized");
@@ -307,6 +315,14 @@ static void test_nvrtc_matrix(void **state)
             for (int a = 0; a < 3; a++)
                 jobs[n++] = (job){.dim = script_dims[dim], .sm = a ? 90 : 80, .wgmma = a == 2,
                                   .script = sc};
+    /* the backward kernels: every pattern and script at D = 64 in bf16 (sm_80; sm_90 devices
+     * run the same code), and one at D = 128 in f16 */
+    for (size_t p = 0; p < NPAT; p++)
+        jobs[n++] = (job){.pat = (int)p, .dim = 1, .sm = 80, .backward = true, .script = -1};
+    jobs[n++] = (job){.pat = (int)NPAT - 1, .dt = 1, .dim = F16_DIM, .sm = 80, .backward = true,
+                      .script = -1};
+    for (int sc = 0; sc < nscripts; sc++)
+        jobs[n++] = (job){.dim = 1, .sm = 80, .backward = true, .script = sc};
     njobs = n;
     const char *env = getenv("KPT_TEST_JOBS");
     int nthreads = env ? atoi(env) : 4;
@@ -323,8 +339,11 @@ static void test_nvrtc_matrix(void **state)
         job *j = &jobs[i];
         const char *what = j->script >= 0 ? scripts[j->script] : patterns[j->pat];
         if (j->st)
-            fail_msg("%s %s %d/%d sm_%d%s: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
-                     dims[j->dim][1], j->sm, j->wgmma ? "a" : "", j->msg);
+            fail_msg("%s %s %d/%d sm_%d%s%s: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
+                     dims[j->dim][1], j->sm, j->wgmma ? "a" : "", j->backward ? " backward" : "",
+                     j->msg);
+        if (j->backward)
+            assert_true(j->bwd_entries);
         if (j->wgmma) {
             /* warpgroup MMAs on TMA copies, warp-specialised; no mma.sync, no cp.async */
             assert_true(j->wgmma_ptx);
@@ -354,9 +373,10 @@ static void test_nvrtc_matrix(void **state)
             max_ms = j->ms;
     }
     print_message("NVRTC %d.%d: %d kernels compiled to PTX+CUBIN (sm_80, sm_90, sm_90a), %d "
-                  "scripts' among them (slowest %.0f ms); %d with ptxas spills (see "
-                  "docs/architecture.md)\n",
-                  ver / 1000, ver % 1000 / 10, n, nscripts * 6, max_ms, spilling);
+                  "scripts' and %d backward among them (slowest %.0f ms); %d with ptxas spills "
+                  "(see docs/architecture.md)\n",
+                  ver / 1000, ver % 1000 / 10, n, nscripts * 7, (int)NPAT + 1 + nscripts, max_ms,
+                  spilling);
 }
 
 static int compare_paths(const void *a, const void *b)

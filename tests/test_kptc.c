@@ -1,12 +1,14 @@
 /* kptc end to end: every subcommand, and bad input exits 2 with a message saying what and where. */
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/testutil.h"
 
+#include "tests/covers_builtins.h"
 #include "tests/runtool.h"
 
-static const char *kptc;
+static const char *kptc, *examples;
 
 typedef tool_result result;
 
@@ -247,6 +249,50 @@ static void write_script(char *path, const char *src)
 /* The reference evaluates f32 expressions in f32, as kernels do: a T5 bucket written as in Hugging
  * Face floors to 2 at n = 16, 32, ... in both (in double the reference got 1 and blamed the f32
  * Vulkan kernel with a relative error of 0.35). */
+/* kptc check --backward on the CPU: the reference gradients against finite differences for
+ * every built-in (tests/covers_builtins.h keeps the list whole) and an example script with a
+ * learnable aux table; kptc emit --backward. */
+static void test_check_backward(void **state)
+{
+    (void)state;
+    static const char *const pats[] = {
+        "full", "causal+softcap(20)", "causal_bottom_right+alibi", "sliding_window(16)+alibi",
+        "local(8,4)", "chunked(16)+softcap($c=5)", "prefix_lm(20)", "document+causal",
+    };
+    const char *missing = kpt_test_uncovered_builtin(pats, (int)(sizeof(pats) / sizeof(pats[0])));
+    if (missing)
+        fail_msg("test_check_backward does not cover the built-in '%s'", missing);
+    for (size_t i = 0; i < sizeof(pats) / sizeof(pats[0]); i++) {
+        result *r = run("check", pats[i], "--backward", "--shape", "1,4,2,40,50,32", NULL);
+        EXPECT(r, 0, out, "dq: finite differences agree");
+        EXPECT(r, 0, out, "dv: finite differences agree");
+    }
+    /* every example script, aux gradients (t5_buckets', graphormer's tables) included */
+    DIR *dir = examples ? opendir(examples) : NULL;
+    struct dirent *e;
+    int scripts = 0;
+    while (dir && (e = readdir(dir))) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".lua"))
+            continue;
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/%s", examples, e->d_name);
+        result *r = run("check", path, "--backward", "--shape", "1,4,2,40,50,32", NULL);
+        EXPECT(r, 0, out, "dk: finite differences agree");
+        scripts++;
+    }
+    if (dir)
+        closedir(dir);
+    assert_true(!examples || scripts >= 10);
+    result *r = run("emit", "--backward", "--emit", "cuda", "document+causal+softcap(30)", NULL);
+    EXPECT(r, 0, out, "kpt_bwd_dkdv");
+    EXPECT(r, 0, out, "ds = ");
+    r = run("emit", "--backward", "--emit", "hip", "causal", NULL);
+    EXPECT(r, 2, err, "no backward kernel for this target");
+    r = run("emit", "--backward", "--emit", "cuda", "--head-dim", "256", "causal", NULL);
+    EXPECT(r, 2, err, "the CUDA backward supports 32, 64, 96 and 128");
+}
+
 static void test_reference_f32(void **state)
 {
     (void)state;
@@ -379,10 +425,12 @@ int main(int argc, char **argv)
         return 1;
     }
     kptc = argv[1];
+    examples = argc > 2 ? argv[2] : NULL; /* examples/patterns */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_basics), cmocka_unit_test(test_emit),
         cmocka_unit_test(test_check), cmocka_unit_test(test_check_aux_file),
         cmocka_unit_test(test_lua_scripts), cmocka_unit_test(test_reference_f32),
+        cmocka_unit_test(test_check_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -109,7 +109,8 @@ static double loss(bwd_check *c, const kpt_attention_args *args, kpt_status *st)
 
 /* The directional derivative along a random u of tensor x (a copy the check may change, in
  * x's own dtype): (L(x + hu) - L(x - hu)) / 2h against sum(g * (x+ - x-)) / 2h, where x+ and
- * x- are the perturbed values as stored (rounded to the dtype). Returns the relative error. */
+ * x- are the perturbed values as stored (rounded to the dtype). Returns the error relative to
+ * sum |g * 2hu|. */
 static double directional(bwd_check *c, kpt_attention_args *args, kpt_tensor *x, const double *g,
                           const kpt_tensor *gt, kpt_status *st)
 {
@@ -133,11 +134,13 @@ static double directional(bwd_check *c, kpt_attention_args *args, kpt_tensor *x,
         x0[i] = kpt_load_as_double(x->data, x->dtype, off[i]);
         u[i] = kpt_rng_normal(&c->rng);
     }
-    double an = 0, lp, lm = 0;
+    double an = 0, mag = 0, lp, lm = 0;
     for (int64_t i = 0; i < n; i++)
         kpt_store_double(x->data, x->dtype, off[i], x0[i] + h * u[i]);
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         an += g[goff[i]] * kpt_load_as_double(x->data, x->dtype, off[i]);
+        mag += fabs(g[goff[i]] * 2 * h * u[i]);
+    }
     lp = loss(c, args, st);
     for (int64_t i = 0; i < n; i++)
         kpt_store_double(x->data, x->dtype, off[i], x0[i] - h * u[i]);
@@ -151,7 +154,9 @@ static double directional(bwd_check *c, kpt_attention_args *args, kpt_tensor *x,
     if (*st)
         return INFINITY;
     double fd = lp - lm;
-    return fabs(fd - an) / fmax(fabs(an), 1e-12);
+    /* relative to the sum of the terms' magnitudes: a random direction can make the sum itself
+     * cancel to almost nothing */
+    return fabs(fd - an) / fmax(mag, 1e-12);
 }
 
 /* A writable f64 copy of t (same strides). */
@@ -223,10 +228,12 @@ static int check_fd(bwd_check *c)
 
 /* ---- a device's backward ---------------------------------------------------------------- */
 
-/* max |got - want| / max |want| over a gradient tensor. */
+/* max |got - want| / max(max |want|, 0.01) over a gradient tensor. The floor: inputs and dO are
+ * standard normal, so a gradient that is zero (one kept key per row gives dS = 0 exactly) is
+ * compared in absolute terms, where the kernels' 16-bit O (delta = dO . O) leaves ~1e-6. */
 static double grad_error(const kpt_tensor *t, const void *got, const double *want)
 {
-    double err = 0, scale = 1e-30;
+    double err = 0, scale = 1e-2;
     for (int64_t b = 0; b < t->shape[0]; b++)
         for (int64_t h = 0; h < t->shape[1]; h++)
             for (int64_t s = 0; s < t->shape[2]; s++)
@@ -330,7 +337,7 @@ static int check_device(bwd_check *c, kpt_backend_kind kind)
         rc = kptc_report(&d, st);
     } else {
         const double *want[3] = {c->dq, c->dk, c->dv};
-        double tol = c->dtype == KPT_DTYPE_BF16 ? 2e-2 : 1e-2, e[3];
+        double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3, e[3];
         bool same = true;
         for (int i = 0; i < 3; i++) {
             e[i] = grad_error(&dg.t[i], dg.host[i], want[i]);
