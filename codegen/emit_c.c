@@ -228,21 +228,6 @@ static uint8_t *live_set(const kpt_pattern *p, const kpt_ir_ref *roots, int nroo
     return live;
 }
 
-/* The roots per-element code may read: score and mask, and on a derived pattern (backward
- * kernels) the score's derivatives too. Returns the count; `roots` holds 3 + KPT_MAX_DLOADS. */
-static int code_roots(const kpt_pattern *p, kpt_ir_ref *roots)
-{
-    int n = 0;
-    roots[n++] = p->score;
-    roots[n++] = p->mask;
-    if (p->derived) {
-        roots[n++] = p->dscore;
-        for (int i = 0; i < p->num_dloads; i++)
-            roots[n++] = p->dloads[i].deriv;
-    }
-    return n;
-}
-
 /* Uniform values: nodes that depend on neither the score, q, k nor aux data (ALiBi's slope(h),
  * a scalar's reciprocal) are computed once per CTA by kpt_uniform_init, not once per element.
  * "Boundary" nodes are the uniform ones a per-element node reads; only they are stored. */
@@ -264,8 +249,8 @@ static void uniform_free(uniform_info *u)
 static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
 {
     size_t n = p->g.count ? p->g.count : 1;
-    kpt_ir_ref roots[3 + KPT_MAX_DLOADS];
-    int nroots = code_roots(p, roots);
+    kpt_ir_ref roots[KPT_MAX_ROOTS]; /* on derived patterns, the score's derivatives too */
+    int nroots = kpt_pattern_roots(p, roots);
     u->live = calloc(n, 1);
     u->invariant = calloc(n, 1);
     u->uniform = calloc(n, 1);

@@ -163,9 +163,7 @@ kpt_ir_ref kpt_rewrite_copy(kpt_ir_graph *ng, const kpt_ir_node *old, const kpt_
                         args);
 }
 
-/* Every root of p, in a fixed order: score, mask, dscore, then each dload's load and deriv.
- * Returns the count; `roots` has room for 3 + 2 * KPT_MAX_DLOADS. */
-static int collect_roots(const kpt_pattern *p, kpt_ir_ref *roots)
+int kpt_pattern_roots(const kpt_pattern *p, kpt_ir_ref *roots)
 {
     int n = 0;
     roots[n++] = p->score;
@@ -212,8 +210,8 @@ kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt
     ng.aux_types = p->aux_types;
     ng.num_aux = (uint32_t)p->num_aux;
     ng.max_nodes = p->g.max_nodes;
-    kpt_ir_ref roots[3 + 2 * KPT_MAX_DLOADS];
-    int nroots = collect_roots(p, roots);
+    kpt_ir_ref roots[KPT_MAX_ROOTS];
+    int nroots = kpt_pattern_roots(p, roots);
     uint32_t n = p->g.count ? p->g.count : 1;
     uint8_t *live = calloc(n, 1);
     kpt_ir_ref *map = calloc(n, sizeof(*map));
@@ -286,8 +284,8 @@ bool kpt_pattern_validate(const kpt_pattern *p, char *msg, size_t msg_size)
 {
     if (!kpt_ir_validate(&p->g, msg, msg_size))
         return false;
-    kpt_ir_ref roots[3 + 2 * KPT_MAX_DLOADS];
-    int nroots = collect_roots(p, roots);
+    kpt_ir_ref roots[KPT_MAX_ROOTS];
+    int nroots = kpt_pattern_roots(p, roots);
     for (int i = 0; i < nroots; i++)
         if (roots[i] && roots[i] >= p->g.count) {
             snprintf(msg, msg_size, "a root is not a node");

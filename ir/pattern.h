@@ -80,6 +80,11 @@ int kpt_pattern_find_aux(const kpt_pattern *p, const char *name);
 /* Declares an aux tensor (name must be new). Returns its index or -1 with a message. */
 int kpt_pattern_add_aux(kpt_pattern *p, const kpt_aux_decl *decl, char *err, size_t err_size);
 
+/* Every root of p, in a fixed order: score, mask, dscore, then each dload's load and deriv (0
+ * for absent ones). Returns the count; `roots` has room for KPT_MAX_ROOTS. */
+#define KPT_MAX_ROOTS (3 + 2 * KPT_MAX_DLOADS)
+int kpt_pattern_roots(const kpt_pattern *p, kpt_ir_ref *roots);
+
 /* A deep copy (graph, declarations, gradient roots), or NULL when out of memory. */
 kpt_pattern *kpt_pattern_clone(const kpt_pattern *p);
 

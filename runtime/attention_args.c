@@ -297,11 +297,9 @@ static kpt_status bind_daux(const kpt_pattern *p, const kpt_attn_binding *bind,
     return KPT_OK;
 }
 
-kpt_status kpt_attn_bind_grads(const kpt_pattern *p, const kpt_attention_args *args,
-                               const kpt_attn_binding *bind, const kpt_attention_grads *g,
-                               bool allow_f64, kpt_grad_binding *out, kpt_diag *diag)
+kpt_status kpt_attn_check_grads(const kpt_attention_args *args, const kpt_attention_grads *g,
+                                kpt_diag *diag)
 {
-    memset(out, 0, sizeof(*out));
     if (!g)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "grads is NULL");
     kpt_status st = check_like("dout", &g->dout, &args->o, "o", diag);
@@ -311,12 +309,18 @@ kpt_status kpt_attn_bind_grads(const kpt_pattern *p, const kpt_attention_args *a
         st = check_like("dk", &g->dk, &args->k, "k", diag);
     if (!st && g->dv.data)
         st = check_like("dv", &g->dv, &args->v, "v", diag);
-    if (st)
-        return st;
-    if (g->num_daux < 0 || (g->num_daux > 0 && !g->daux))
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "daux: bad array or count");
-    for (int i = 0; i < g->num_daux; i++)
-        if ((st = bind_daux(p, bind, &g->daux[i], allow_f64, out, diag)))
-            return st;
-    return KPT_OK;
+    if (!st && (g->num_daux < 0 || (g->num_daux > 0 && !g->daux)))
+        st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "daux: bad array or count");
+    return st;
+}
+
+kpt_status kpt_attn_bind_grads(const kpt_pattern *p, const kpt_attention_args *args,
+                               const kpt_attn_binding *bind, const kpt_attention_grads *g,
+                               bool allow_f64, kpt_grad_binding *out, kpt_diag *diag)
+{
+    memset(out, 0, sizeof(*out));
+    kpt_status st = kpt_attn_check_grads(args, g, diag);
+    for (int i = 0; !st && i < g->num_daux; i++)
+        st = bind_daux(p, bind, &g->daux[i], allow_f64, out, diag);
+    return st;
 }

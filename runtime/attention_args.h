@@ -33,8 +33,13 @@ typedef struct kpt_grad_binding {
     kpt_ir_auxview daux[KPT_MAX_AUX]; /* by aux index; data NULL: no gradient wanted */
 } kpt_grad_binding;
 
-/* Checks dout (the shape of o), dq, dk, dv (those of q, k, v, where given) and the aux
- * gradients (a float aux tensor's shape; f32, or f64 too where `allow_f64`), and fills `out`. */
+/* Checks dout (the shape of o) and dq, dk, dv (those of q, k, v, where given) against args,
+ * which kpt_attn_bind accepted, and the daux array (not its entries). */
+kpt_status kpt_attn_check_grads(const kpt_attention_args *args, const kpt_attention_grads *g,
+                                kpt_diag *diag);
+
+/* kpt_attn_check_grads, then the aux gradients (each a float aux tensor's shape; f32, or f64 too
+ * where `allow_f64`) into `out`. */
 kpt_status kpt_attn_bind_grads(const kpt_pattern *p, const kpt_attention_args *args,
                                const kpt_attn_binding *bind, const kpt_attention_grads *g,
                                bool allow_f64, kpt_grad_binding *out, kpt_diag *diag);

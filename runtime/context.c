@@ -308,6 +308,12 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, void **
     return KPT_OK;
 }
 
+/* The kernel kind a desc asks for. */
+static kpt_kernel_kind desc_kind(const kpt_kernel_desc *d)
+{
+    return d->options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD;
+}
+
 /* The plan and source of a kernel (no source for the CPU backend, which runs the reference). */
 static kpt_status generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
                            kpt_kernel_plan *plan, char **src, kpt_diag *diag)
@@ -316,7 +322,7 @@ static kpt_status generate(kpt_backend *b, const kpt_pattern *p, const kpt_kerne
     kpt_status st = b->ops->accepts ? b->ops->accepts(b, d, diag) : KPT_OK;
     if (st)
         return st;
-    kpt_kernel_kind kind = d->options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD;
+    kpt_kernel_kind kind = desc_kind(d);
     if (!b->tgt) {
         memset(plan, 0, sizeof(*plan));
         plan->cfg = (kpt_kernel_config){.kind = kind, .dtype = d->dtype, .dqk = d->head_dim,
@@ -386,9 +392,7 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
 static char *module_key(const request *rq, size_t *n, bool with_heads)
 {
     kpt_strbuf sb = {0};
-    kpt_kernel_kind kind =
-        rq->desc.options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD;
-    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d", kpt_kernel_kind_name(kind), rq->ir,
+    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d", kpt_kernel_kind_name(desc_kind(&rq->desc)), rq->ir,
                   (int)rq->desc.dtype, rq->desc.head_dim, rq->desc.head_dim_v);
     if (with_heads)
         kpt_sb_printf(&sb, " %d %d %u", rq->desc.num_heads_q, rq->desc.num_heads_kv,
@@ -573,7 +577,7 @@ static kpt_status check_map(const kpt_kernel *k, const kpt_attention_args *args,
 
 static bool is_backward(const kpt_kernel *k)
 {
-    return k->desc.options & KPT_DESC_BACKWARD;
+    return desc_kind(&k->desc) == KPT_KERNEL_BACKWARD;
 }
 
 kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args,

@@ -342,7 +342,7 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
     kpt_kernel_gargs ga;
     kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (!st)
-        st = kpt_kernel_gargs_pack(k->pattern, &k->plan, "CUDA", args, g, &ga, diag);
+        st = kpt_kernel_gargs_pack(&k->plan, "CUDA", args, g, &ga, diag);
     if (st)
         return st;
     size_t need = kpt_kernel_args_bwd_workspace(&a);

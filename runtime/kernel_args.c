@@ -127,16 +127,11 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
 }
 
 
-kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
-                                 const char *backend, const kpt_attention_args *a,
-                                 const kpt_attention_grads *g, kpt_kernel_gargs *out,
-                                 kpt_diag *diag)
+kpt_status kpt_kernel_gargs_pack(const kpt_kernel_plan *pl, const char *backend,
+                                 const kpt_attention_args *a, const kpt_attention_grads *g,
+                                 kpt_kernel_gargs *out, kpt_diag *diag)
 {
-    kpt_attn_binding bind;
-    kpt_grad_binding gb;
-    kpt_status st = kpt_attn_bind(p, a, &bind, diag);
-    if (!st)
-        st = kpt_attn_bind_grads(p, a, &bind, g, false, &gb, diag);
+    kpt_status st = kpt_attn_check_grads(a, g, diag); /* a itself was packed already */
     if (st)
         return st;
     if (!a->lse.data)

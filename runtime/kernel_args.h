@@ -51,11 +51,11 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pla
 
 /* Validates a backward call's gradients against the kernel (dout, dq, dk, dv of the kernel's
  * dtype and head dims, all present; lse present in `a`; no aux gradients, which only the CPU
- * backend computes so far) and fills `out`; out->delta stays 0. `a` was packed already. */
-kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
-                                 const char *backend, const kpt_attention_args *a,
-                                 const kpt_attention_grads *g, kpt_kernel_gargs *out,
-                                 kpt_diag *diag);
+ * backend computes so far) and fills `out`; out->delta stays 0. `a` must have been packed
+ * (kpt_kernel_args_pack) already: it is not validated again. */
+kpt_status kpt_kernel_gargs_pack(const kpt_kernel_plan *plan, const char *backend,
+                                 const kpt_attention_args *a, const kpt_attention_grads *g,
+                                 kpt_kernel_gargs *out, kpt_diag *diag);
 
 /* Bytes of the backward's workspace for a packed call: delta, f32 [B, Hq, Sq]. */
 size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a);

@@ -50,6 +50,39 @@ double kpt_ref_dot(const double *a, const double *b, int64_t n)
     return (s0 + s1) + (s2 + s3);
 }
 
+double kpt_ref_row_scores(const kpt_ref_scorer *sc, kpt_ir_env *env, kpt_ir_value *vals,
+                          const double *qd, const double *kd, uint8_t *kept, double *raw,
+                          double *out)
+{
+    const kpt_pattern *p = sc->p;
+    double m = -INFINITY;
+    bool nan_seen = false;
+    for (int64_t k = 0; k < sc->Skv; k++) {
+        env->k = (int32_t)k;
+        if (p->mask) {
+            kpt_ir_prog_run(sc->mask_prog, env, vals);
+            if (!vals[p->mask].i) {
+                kept[k] = 0;
+                continue;
+            }
+        }
+        double x = sc->scale * kpt_ref_dot(qd, kd + k * sc->Dqk, sc->Dqk);
+        if (raw)
+            raw[k] = x;
+        if (p->score) {
+            env->s = x;
+            kpt_ir_prog_run(sc->score_prog, env, vals);
+            x = vals[p->score].f;
+        }
+        kept[k] = 1;
+        out[k] = x;
+        if (x > m)
+            m = x;
+        nan_seen |= isnan(x) != 0;
+    }
+    return nan_seen ? NAN : m; /* a NaN score makes its row NaN, never a silent zero */
+}
+
 void kpt_ref_load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, int64_t cols,
                        double *out)
 {
@@ -66,31 +99,8 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
     for (int64_t d = 0; d < s->Dqk; d++)
         st->qd[d] = kpt_load_as_double(a->q.data, a->q.dtype, kpt_ref_off4(&a->q, b, h, q, d));
     env->q = (int32_t)q;
-    double m = -INFINITY;
-    bool nan_seen = false;
-    for (int64_t k = 0; k < s->Skv; k++) {
-        env->k = (int32_t)k;
-        if (p->mask) {
-            kpt_ir_prog_run(&st->mask_prog, env, st->vals);
-            if (!st->vals[p->mask].i) {
-                st->kept[k] = 0;
-                continue;
-            }
-        }
-        double x = st->bind.scale * kpt_ref_dot(st->qd, st->kd + k * s->Dqk, s->Dqk);
-        if (p->score) {
-            env->s = x;
-            kpt_ir_prog_run(&st->score_prog, env, st->vals);
-            x = st->vals[p->score].f;
-        }
-        st->kept[k] = 1;
-        st->sc[k] = x;
-        if (x > m)
-            m = x;
-        nan_seen |= isnan(x) != 0;
-    }
-    if (nan_seen)
-        m = NAN; /* a NaN score makes its row NaN, never a silent zero */
+    const kpt_ref_scorer sc = {p, &st->mask_prog, &st->score_prog, st->bind.scale, s->Skv, s->Dqk};
+    double m = kpt_ref_row_scores(&sc, env, st->vals, st->qd, st->kd, st->kept, NULL, st->sc);
     memset(st->od, 0, (size_t)s->Dv * sizeof(double));
     double lse = -INFINITY;
     if (m != -INFINITY) { /* some key kept with a score above -inf */

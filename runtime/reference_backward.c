@@ -55,38 +55,6 @@ static int64_t dense_index(const kpt_ir_auxview *v, const kpt_ir_node *load, con
     return at;
 }
 
-/* Scores of one row: kept[k], sraw[k] (before the score mod), p[k] (after it); returns the max. */
-static double row_scores(bwd_worker *w, kpt_ir_env *env)
-{
-    const bwd_ctx *c = w->c;
-    const kpt_pattern *p = c->p;
-    const kpt_attn_shape *s = &c->bind.shape;
-    double m = -INFINITY;
-    bool nan_seen = false;
-    for (int64_t k = 0; k < s->Skv; k++) {
-        env->k = (int32_t)k;
-        w->kept[k] = 1;
-        if (p->mask) {
-            kpt_ir_prog_run(&c->mask_prog, env, w->vals);
-            w->kept[k] = w->vals[p->mask].i != 0;
-        }
-        if (!w->kept[k])
-            continue;
-        double x = c->bind.scale * kpt_ref_dot(w->qd, w->kd + k * s->Dqk, s->Dqk);
-        w->sraw[k] = x;
-        if (p->score) {
-            env->s = x;
-            kpt_ir_prog_run(&c->score_prog, env, w->vals);
-            x = w->vals[p->score].f;
-        }
-        w->p[k] = x;
-        if (x > m)
-            m = x;
-        nan_seen |= isnan(x) != 0;
-    }
-    return nan_seen ? NAN : m;
-}
-
 /* The score mod's derivatives at pair (q, k): returns d s'/d s and adds g * d s'/d load to the
  * aux gradients wanted. */
 static double score_grad(bwd_worker *w, kpt_ir_env *env, int64_t k, double g)
@@ -131,7 +99,8 @@ static void run_row(bwd_worker *w, kpt_ir_env *env, int64_t b, int64_t h, int64_
             kpt_load_as_double(gr->dout.data, gr->dout.dtype, kpt_ref_off4(&gr->dout, b, h, q, d));
     memset(w->dqd, 0, (size_t)s->Dqk * sizeof(double));
     env->q = (int32_t)q;
-    double m = row_scores(w, env);
+    const kpt_ref_scorer sc = {c->p, &c->mask_prog, &c->score_prog, scale, s->Skv, s->Dqk};
+    double m = kpt_ref_row_scores(&sc, env, w->vals, w->qd, w->kd, w->kept, w->sraw, w->p);
     if (m != -INFINITY) { /* else nothing is kept: every gradient of the row is zero */
         double sum = 0, dsum = 0;
         for (int64_t k = 0; k < s->Skv; k++)

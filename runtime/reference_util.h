@@ -9,6 +9,7 @@
 
 #include <kpt/tensor.h>
 
+#include "ir/ir_eval.h"
 #include "runtime/attention_args.h"
 
 /* The element offset of [i0, i1, i2, i3] in a rank-4 tensor. */
@@ -18,6 +19,23 @@ double kpt_ref_dot(const double *a, const double *b, int64_t n);
 /* t[b, h, 0..rows, 0..cols] as contiguous doubles. */
 void kpt_ref_load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, int64_t cols,
                        double *out);
+
+/* What scoring a query row needs: the pattern with its mask and score programs, the scale, and
+ * the sizes of the (batch row, kv head)'s keys. */
+typedef struct kpt_ref_scorer {
+    const kpt_pattern *p;
+    const kpt_ir_prog *mask_prog, *score_prog;
+    double scale;
+    int64_t Skv, Dqk;
+} kpt_ref_scorer;
+
+/* One row's scores (env's b, h and q set; qd the row of q, kd the keys, as doubles): kept[k],
+ * raw[k] = scale * q.k before the score mod (raw may be NULL) and out[k] after it, for the kept
+ * keys. Returns the row's max: -inf when nothing is kept, NaN when some score is NaN. The
+ * forward and the backward score rows only here, so they agree on what a score is. */
+double kpt_ref_row_scores(const kpt_ref_scorer *sc, kpt_ir_env *env, kpt_ir_value *vals,
+                          const double *qd, const double *kd, uint8_t *kept, double *raw,
+                          double *out);
 
 /* Workers for a problem of this shape: $KPT_REFERENCE_THREADS, else one per online core (at
  * most 64), never more than there are (batch row, kv head) pairs; small problems get one. */

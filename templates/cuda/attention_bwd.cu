@@ -145,6 +145,61 @@ __device__ __forceinline__ void kpt_store_acc(const float (&C)[N / 8][4], u16 *b
     }
 }
 
+// The probabilities of a 16 x N block of scores, in place, and the score mod's derivative
+// d s'/d s of each in D (only with a score mod). Rows are queries and columns keys, or the
+// transpose (KEY_ROWS: kpt_bwd_dkdv's S^T). This thread's element (n, e) lies in row
+// row0 + lane / 4 (+ 8 for e >= 2) and column col0 + n * 8 + (lane % 4) * 2 + e % 2. The query's
+// LSE in log2 units comes from lse_col[column - col0] (KEY_ROWS, shared memory) or from
+// lse_row[e / 2] (this thread's two rows). Pairs the mask drops, and padding, get P = 0.
+template <int N, bool KEY_ROWS>
+__device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_uniform &U, int b, int h,
+                                              int row0, int col0, bool partial,
+                                              float (&S)[N / 8][4], float (&D)[N / 8][4],
+                                              const float *lse_col, const float *lse_row, int lane)
+{
+#pragma unroll
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = row0 + (lane >> 2) + (e >> 1) * 8;
+            const int c = n * 8 + (lane & 3) * 2 + (e & 1);
+            const int qi = KEY_ROWS ? col0 + c : r, ki = KEY_ROWS ? r : col0 + c;
+            bool kp = true;
+            if (partial) {
+                kp = ki < A.Skv && qi < A.Sq;
+#if KPT_HAS_MASK
+                kp = kp && kpt_mask(A, U, b, h, qi, ki);
+#endif
+            }
+            float x = S[n][e] * A.scale;
+#if KPT_HAS_SCORE
+            x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
+#endif
+            const float lse = KEY_ROWS ? lse_col[c] : lse_row[e >> 1];
+            S[n][e] = kp ? kpt_ex2(x * KPT_LOG2E - lse) : 0.0f;
+        }
+}
+
+// dS = P (dP - delta) (times d s'/d s), in place over P; the scale is applied when dQ and dK are
+// stored. delta of the element's query as lse in kpt_bwd_probs.
+template <int N, bool KEY_ROWS>
+__device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&dP)[N / 8][4],
+                                           const float (&D)[N / 8][4], const float *del_col,
+                                           const float *del_row, int lane)
+{
+#pragma unroll
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int c = n * 8 + (lane & 3) * 2 + (e & 1);
+            float g = S[n][e] * (dP[n][e] - (KEY_ROWS ? del_col[c] : del_row[e >> 1]));
+#if KPT_HAS_SCORE
+            g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
+#endif
+            S[n][e] = g;
+        }
+}
+
 #define KPT_BWD_ROWS (KPT_BN * KPT_KSTR + KPT_BN * KPT_VSTR + KPT_BM * KPT_QSTR + KPT_BM * KPT_VSTR)
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
@@ -196,45 +251,16 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             float S[KPT_BM / 8][4];
             kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(S, sK + wrow * KPT_KSTR * 2, sQ, lane);
             const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
-#if KPT_HAS_SCORE
-            float D[KPT_BM / 8][4];
-#endif
-#pragma unroll
-            for (int n = 0; n < KPT_BM / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int ki = k0 + wrow + (lane >> 2) + (e >> 1) * 8;
-                    const int c = n * 8 + (lane & 3) * 2 + (e & 1), qi = q0 + c;
-                    bool kp = true;
-                    if (partial) {
-                        kp = ki < A.Skv && qi < A.Sq;
-#if KPT_HAS_MASK
-                        kp = kp && kpt_mask(A, U, b, h, qi, ki);
-#endif
-                    }
-                    float x = S[n][e] * A.scale;
-#if KPT_HAS_SCORE
-                    x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
-#endif
-                    S[n][e] = kp ? kpt_ex2(x * KPT_LOG2E - s_lse[c]) : 0.0f; // P^T
-                }
+            float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
+            kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, partial, S, D, s_lse, nullptr,
+                                        lane); // P^T
             // dV += P^T dO
             kpt_mm_pb<KPT_DV, KPT_BM, KPT_VSTR>(dV, S, sO, lane);
             // dP^T = V dO^T
             float dP[KPT_BM / 8][4];
             kpt_mm_abt<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sV + wrow * KPT_VSTR * 2, sO, lane);
-            // dS^T = P^T (dP^T - delta) (times d s'/d s); the scale is applied at the end
-#pragma unroll
-            for (int n = 0; n < KPT_BM / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int c = n * 8 + (lane & 3) * 2 + (e & 1);
-                    float g = S[n][e] * (dP[n][e] - s_del[c]);
-#if KPT_HAS_SCORE
-                    g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
-#endif
-                    S[n][e] = g;
-                }
+            // dS^T
+            kpt_bwd_ds<KPT_BM, true>(S, dP, D, s_del, nullptr, lane);
             // dK += dS^T Q
             kpt_mm_pb<KPT_DQK, KPT_BM, KPT_QSTR>(dK, S, sQ, lane);
         }
@@ -300,40 +326,11 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
         float S[KPT_BN / 8][4];
         kpt_mm_abt<KPT_BN, KPT_DQK, KPT_QSTR, KPT_KSTR, true>(S, sQ + wrow * KPT_QSTR * 2, sK, lane);
         const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
-#if KPT_HAS_SCORE
-        float D[KPT_BN / 8][4];
-#endif
-#pragma unroll
-        for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = q0 + wrow + (lane >> 2) + (e >> 1) * 8;
-                const int ki = k0 + n * 8 + (lane & 3) * 2 + (e & 1);
-                bool kp = true;
-                if (partial) {
-                    kp = ki < A.Skv && qi < A.Sq;
-#if KPT_HAS_MASK
-                    kp = kp && kpt_mask(A, U, b, h, qi, ki);
-#endif
-                }
-                float x = S[n][e] * A.scale;
-#if KPT_HAS_SCORE
-                x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
-#endif
-                S[n][e] = kp ? kpt_ex2(x * KPT_LOG2E - lse[e >> 1]) : 0.0f; // P
-            }
+        float D[KPT_BN / 8][4]; // d s'/d s (with a score mod)
+        kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, partial, S, D, nullptr, lse, lane);
         float dP[KPT_BN / 8][4];
         kpt_mm_abt<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sO + wrow * KPT_VSTR * 2, sV, lane);
-#pragma unroll
-        for (int n = 0; n < KPT_BN / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float g = S[n][e] * (dP[n][e] - del[e >> 1]);
-#if KPT_HAS_SCORE
-                g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f;
-#endif
-                S[n][e] = g;
-            }
+        kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);
         // dQ += dS K
         kpt_mm_pb<KPT_DQK, KPT_BN, KPT_KSTR>(dQ, S, sK, lane);
     }

@@ -258,22 +258,9 @@ static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, 
                              dev_grads *dg, void *copy2[3], kpt_diag *d)
 {
     const kpt_attention_args *ref = c->ref;
-    kpt_attention_args a = *ref;
+    kpt_attention_args a;
     kpt_attention_grads g = {.dout = c->g.dout};
-    a.o = like(&ref->o, NULL, c->dtype);
-    a.lse = kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 3,
-                                  (int64_t[]){ref->o.shape[0], ref->o.shape[1], ref->o.shape[2]});
-    memcpy(r->aux, ref->aux, (size_t)ref->num_aux * sizeof(*r->aux));
-    a.aux = r->aux;
-    kpt_status st = KPT_OK;
-    for (int i = 0; !st && i < 3; i++)
-        st = kptc_upload(r, i == 0 ? &a.q : i == 1 ? &a.k : &a.v, true, d);
-    for (int i = 0; !st && i < a.num_aux; i++)
-        st = kptc_upload(r, &r->aux[i].tensor, true, d);
-    if (!st)
-        st = kptc_upload(r, &a.o, false, d);
-    if (!st)
-        st = kptc_upload(r, &a.lse, false, d);
+    kpt_status st = kptc_device_args(r, ref, c->dtype, &a, d);
     if (!st)
         st = kptc_upload(r, &g.dout, true, d);
     const kpt_tensor *shapes[3] = {&ref->q, &ref->k, &ref->v};
@@ -356,9 +343,7 @@ static int check_device(bwd_check *c, kpt_backend_kind kind)
     }
     for (int i = 0; i < 3; i++)
         free(dg.host[i]), free(copy2[i]);
-    for (int i = 0; i < r.nbufs; i++)
-        kpt_buffer_destroy(&r.bufs[i]);
-    kpt_context_destroy(&r.ctx);
+    kptc_device_close(&r);
     return rc;
 }
 

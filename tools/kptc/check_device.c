@@ -88,21 +88,9 @@ int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
                             .head_dim_v = (int)ref->v.shape[3]};
     kpt_kernel *k = NULL;
     st = kpt_kernel_get(r.ctx, p, &desc, &k, &d);
-    kpt_attention_args a = *ref;
-    a.o.dtype = dtype;
-    a.o.data = NULL;
-    a.lse = kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 3,
-                                  (int64_t[]){ref->o.shape[0], ref->o.shape[1], ref->o.shape[2]});
-    memcpy(r.aux, ref->aux, (size_t)ref->num_aux * sizeof(*r.aux));
-    a.aux = r.aux;
-    for (int i = 0; !st && i < 3; i++)
-        st = kptc_upload(&r, i == 0 ? &a.q : i == 1 ? &a.k : &a.v, true, &d);
-    for (int i = 0; !st && i < a.num_aux; i++)
-        st = kptc_upload(&r, &r.aux[i].tensor, true, &d);
+    kpt_attention_args a = *ref; /* sizes the reads below even when nothing ran */
     if (!st)
-        st = kptc_upload(&r, &a.o, false, &d);
-    if (!st)
-        st = kptc_upload(&r, &a.lse, false, &d);
+        st = kptc_device_args(&r, ref, dtype, &a, &d);
     if (!st)
         st = kpt_kernel_launch(k, &a, NULL, NULL, &d);
     if (!st)
@@ -134,8 +122,35 @@ int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
     }
     free(o);
     free(lse);
-    for (int i = 0; i < r.nbufs; i++)
-        kpt_buffer_destroy(&r.bufs[i]);
-    kpt_context_destroy(&r.ctx);
+    kptc_device_close(&r);
     return rc;
+}
+
+kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, kpt_dtype dtype,
+                            kpt_attention_args *a, kpt_diag *d)
+{
+    *a = *ref;
+    a->o.dtype = dtype;
+    a->o.data = NULL;
+    a->lse = kpt_tensor_contiguous(NULL, KPT_DTYPE_F32, 3,
+                                   (int64_t[]){ref->o.shape[0], ref->o.shape[1], ref->o.shape[2]});
+    memcpy(r->aux, ref->aux, (size_t)ref->num_aux * sizeof(*r->aux));
+    a->aux = r->aux;
+    kpt_status st = KPT_OK;
+    for (int i = 0; !st && i < 3; i++)
+        st = kptc_upload(r, i == 0 ? &a->q : i == 1 ? &a->k : &a->v, true, d);
+    for (int i = 0; !st && i < a->num_aux; i++)
+        st = kptc_upload(r, &r->aux[i].tensor, true, d);
+    if (!st)
+        st = kptc_upload(r, &a->o, false, d);
+    if (!st)
+        st = kptc_upload(r, &a->lse, false, d);
+    return st;
+}
+
+void kptc_device_close(kptc_device_run *r)
+{
+    for (int i = 0; i < r->nbufs; i++)
+        kpt_buffer_destroy(&r->bufs[i]);
+    kpt_context_destroy(&r->ctx);
 }
