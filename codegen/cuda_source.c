@@ -1,4 +1,5 @@
 /* CUDA source generation (see cuda_source.h). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "codegen/cuda_source.h"
@@ -36,18 +37,21 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
 static kpt_status backward_kernel(const kpt_pattern *p, const kpt_c_dialect *d, char **out,
                                   kpt_diag *diag)
 {
-    kpt_strbuf grad = {0}, src = {0};
-    char err[256];
+    kpt_strbuf grad = {0}, auxg = {0}, src = {0};
+    char err[256], ndaux[16];
     kpt_emit_score_grad_body(&grad, p, d);
+    kpt_emit_aux_grad_body(&auxg, p, d);
+    snprintf(ndaux, sizeof(ndaux), "%d", p->num_dloads);
     kpt_status st = KPT_OK;
-    const kpt_hole holes[] = {{"GRAD", grad.data}};
-    if (grad.failed)
+    const kpt_hole holes[] = {{"GRAD", grad.data}, {"AUXGRAD", auxg.data}, {"NDAUX", ndaux}};
+    if (grad.failed || auxg.failed)
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
-    else if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention_bwd, holes, 1, err, sizeof(err)))
+    else if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention_bwd, holes, 3, err, sizeof(err)))
         st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "cuda backward template: %s", err);
     if (!st && !(*out = kpt_sb_take(&src)))
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
     kpt_sb_free(&grad);
+    kpt_sb_free(&auxg);
     kpt_sb_free(&src);
     return st;
 }

@@ -17,6 +17,7 @@
 #define KPT_CUDA_BWD_PREP_ENTRY "kpt_bwd_prep"
 #define KPT_CUDA_BWD_DKDV_ENTRY "kpt_bwd_dkdv"
 #define KPT_CUDA_BWD_DQ_ENTRY "kpt_bwd_dq"
+#define KPT_CUDA_BWD_DAUX_ENTRY "kpt_bwd_daux"
 /* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */
 #define KPT_CUDA_BLOCKMAP_ORDER_ENTRY "kpt_blockmap_order"
 

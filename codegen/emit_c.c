@@ -371,6 +371,31 @@ void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_
     kpt_sb_printf(sb, "    return v%u;", (unsigned)p->score);
 }
 
+void kpt_emit_aux_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
+{
+    kpt_ir_ref roots[KPT_MAX_DLOADS * 4];
+    int n = 0;
+    for (int i = 0; i < p->num_dloads; i++) {
+        const kpt_ir_node *ld = kpt_ir_node_get(&p->g, p->dloads[i].load);
+        roots[n++] = p->dloads[i].deriv;
+        for (int a = 0; a < ld->nargs; a++)
+            roots[n++] = ld->arg[a];
+    }
+    if (n)
+        emit_values(sb, p, roots, n, d);
+    for (int i = 0; i < p->num_dloads; i++) {
+        const kpt_ir_node *ld = kpt_ir_node_get(&p->g, p->dloads[i].load);
+        const uint32_t *a = ld->arg;
+        kpt_sb_printf(sb, "    kpt_daux_add(A, G, %u, %d, v%u, ", (unsigned)ld->imm.index, ld->nargs,
+                      (unsigned)a[0]);
+        if (ld->nargs > 1) kpt_sb_printf(sb, "v%u, ", (unsigned)a[1]); else kpt_sb_puts(sb, "0, ");
+        if (ld->nargs > 2) kpt_sb_printf(sb, "v%u, ", (unsigned)a[2]); else kpt_sb_puts(sb, "0, ");
+        /* g = 0 (a dropped pair) adds nothing, whatever the derivative there */
+        kpt_sb_printf(sb, "g != 0.0f ? g * v%u : 0.0f);\n", (unsigned)p->dloads[i].deriv);
+    }
+    kpt_sb_puts(sb, "    (void)A, (void)U, (void)G, (void)s, (void)b, (void)h, (void)q, (void)k, (void)g;");
+}
+
 /* ---- intervals ------------------------------------------------------------------------------ */
 
 /* Interval helpers (templates/common/expr.inc and the GLSL template). */

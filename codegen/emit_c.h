@@ -57,6 +57,11 @@ void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
  * int q, int k, float &ds)` for a derived pattern (kpt_diff_score): returns the score mod's value
  * at s and sets ds to its derivative d s'/d s. */
 void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
+/* Body of `void kpt_aux_grads(const kpt_args &A, const kpt_uniform &U, const kpt_gargs &G, float s,
+ * int b, int h, int q, int k, float g)` for a derived pattern: for each float aux load of the score
+ * mod (p->dloads), kpt_daux_add(A, G, slot, rank, i0, i1, i2, g * d s'/d load) at the load's
+ * indices. */
+void kpt_emit_aux_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
 /* Body of `int kpt_tile_interval(const kpt_args &A, int b, int h, int q0, int q1, int k0, int k1)`:
  * interval arithmetic over the box q in [q0, q1], k in [k0, k1]; returns 0 when no pair can be
  * kept, 2 when every pair is, 1 otherwise. Sound for every mask; exact for box-separable

@@ -39,7 +39,8 @@ typedef struct kpt_backend_ops {
     /* Backward kernels (NULL where the backend has none): the workspace a call needs, and the
      * launch (workspace 0: the backend allocates a temporary one). */
     kpt_status (*backward_workspace)(kpt_backend *b, void *kernel,
-                                     const kpt_attention_args *args, size_t *bytes,
+                                     const kpt_attention_args *args,
+                                     const kpt_attention_grads *grads, size_t *bytes,
                                      kpt_diag *diag);
     kpt_status (*launch_backward)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                                   const kpt_attention_grads *grads, uint64_t blockmap,

@@ -84,7 +84,8 @@ static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_a
 }
 
 static kpt_status cpu_backward_workspace(kpt_backend *b, void *kernel,
-                                         const kpt_attention_args *args, size_t *bytes,
+                                         const kpt_attention_args *args,
+                                         const kpt_attention_grads *grads, size_t *bytes,
                                          kpt_diag *diag)
 {
     *bytes = 0; /* the reference allocates its own scratch */

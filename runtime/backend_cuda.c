@@ -50,10 +50,11 @@ static kpt_status cuda_launch(kpt_backend *b, void *kernel, const kpt_attention_
 }
 
 static kpt_status cuda_backward_workspace(kpt_backend *b, void *kernel,
-                                          const kpt_attention_args *args, size_t *bytes,
+                                          const kpt_attention_args *args,
+                                          const kpt_attention_grads *grads, size_t *bytes,
                                           kpt_diag *diag)
 {
-    return kpt_cuda_backward_workspace(kernel, args, bytes, diag);
+    return kpt_cuda_backward_workspace(kernel, args, grads, bytes, diag);
 }
 
 static kpt_status cuda_launch_backward(kpt_backend *b, void *kernel,

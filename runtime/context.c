@@ -596,7 +596,8 @@ kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args
 }
 
 kpt_status kpt_kernel_backward_workspace(const kpt_kernel *k, const kpt_attention_args *args,
-                                         size_t *bytes, kpt_diag *diag)
+                                         const kpt_attention_grads *grads, size_t *bytes,
+                                         kpt_diag *diag)
 {
     if (bytes)
         *bytes = 0;
@@ -608,7 +609,7 @@ kpt_status kpt_kernel_backward_workspace(const kpt_kernel *k, const kpt_attentio
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             !bytes ? "bytes is NULL"
                                    : "not a backward kernel (get it with KPT_DESC_BACKWARD)");
-    return b->ops->backward_workspace(b, k->mod->impl, args, bytes, diag);
+    return b->ops->backward_workspace(b, k->mod->impl, args, grads, bytes, diag);
 }
 
 kpt_status kpt_kernel_launch_backward(const kpt_kernel *k, const kpt_attention_args *args,

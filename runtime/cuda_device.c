@@ -107,6 +107,9 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
     CUresult r = k->dev->cu->ModuleGetFunction(&k->bwd_prep, k->module, KPT_CUDA_BWD_PREP_ENTRY);
     if (r)
         return kpt_cu_fail(diag, KPT_CUDA_BWD_PREP_ENTRY, r);
+    r = k->dev->cu->ModuleGetFunction(&k->bwd_daux, k->module, KPT_CUDA_BWD_DAUX_ENTRY);
+    if (r)
+        return kpt_cu_fail(diag, KPT_CUDA_BWD_DAUX_ENTRY, r);
     kpt_status st = get_big_function(k, &k->bwd_dkdv, KPT_CUDA_BWD_DKDV_ENTRY, diag);
     return st ? st : get_big_function(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, diag);
 }
@@ -301,29 +304,50 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
 }
 
 kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_attention_args *args,
-                                       size_t *bytes, kpt_diag *diag)
+                                       const kpt_attention_grads *grads, size_t *bytes,
+                                       kpt_diag *diag)
 {
     *bytes = 0;
     kpt_kernel_args a;
+    kpt_kernel_gargs ga;
+    kpt_bwd_workspace ws;
     kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
+    if (!st && grads)
+        st = kpt_kernel_gargs_pack(k->pattern, &k->plan, "CUDA", args, &a, grads, &ga, &ws, diag);
     if (!st)
-        *bytes = kpt_kernel_args_bwd_workspace(&a);
+        *bytes = grads ? ws.bytes : kpt_kernel_args_bwd_workspace(&a);
     return st;
 }
 
-/* The three backward launches (attention_bwd.cu), in order on the stream. */
+/* The backward launches (attention_bwd.cu), in order on the stream: the aux accumulators
+ * zeroed, delta, dK/dV (and the aux terms), dQ, then each aux gradient out of its accumulators. */
 static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
-                                  kpt_kernel_gargs *g, CUstream stream, kpt_diag *diag)
+                                  kpt_kernel_gargs *g, const kpt_bwd_workspace *ws,
+                                  CUdeviceptr base, CUstream stream, kpt_diag *diag)
 {
     const kpt_cu_api *cu = k->dev->cu;
     void *params[] = {a, g};
     const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
+    if (g->daux_on)
+        KPT_CU_TRY(diag, cu->MemsetD8Async(base + ws->zero_from, 0, ws->bytes - ws->zero_from,
+                                           stream));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, (unsigned)((a->Sq + 7) / 8), (unsigned)a->Hq,
                                       (unsigned)a->B, 256, 1, 1, 0, stream, params, NULL));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
                                       (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
                                       (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
+    for (int i = 0; i < KPT_MAX_AUX; i++) {
+        if (!g->dacc[i])
+            continue;
+        kpt_kernel_daux_out o = ws->out[i];
+        o.acc = g->dacc[i];
+        o.flag = g->dflag[i];
+        uint64_t n = (uint64_t)o.dim[0] * (uint64_t)o.dim[1] * (uint64_t)o.dim[2];
+        void *p[] = {&o};
+        KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_daux, (unsigned)((n + 255) / 256), 1, 1, 256, 1, 1,
+                                          0, stream, p, NULL));
+    }
     return KPT_OK;
 }
 
@@ -340,23 +364,35 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
                             "KPT_DESC_BACKWARD");
     kpt_kernel_args a;
     kpt_kernel_gargs ga;
+    kpt_bwd_workspace ws;
     kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (!st)
-        st = kpt_kernel_gargs_pack(&k->plan, "CUDA", args, g, &ga, diag);
+        st = kpt_kernel_gargs_pack(k->pattern, &k->plan, "CUDA", args, &a, g, &ga, &ws, diag);
     if (st)
         return st;
-    size_t need = kpt_kernel_args_bwd_workspace(&a);
-    if (workspace && workspace_bytes < need)
+    for (int i = 0; i < KPT_MAX_AUX; i++)
+        if (ws.acc[i] && (uint64_t)ws.out[i].dim[0] * (uint64_t)ws.out[i].dim[1] *
+                                 (uint64_t)ws.out[i].dim[2] > 255ull * 0x7fffffffull)
+            return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                                "the gradient of aux tensor '%s' is too large for the CUDA backward "
+                                "(2^39 elements)", k->pattern->aux[i].name);
+    if (workspace && workspace_bytes < ws.bytes)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "the workspace has %zu bytes; this call needs %zu", workspace_bytes,
-                            need);
+                            "the workspace has %zu bytes; this call needs %zu "
+                            "(kpt_kernel_backward_workspace)", workspace_bytes, ws.bytes);
     if ((st = kpt_cuda_make_current(k->dev, diag)))
         return st;
     const kpt_cu_api *cu = k->dev->cu;
     CUdeviceptr tmp_ws = 0, tmp_map = 0;
     if (!workspace)
-        KPT_CU_TRY(diag, cu->MemAllocAsync(&tmp_ws, need, stream));
-    ga.delta = workspace ? workspace : tmp_ws;
+        KPT_CU_TRY(diag, cu->MemAllocAsync(&tmp_ws, ws.bytes, stream));
+    const CUdeviceptr base = workspace ? workspace : tmp_ws;
+    ga.delta = base;
+    for (int i = 0; i < KPT_MAX_AUX; i++)
+        if (ws.acc[i]) {
+            ga.dacc[i] = base + ws.acc[i];
+            ga.dflag[i] = base + ws.flag[i];
+        }
     a.blockmap = map;
     if (k->plan.has_blockmap && !map) {
         size_t bytes = kpt_kernel_args_map_bytes(&k->plan, &a);
@@ -368,7 +404,7 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
             st = launch_blockmap(k, &a, stream, diag);
     }
     if (!st)
-        st = launch_backward(k, &a, &ga, stream, diag);
+        st = launch_backward(k, &a, &ga, &ws, base, stream, diag);
     if (tmp_map)
         cu->MemFreeAsync(tmp_map, stream);
     if (tmp_ws)

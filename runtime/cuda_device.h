@@ -30,7 +30,7 @@ typedef struct kpt_cuda_kernel {
     kpt_kernel_plan plan;
     CUmodule module;
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
-    CUfunction bwd_prep, bwd_dkdv, bwd_dq;          /* backward kernels (no attention) */
+    CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux; /* backward kernels (no attention) */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
 } kpt_cuda_kernel;
@@ -74,9 +74,11 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                               CUdeviceptr map, CUstream stream, kpt_diag *diag);
 
-/* Bytes of workspace kpt_cuda_attention_backward needs for these arguments. */
+/* Bytes of workspace kpt_cuda_attention_backward needs for these arguments and gradients
+ * (grads NULL: without aux gradients; otherwise validated as the launch does). */
 kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_attention_args *args,
-                                       size_t *bytes, kpt_diag *diag);
+                                       const kpt_attention_grads *grads, size_t *bytes,
+                                       kpt_diag *diag);
 
 /* Launches the backward kernels (a kernel of kind "backward") on `stream`: dq, dk, dv of `g`
  * from args (q, k, v, o, lse of the forward) and g->dout. `workspace`: device memory of at least

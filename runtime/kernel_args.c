@@ -127,11 +127,48 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
 }
 
 
-kpt_status kpt_kernel_gargs_pack(const kpt_kernel_plan *pl, const char *backend,
-                                 const kpt_attention_args *a, const kpt_attention_grads *g,
-                                 kpt_kernel_gargs *out, kpt_diag *diag)
+static size_t align256(size_t n)
 {
-    kpt_status st = kpt_attn_check_grads(a, g, diag); /* a itself was packed already */
+    return (n + 255) & ~(size_t)255;
+}
+
+/* The aux gradients' part of the workspace and their outputs. */
+static kpt_status plan_daux(const kpt_pattern *p, const kpt_grad_binding *gb,
+                            kpt_bwd_workspace *ws, kpt_diag *diag)
+{
+    for (int i = 0; i < p->num_aux; i++) {
+        const kpt_ir_auxview *v = &gb->daux[i];
+        if (!v->data)
+            continue;
+        if ((uintptr_t)v->data % 4)
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "the gradient of aux tensor '%s': data pointer not 4-byte aligned",
+                                p->aux[i].name);
+        int64_t n = 1;
+        kpt_kernel_daux_out *o = &ws->out[i];
+        for (int d = 0; d < 3; d++) {
+            o->dim[d] = d < v->rank ? (int32_t)v->shape[d] : 1; /* the aux tensor's: < 2^31 */
+            o->stride[d] = d < v->rank ? v->stride[d] : 0;
+            n *= o->dim[d];
+        }
+        o->out = (uint64_t)(uintptr_t)v->data;
+        ws->acc[i] = ws->bytes;
+        ws->flag[i] = ws->bytes + align256((size_t)n * 16);
+        ws->bytes = ws->flag[i] + align256((size_t)n * 4);
+    }
+    return KPT_OK;
+}
+
+kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                                 const char *backend, const kpt_attention_args *a,
+                                 const kpt_kernel_args *pa, const kpt_attention_grads *g,
+                                 kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag)
+{
+    kpt_attn_binding bind;
+    kpt_grad_binding gb;
+    kpt_status st = kpt_attn_bind(p, a, &bind, diag); /* accepted by kpt_kernel_args_pack */
+    if (!st)
+        st = kpt_attn_bind_grads(p, a, &bind, g, false, &gb, diag);
     if (st)
         return st;
     if (!a->lse.data)
@@ -140,15 +177,15 @@ kpt_status kpt_kernel_gargs_pack(const kpt_kernel_plan *pl, const char *backend,
     if (!g->dq.data || !g->dk.data || !g->dv.data)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the %s backward writes dq, dk and dv: all three need data", backend);
-    if (g->num_daux)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "aux gradients: the %s backward does not compute them yet (the CPU "
-                            "backend and kpt_reference_attention_backward do)", backend);
     kpt_dtype dt = pl->cfg.dtype;
     if ((st = check_tensor(&g->dout, "dout", dt, pl->cfg.dv, diag)) ||
         (st = check_tensor(&g->dq, "dq", dt, pl->cfg.dqk, diag)) ||
         (st = check_tensor(&g->dk, "dk", dt, pl->cfg.dqk, diag)) ||
         (st = check_tensor(&g->dv, "dv", dt, pl->cfg.dv, diag)))
+        return st;
+    memset(ws, 0, sizeof(*ws));
+    ws->bytes = ws->zero_from = kpt_kernel_args_bwd_workspace(pa);
+    if ((st = plan_daux(p, &gb, ws, diag)))
         return st;
     memset(out, 0, sizeof(*out));
     out->dout = (uint64_t)(uintptr_t)g->dout.data;
@@ -161,10 +198,11 @@ kpt_status kpt_kernel_gargs_pack(const kpt_kernel_plan *pl, const char *backend,
         out->dks[i] = g->dk.stride[i];
         out->dvs[i] = g->dv.stride[i];
     }
+    out->daux_on = ws->bytes > ws->zero_from;
     return KPT_OK;
 }
 
 size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a)
 {
-    return (((size_t)a->B * (size_t)a->Hq * (size_t)a->Sq * sizeof(float)) + 255) & ~(size_t)255;
+    return align256((size_t)a->B * (size_t)a->Hq * (size_t)a->Sq * sizeof(float));
 }

@@ -39,9 +39,11 @@ _Static_assert(sizeof(kpt_kernel_args) == 1160, "kpt_kernel_args layout");
 typedef struct kpt_kernel_gargs {
     uint64_t dout, dq, dk, dv, delta;
     int64_t dos[4], dqs[4], dks[4], dvs[4];
+    uint64_t dacc[16], dflag[16]; /* per aux slot: fixed-point accumulators and flags, or 0 */
+    int32_t daux_on, pad;
 } kpt_kernel_gargs;
 
-_Static_assert(sizeof(kpt_kernel_gargs) == 168, "kpt_kernel_gargs layout");
+_Static_assert(sizeof(kpt_kernel_gargs) == 432, "kpt_kernel_gargs layout");
 
 /* Validates `a` against the pattern and plan of a kernel (dtypes, head dims, strides, alignment,
  * sizes; `backend` names the backend in messages) and fills `out`; out->blockmap stays 0. */
@@ -49,15 +51,37 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pla
                                 const char *backend, const kpt_attention_args *a,
                                 kpt_kernel_args *out, kpt_diag *diag);
 
-/* Validates a backward call's gradients against the kernel (dout, dq, dk, dv of the kernel's
- * dtype and head dims, all present; lse present in `a`; no aux gradients, which only the CPU
- * backend computes so far) and fills `out`; out->delta stays 0. `a` must have been packed
- * (kpt_kernel_args_pack) already: it is not validated again. */
-kpt_status kpt_kernel_gargs_pack(const kpt_kernel_plan *plan, const char *backend,
-                                 const kpt_attention_args *a, const kpt_attention_grads *g,
-                                 kpt_kernel_gargs *out, kpt_diag *diag);
+/* The argument of kpt_bwd_daux (one aux gradient out of its accumulators): the host twin of
+ * `struct kpt_daux_out`. */
+typedef struct kpt_kernel_daux_out {
+    uint64_t acc, flag, out;
+    int64_t stride[3];
+    int32_t dim[3], pad;
+} kpt_kernel_daux_out;
 
-/* Bytes of the backward's workspace for a packed call: delta, f32 [B, Hq, Sq]. */
+_Static_assert(sizeof(kpt_kernel_daux_out) == 64, "kpt_kernel_daux_out layout");
+
+/* The backward's workspace, at offsets from its start (each 256-byte aligned): delta (f32
+ * [B, Hq, Sq]), then for each aux gradient wanted its accumulators (16 bytes an element) and
+ * flags (4 bytes an element), which the launch zeroes first. */
+typedef struct kpt_bwd_workspace {
+    size_t bytes;                              /* the whole */
+    size_t zero_from;                          /* the accumulators and flags: [zero_from, bytes) */
+    size_t acc[KPT_MAX_AUX], flag[KPT_MAX_AUX]; /* by aux slot; acc 0: no gradient wanted */
+    kpt_kernel_daux_out out[KPT_MAX_AUX];      /* by aux slot, acc and flag still offsets */
+} kpt_bwd_workspace;
+
+/* Validates a backward call's gradients against the kernel (dout, dq, dk, dv of the kernel's
+ * dtype and head dims, all present; lse present in `a`; aux gradients f32, of float aux tensors)
+ * and fills `out` and the workspace layout `ws`; out->delta, dacc and dflag stay 0 (the launch
+ * adds the workspace's address to ws's offsets). `a` must have been packed
+ * (kpt_kernel_args_pack) into `pa` already: it is not validated again. */
+kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                                 const char *backend, const kpt_attention_args *a,
+                                 const kpt_kernel_args *pa, const kpt_attention_grads *g,
+                                 kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag);
+
+/* The workspace of a packed call without aux gradients: delta only. */
 size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a);
 
 /* Bytes of the block map for a packed call (0 when the plan needs none). */

@@ -47,6 +47,7 @@ static bool bind(void *lib)
     SYM(MemcpyHtoD, "cuMemcpyHtoD_v2");
     SYM(MemcpyDtoH, "cuMemcpyDtoH_v2");
     SYM(MemsetD8, "cuMemsetD8_v2");
+    SYM(MemsetD8Async, "cuMemsetD8Async");
     SYM(StreamSynchronize, "cuStreamSynchronize");
     SYM(EventCreate, "cuEventCreate");
     SYM(EventDestroy, "cuEventDestroy_v2");

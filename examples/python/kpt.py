@@ -55,6 +55,11 @@ class _Args(ctypes.Structure):
 _LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
 
+class _Grads(ctypes.Structure):
+    _fields_ = [("dout", _Tensor), ("dq", _Tensor), ("dk", _Tensor), ("dv", _Tensor),
+                ("daux", ctypes.POINTER(_AuxTensor)), ("num_daux", ctypes.c_int)]
+
+
 class _ContextParams(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int), ("device", ctypes.c_int),
                 ("target", ctypes.c_char_p), ("cache_dir", ctypes.c_char_p),
@@ -127,6 +132,10 @@ _SIGNATURES = {
     "kpt_kernel_get_info": ([_P, ctypes.POINTER(_KernelInfo)], ctypes.c_int),
     "kpt_kernel_needs_blockmap": ([_P], ctypes.c_int),
     "kpt_kernel_launch": ([_P, ctypes.POINTER(_Args), _P, _P, _D], ctypes.c_int),
+    "kpt_kernel_backward_workspace": ([_P, ctypes.POINTER(_Args), ctypes.POINTER(_Grads),
+                                       ctypes.POINTER(ctypes.c_size_t), _D], ctypes.c_int),
+    "kpt_kernel_launch_backward": ([_P, ctypes.POINTER(_Args), ctypes.POINTER(_Grads), _P, _P,
+                                    ctypes.c_size_t, _P, _D], ctypes.c_int),
     "kpt_blockmap_create": ([_P, ctypes.POINTER(_Args), _P, _PP, _D], ctypes.c_int),
     "kpt_blockmap_update": ([_P, ctypes.POINTER(_Args), _P, _D], ctypes.c_int),
     "kpt_blockmap_destroy": ([_PP], None),
@@ -292,10 +301,13 @@ class Context:
     def device_name(self):
         return library().kpt_context_device_name(self._h).decode()
 
-    def kernel(self, pattern, dtype, head_dim, head_dim_v=0, num_heads_q=0, num_heads_kv=0):
-        """The kernel of `pattern` for one shape class (compiled now, or found in a cache)."""
+    def kernel(self, pattern, dtype, head_dim, head_dim_v=0, num_heads_q=0, num_heads_kv=0,
+               backward=False):
+        """The kernel of `pattern` for one shape class (compiled now, or found in a cache);
+        backward=True: the backward kernels (Kernel.backward)."""
         diag, h = _Diag(), ctypes.c_void_p()
-        desc = _KernelDesc(DTYPES[dtype], head_dim, head_dim_v, num_heads_q, num_heads_kv, 0)
+        desc = _KernelDesc(DTYPES[dtype], head_dim, head_dim_v, num_heads_q, num_heads_kv,
+                           1 if backward else 0)
         _check(library().kpt_kernel_get(self._h, pattern._h, desc, ctypes.byref(h), diag), diag,
                pattern.name)
         return Kernel(self, h.value)
@@ -356,6 +368,39 @@ class Kernel:
         _check(library().kpt_kernel_launch(self._h, a.args, blockmap._h if blockmap else None,
                                            stream, diag), diag, "launch")
         return o
+
+    def _grads(self, dout, dq, dk, dv, daux):
+        daux = daux or {}
+        names = [n.encode() for n in daux]
+        arr = (_AuxTensor * max(1, len(daux)))(
+            *[_AuxTensor(n, _tensor(t)) for n, t in zip(names, daux.values())])
+        g = _Grads(_tensor(dout), _tensor(dq), _tensor(dk), _tensor(dv), arr, len(daux))
+        return g, (names, arr)
+
+    def workspace_bytes(self, q, k, v, o, lse, dout, dq, dk, dv, scale=0.0, scalars=None,
+                        aux=None, daux=None):
+        """Bytes of workspace a backward call with these tensors needs."""
+        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {})
+        g, keep = self._grads(dout, dq, dk, dv, daux)
+        diag, n = _Diag(), ctypes.c_size_t()
+        _check(library().kpt_kernel_backward_workspace(self._h, a.args, g, ctypes.byref(n), diag),
+               diag, "backward workspace")
+        return n.value
+
+    def backward(self, q, k, v, o, lse, dout, dq, dk, dv, scale=0.0, scalars=None, aux=None,
+                 daux=None, blockmap=None, workspace=None, stream=None):
+        """dq, dk, dv (and daux: {aux name: f32 tensor}) of a backward kernel from the forward's
+        q, k, v, o, lse and dout. workspace: a tensor of at least workspace_bytes() bytes, or
+        None for a temporary one."""
+        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {})
+        g, keep = self._grads(dout, dq, dk, dv, daux)
+        ws = workspace.data_ptr() if workspace is not None else None
+        nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
+        diag = _Diag()
+        _check(library().kpt_kernel_launch_backward(self._h, a.args, g,
+                                                    blockmap._h if blockmap else None, ws,
+                                                    nbytes, stream, diag), diag, "backward")
+        return dq, dk, dv
 
     def blockmap(self, q, k, v, o, scalars=None, aux=None, stream=None):
         """A block map for these aux tensors, scalars and lengths, built on `stream`."""

@@ -167,22 +167,29 @@ KPT_API void kpt_blockmap_destroy(kpt_blockmap **map);
 KPT_API kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args,
                                      const kpt_blockmap *map, void *stream, kpt_diag *diag);
 
-/* The backward pass: dq, dk and dv (grads) from args (q, k, v, o and lse as the forward launch
- * that made o and lse received them; lse is required on GPU backends) and grads->dout, for a
- * kernel got with KPT_DESC_BACKWARD. On CUDA the gradients are the kernels' dtype and head dims,
- * all three wanted, and aux gradients are refused (the CPU backend computes them).
+/* The backward pass: dq, dk, dv and the aux gradients of `grads` from args (q, k, v, o and lse
+ * as the forward launch that made o and lse received them; lse is required on GPU backends) and
+ * grads->dout, for a kernel got with KPT_DESC_BACKWARD. On CUDA dq, dk and dv are the kernel's
+ * dtype and head dims, all three wanted; aux gradients (any of the float aux tensors, f32, any
+ * strides) are optional.
  *
- * Deterministic: CUDA's backward uses no atomics (dk and dv are summed over a kv head's query
- * heads in a fixed order, dq by one CTA per q tile), so the same inputs give the same bits on
- * every run.
+ * Deterministic, always: CUDA's backward uses no float atomics (dk and dv are summed over a kv
+ * head's query heads in a fixed order, dq by one CTA per q tile, aux gradients in 128-bit
+ * fixed point with 2^-64 resolution, whose integer sums do not depend on their order), so the
+ * same inputs give the same bits on every run. An aux gradient element is rounded to f32 once,
+ * at the end; one whose terms include a NaN, or an infinite or >= 2^62 one, is NaN or +-inf.
  *
  * Workspace: `workspace` is device memory of at least kpt_kernel_backward_workspace() bytes
- * (256-byte aligned), used for scratch (dO . O per row); with it (and a block map where the
- * pattern needs one) the launch does no allocation and no host synchronisation, so it can be
- * captured in a CUDA graph. NULL: a temporary one is allocated on the stream (stream-ordered).
- * `map`: a block map made by this (backward) kernel, or NULL, as for kpt_kernel_launch. */
+ * (256-byte aligned) for the same args and grads: scratch for dO . O per row (4 bytes a query
+ * row) and, per aux gradient wanted, 20 bytes an element of its aux tensor. With it (and a
+ * block map where the pattern needs one) the launch does no allocation and no host
+ * synchronisation, so it can be captured in a CUDA graph. NULL: a temporary one is allocated
+ * on the stream (stream-ordered). `grads` NULL in kpt_kernel_backward_workspace: the size
+ * without aux gradients. `map`: a block map made by this (backward) kernel, or NULL, as for
+ * kpt_kernel_launch. */
 KPT_API kpt_status kpt_kernel_backward_workspace(const kpt_kernel *k,
-                                                 const kpt_attention_args *args, size_t *bytes,
+                                                 const kpt_attention_args *args,
+                                                 const kpt_attention_grads *grads, size_t *bytes,
                                                  kpt_diag *diag);
 KPT_API kpt_status kpt_kernel_launch_backward(const kpt_kernel *k, const kpt_attention_args *args,
                                               const kpt_attention_grads *grads,

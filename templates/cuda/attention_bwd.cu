@@ -10,15 +10,27 @@
 //                 operands of dV += P^T dO and dK += dS^T Q;
 //   kpt_bwd_dq    one CTA per (q tile, head, batch row): dQ over its live kv tiles, as the
 //                 forward walks them.
+//   kpt_bwd_daux  (with aux gradients) one thread per aux element: its exact sum, to f32.
 // Both recompute S and dP: the price of determinism without an fp32 dQ accumulator. With
 // gradients of the score mod, dS = P (dP - delta) * d s'/d s (kpt_score_grad).
+//
+// Aux gradients (learnable score-mod parameters) are scattered: any (b, h, q, k) may read any
+// element. kpt_bwd_dkdv adds each pair's dL/ds' * ds'/d aux into a 128-bit fixed-point
+// accumulator per element (2^-64 resolution) with integer atomics; integer sums do not depend on
+// their order, so the result is bitwise reproducible and exact up to the one rounding of each
+// term to 2^-64 (and of the sum to f32). A term of magnitude 2^62 or more, infinite or NaN sets
+// the element's flags instead, and it comes out as +-inf or NaN.
+
+#define KPT_AUX_GRADS @NDAUX@
 
 // The gradient arguments; runtime/kernel_args.h holds the host twin.
 struct kpt_gargs {
     u64 dout, dq, dk, dv, delta;
     i64 dos[4], dqs[4], dks[4], dvs[4];
+    u64 dacc[16], dflag[16]; // per aux slot: accumulators (16 bytes an element) and flags, or 0
+    int daux_on, pad;        // any dacc set
 };
-static_assert(sizeof(kpt_gargs) == 168, "kpt_gargs layout");
+static_assert(sizeof(kpt_gargs) == 432, "kpt_gargs layout");
 
 #define KPT_INF __int_as_float(0x7f800000u)
 
@@ -27,6 +39,104 @@ KPT_DEV float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float s, i
                              int q, int k, float &ds)
 {
 @GRAD@
+}
+
+// ---- aux gradients ----------------------------------------------------------------------------
+
+// v as a 128-bit two's-complement fixed-point number with 64 fraction bits (truncated toward 0
+// below 2^-64); returns flags instead (1 NaN, 2 +big, 4 -big) where |v| >= 2^62 or inf.
+__device__ __forceinline__ u32 kpt_fix128(float v, u64 &lo, u64 &hi)
+{
+    const u32 bits = __float_as_uint(v), ex = (bits >> 23) & 255;
+    lo = hi = 0;
+    if (ex >= 127 + 62) return ex == 255 && (bits & 0x7fffffu) ? 1u : bits >> 31 ? 4u : 2u;
+    const u64 m = (bits & 0x7fffffu) | (ex ? 0x800000u : 0u);
+    const int sh = (ex ? (int)ex : 1) - 150 + 64; // v = m 2^(sh - 64)
+    if (sh >= 64) {
+        hi = m << (sh - 64);
+    } else if (sh >= 0) {
+        lo = m << sh;
+        hi = sh > 40 ? m >> (64 - sh) : 0;
+    } else {
+        lo = sh > -24 ? m >> -sh : 0;
+    }
+    if (bits >> 31) {
+        lo = ~lo + 1;
+        hi = ~hi + (lo == 0 ? 1 : 0);
+    }
+    return 0;
+}
+
+// Adds v (this thread's term) to element (i0, i1, i2) of aux slot `slot`'s gradient; nothing
+// where the index lies outside the tensor (the load read 0 there). Called by all 32 lanes of a
+// warp together: when they all add to one element (a per-head parameter), the warp sums its
+// terms first (exactly, as integers) and issues one atomic instead of 32.
+KPT_DEV void kpt_daux_add(const kpt_args &A, const kpt_gargs &G, int slot, int rank, int i0, int i1,
+                          int i2, float v)
+{
+    if (!G.dacc[slot]) return; // not wanted (uniform across the grid)
+    const kpt_aux &a = A.aux[slot];
+    bool in = (u32)i0 < (u32)a.dim[0];
+    i64 e = i0;
+    if (rank > 1) {
+        in = in & ((u32)i1 < (u32)a.dim[1]);
+        e = e * a.dim[1] + i1;
+    }
+    if (rank > 2) {
+        in = in & ((u32)i2 < (u32)a.dim[2]);
+        e = e * a.dim[2] + i2;
+    }
+    u64 lo, hi;
+    u32 flag = kpt_fix128(v, lo, hi);
+    if (!in) e = -1, lo = hi = 0, flag = 0;
+    int same;
+    __match_all_sync(0xffffffffu, (unsigned long long)e, &same);
+    if (same) {
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+            const u64 l2 = __shfl_xor_sync(0xffffffffu, lo, m), h2 = __shfl_xor_sync(0xffffffffu, hi, m);
+            const u64 s = lo + l2;
+            hi = hi + h2 + (s < lo ? 1 : 0);
+            lo = s;
+            flag |= __shfl_xor_sync(0xffffffffu, flag, m);
+        }
+        if ((threadIdx.x & 31) != 0) return;
+    }
+    if (e < 0) return;
+    unsigned long long *acc = (unsigned long long *)G.dacc[slot] + 2 * e;
+    if (lo) {
+        const u64 old = atomicAdd(acc, (unsigned long long)lo);
+        hi += old + lo < old ? 1 : 0; // the carry out of the low word
+    }
+    if (hi) atomicAdd(acc + 1, (unsigned long long)hi);
+    if (flag) atomicOr((u32 *)G.dflag[slot] + e, flag);
+}
+
+// The score mod's aux gradients at one pair: g = dL/ds' there, s the scaled score (generated).
+KPT_DEV void kpt_aux_grads(const kpt_args &A, const kpt_uniform &U, const kpt_gargs &G, float s,
+                           int b, int h, int q, int k, float g)
+{
+@AUXGRAD@
+}
+
+// One output of kpt_bwd_daux: an aux gradient, rank 1 to 3 (unused dims 1), f32 with strides.
+struct kpt_daux_out {
+    u64 acc, flag, out;
+    i64 stride[3];
+    int dim[3], pad;
+};
+
+extern "C" __global__ void __launch_bounds__(256) kpt_bwd_daux(const kpt_daux_out O)
+{
+    const i64 e = (i64)blockIdx.x * 256 + threadIdx.x;
+    const i64 n12 = (i64)O.dim[1] * O.dim[2];
+    if (e >= (i64)O.dim[0] * n12) return;
+    const u64 *acc = (const u64 *)O.acc + 2 * e;
+    const u32 flag = ((const u32 *)O.flag)[e];
+    float v = (float)((double)(i64)acc[1] + (double)acc[0] * 5.421010862427522e-20); // 2^-64
+    if (flag) v = flag & 1 || (flag & 6) == 6 ? __int_as_float(0x7fc00000) : flag & 2 ? KPT_INF : -KPT_INF;
+    const i64 i0 = e / n12, i1 = e / O.dim[2] % O.dim[1], i2 = e % O.dim[2];
+    ((float *)O.out)[i0 * O.stride[0] + i1 * O.stride[1] + i2 * O.stride[2]] = v;
 }
 
 __device__ __forceinline__ float kpt_x2f(u16 x)
@@ -145,15 +255,42 @@ __device__ __forceinline__ void kpt_store_acc(const float (&C)[N / 8][4], u16 *b
     }
 }
 
+// Which pairs of a 16 x N block are kept, one bit each (bit n * 4 + e for this thread's element
+// (n, e); layout as in kpt_bwd_probs), decided before the scores occupy registers: the mask's
+// temporaries then cost nothing, and a large mask is evaluated in a rolled loop
+// (KPT_MASK_UNROLL) instead of once per element of the unrolled tile. Padding past Sq or Skv is
+// dropped too.
+template <int N, bool KEY_ROWS>
+__device__ __forceinline__ u32 kpt_bwd_keep(const kpt_args &A, const kpt_uniform &U, int b, int h,
+                                            int row0, int col0, int lane)
+{
+    static_assert(N / 8 * 4 <= 32, "one bit per element of a thread");
+    u32 keep = ~0u;
+    KPT_MASK_UNROLL
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = row0 + (lane >> 2) + (e >> 1) * 8;
+            const int c = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
+            const int qi = KEY_ROWS ? c : r, ki = KEY_ROWS ? r : c;
+            bool kp = ki < A.Skv && qi < A.Sq;
+#if KPT_HAS_MASK
+            kp = kp && kpt_mask(A, U, b, h, qi, ki);
+#endif
+            if (!kp) keep &= ~(1u << (n * 4 + e));
+        }
+    return keep;
+}
+
 // The probabilities of a 16 x N block of scores, in place, and the score mod's derivative
 // d s'/d s of each in D (only with a score mod). Rows are queries and columns keys, or the
 // transpose (KEY_ROWS: kpt_bwd_dkdv's S^T). This thread's element (n, e) lies in row
 // row0 + lane / 4 (+ 8 for e >= 2) and column col0 + n * 8 + (lane % 4) * 2 + e % 2. The query's
 // LSE in log2 units comes from lse_col[column - col0] (KEY_ROWS, shared memory) or from
-// lse_row[e / 2] (this thread's two rows). Pairs the mask drops, and padding, get P = 0.
+// lse_row[e / 2] (this thread's two rows). Pairs `keep` drops (kpt_bwd_keep) get P = 0.
 template <int N, bool KEY_ROWS>
 __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_uniform &U, int b, int h,
-                                              int row0, int col0, bool partial,
+                                              int row0, int col0, u32 keep,
                                               float (&S)[N / 8][4], float (&D)[N / 8][4],
                                               const float *lse_col, const float *lse_row, int lane)
 {
@@ -164,19 +301,14 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
             const int r = row0 + (lane >> 2) + (e >> 1) * 8;
             const int c = n * 8 + (lane & 3) * 2 + (e & 1);
             const int qi = KEY_ROWS ? col0 + c : r, ki = KEY_ROWS ? r : col0 + c;
-            bool kp = true;
-            if (partial) {
-                kp = ki < A.Skv && qi < A.Sq;
-#if KPT_HAS_MASK
-                kp = kp && kpt_mask(A, U, b, h, qi, ki);
-#endif
-            }
             float x = S[n][e] * A.scale;
 #if KPT_HAS_SCORE
             x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
+#else
+            (void)qi, (void)ki;
 #endif
             const float lse = KEY_ROWS ? lse_col[c] : lse_row[e >> 1];
-            S[n][e] = kp ? kpt_ex2(x * KPT_LOG2E - lse) : 0.0f;
+            S[n][e] = (keep >> (n * 4 + e)) & 1 ? kpt_ex2(x * KPT_LOG2E - lse) : 0.0f;
         }
 }
 
@@ -199,6 +331,28 @@ __device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&d
             S[n][e] = g;
         }
 }
+
+#if KPT_AUX_GRADS
+// The aux gradients of a 16 x N block of kpt_bwd_dkdv (keys are rows, layout as kpt_bwd_probs):
+// X the raw scores, P the probabilities, dP = dO V^T, del_col the queries' delta.
+template <int N>
+__device__ __forceinline__ void kpt_bwd_aux(const kpt_args &A, const kpt_uniform &U,
+                                            const kpt_gargs &G, int b, int h, int row0, int col0,
+                                            const float (&X)[N / 8][4], const float (&P)[N / 8][4],
+                                            const float (&dP)[N / 8][4], const float *del_col,
+                                            int lane)
+{
+#pragma unroll
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int c = n * 8 + (lane & 3) * 2 + (e & 1);
+            const int ki = row0 + (lane >> 2) + (e >> 1) * 8;
+            const float g = P[n][e] * (dP[n][e] - del_col[c]);
+            kpt_aux_grads(A, U, G, X[n][e] * A.scale, b, h, col0 + c, ki, P[n][e] != 0.0f ? g : 0.0f);
+        }
+}
+#endif
 
 #define KPT_BWD_ROWS (KPT_BN * KPT_KSTR + KPT_BN * KPT_VSTR + KPT_BM * KPT_QSTR + KPT_BM * KPT_VSTR)
 
@@ -247,18 +401,26 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             kpt_cp_wait<0>();
             __syncthreads();
 
+            const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+            const u32 keep = partial ? kpt_bwd_keep<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, lane) : ~0u;
             // S^T = K Q^T: this warp's 16 keys against the tile's queries.
             float S[KPT_BM / 8][4];
             kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(S, sK + wrow * KPT_KSTR * 2, sQ, lane);
-            const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
             float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
-            kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, partial, S, D, s_lse, nullptr,
+            kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, keep, S, D, s_lse, nullptr,
                                         lane); // P^T
             // dV += P^T dO
             kpt_mm_pb<KPT_DV, KPT_BM, KPT_VSTR>(dV, S, sO, lane);
             // dP^T = V dO^T
             float dP[KPT_BM / 8][4];
             kpt_mm_abt<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sV + wrow * KPT_VSTR * 2, sO, lane);
+#if KPT_AUX_GRADS
+            if (G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
+                float X[KPT_BM / 8][4];
+                kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(X, sK + wrow * KPT_KSTR * 2, sQ, lane);
+                kpt_bwd_aux<KPT_BM>(A, U, G, b, h, k0 + wrow, q0, X, S, dP, s_del, lane);
+            }
+#endif
             // dS^T
             kpt_bwd_ds<KPT_BM, true>(S, dP, D, s_del, nullptr, lane);
             // dK += dS^T Q
@@ -323,11 +485,12 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
         kpt_cp_wait<0>();
         __syncthreads();
 
+        const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+        const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, lane) : ~0u;
         float S[KPT_BN / 8][4];
         kpt_mm_abt<KPT_BN, KPT_DQK, KPT_QSTR, KPT_KSTR, true>(S, sQ + wrow * KPT_QSTR * 2, sK, lane);
-        const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
         float D[KPT_BN / 8][4]; // d s'/d s (with a score mod)
-        kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, partial, S, D, nullptr, lse, lane);
+        kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, keep, S, D, nullptr, lse, lane);
         float dP[KPT_BN / 8][4];
         kpt_mm_abt<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sO + wrow * KPT_VSTR * 2, sV, lane);
         kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);

@@ -40,6 +40,9 @@ fi
 RTCHECK="$(dirname "$CHECK")/runtime_check"
 "$RTCHECK" >"$OUT/runtime_check.log" 2>&1 || status=1
 cat "$OUT/runtime_check.log" | tail -20
+# the backward through the public API: workspace, block map, CUDA graph capture and replay
+"$(dirname "$CHECK")/backward_check" >"$OUT/backward_check.log" 2>&1 || status=1
+tail -3 "$OUT/backward_check.log"
 # the embedding example (a Lua script when Lua is built in, else a pattern string)
 EMBED="$(dirname "$CHECK")/../../examples/kpt-embedding"
 if [ -x "$EMBED" ]; then

@@ -2,7 +2,8 @@
 # The backward matrix on a CUDA GPU: `kptc check --backward --backend cuda` over the built-in
 # patterns and compositions, the example Lua scripts, f16/bf16, D 64/128, MHA/GQA, odd lengths
 # and the BSHD layout. Each run compares dq, dk and dv of the backward kernels (outputs poisoned
-# first) with the CPU reference's, and runs the backward twice: the bits must repeat. Then
+# first), and the aux gradients of the scripts' learnable parameters, with the CPU reference's,
+# and runs the backward twice: the bits must repeat. Then
 # compute-sanitizer memcheck and racecheck on a quick subset. Logs go to $OUT.
 #
 #   here:  meson setup build-gpu -Dtests=false --buildtype=release && ninja -C build-gpu
@@ -40,13 +41,20 @@ done
 for s in examples/patterns/*.lua; do
     check "$s" --shape 2,4,2,300,300,64
 done
+# aux gradients: a per-head parameter (warp-summed atomics), one the derivative scales by s,
+# reads out of range; f16/bf16, D 64/128, GQA, long
+P=tests/gpu/learned_params.lua
+check $P --shape 2,4,2,300,300,64
+check $P --shape 1,8,2,1000,1000,128 --dtype f16
+check $P --shape 1,4,4,777,1000,64 --layout bshd
+check $P --shape 1,4,1,4133,4133,128
 echo "backward matrix: $pass passed, $fail failed" | tee -a "$LOG"
 grep -m3 "backward on" "$LOG"
 status=0
 [ $fail = 0 ] || status=1
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
-        for pat in document+causal 'alibi+softcap(20)'; do
+        for pat in document+causal 'alibi+softcap(20)' tests/gpu/learned_params.lua; do
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
                 --backend cuda "$pat" --shape 1,2,1,130,200,64 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat"; tail -20 "$OUT/san_$tool.log"; }

@@ -228,66 +228,133 @@ static int check_fd(bwd_check *c)
 
 /* ---- a device's backward ---------------------------------------------------------------- */
 
-/* max |got - want| / max(max |want|, 0.01) over a gradient tensor. The floor: inputs and dO are
- * standard normal, so a gradient that is zero (one kept key per row gives dS = 0 exactly) is
- * compared in absolute terms, where the kernels' 16-bit O (delta = dO . O) leaves ~1e-6. */
+/* max |got - want| / max(max |want|, 0.01) over a gradient tensor (any rank; want has t's
+ * strides). The floor: inputs and dO are standard normal, so a gradient that is zero (one kept
+ * key per row gives dS = 0 exactly) is compared in absolute terms, where the kernels' 16-bit O
+ * (delta = dO . O) leaves ~1e-6. */
 static double grad_error(const kpt_tensor *t, const void *got, const double *want)
 {
     double err = 0, scale = 1e-2;
-    for (int64_t b = 0; b < t->shape[0]; b++)
-        for (int64_t h = 0; h < t->shape[1]; h++)
-            for (int64_t s = 0; s < t->shape[2]; s++)
-                for (int64_t e = 0; e < t->shape[3]; e++) {
-                    int64_t off = b * t->stride[0] + h * t->stride[1] + s * t->stride[2] + e;
-                    double g = kpt_load_as_double(got, t->dtype, off), w = want[off];
-                    if (isnan(g))
-                        return INFINITY;
-                    err = fmax(err, fabs(g - w));
-                    scale = fmax(scale, fabs(w));
-                }
+    int64_t n = count_of(t), idx[4] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->rank; d++)
+            off += idx[d] * t->stride[d];
+        for (int d = t->rank - 1; d >= 0 && ++idx[d] == t->shape[d]; d--)
+            idx[d] = 0;
+        double g = kpt_load_as_double(got, t->dtype, off), w = want[off];
+        if (isnan(g))
+            return INFINITY;
+        err = fmax(err, fabs(g - w));
+        scale = fmax(scale, fabs(w));
+    }
     return err / scale;
 }
 
+/* The gradients a device computes: dq, dk, dv, then the aux gradients (f32, contiguous). */
 typedef struct dev_grads {
-    kpt_tensor t[3]; /* dq, dk, dv on the device */
-    kpt_buffer *buf[3];
-    void *host[3];
+    int n;
+    kpt_tensor t[3 + KPT_MAX_AUX];
+    kpt_buffer *buf[3 + KPT_MAX_AUX];
+    void *host[3 + KPT_MAX_AUX], *copy2[3 + KPT_MAX_AUX]; /* first and second run */
+    const double *want[3 + KPT_MAX_AUX];
+    kpt_aux_tensor daux[KPT_MAX_AUX];
 } dev_grads;
 
-static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, kpt_kernel *bwd,
-                             dev_grads *dg, void *copy2[3], kpt_diag *d)
+static bool dev_grads_init(bwd_check *c, dev_grads *dg)
 {
     const kpt_attention_args *ref = c->ref;
+    const kpt_tensor *shapes[3] = {&ref->q, &ref->k, &ref->v};
+    const double *want[3] = {c->dq, c->dk, c->dv};
+    for (int i = 0; i < 3 + c->ndaux; i++) {
+        if (i < 3) {
+            dg->t[i] = like(shapes[i], NULL, c->dtype);
+            dg->want[i] = want[i];
+        } else {
+            dg->t[i] = like(&c->daux_t[i - 3].tensor, NULL, KPT_DTYPE_F32);
+            dg->want[i] = c->daux[i - 3];
+        }
+        dg->host[i] = malloc(kptc_span(&dg->t[i]));
+        dg->copy2[i] = malloc(kptc_span(&dg->t[i]));
+        dg->n = i + 1;
+        if (!dg->host[i] || !dg->copy2[i])
+            return false;
+    }
+    return true;
+}
+
+static void dev_grads_free(dev_grads *dg)
+{
+    for (int i = 0; i < dg->n; i++)
+        free(dg->host[i]), free(dg->copy2[i]);
+}
+
+/* The forward, then the backward twice: the first with a temporary workspace, the second with
+ * one of kpt_kernel_backward_workspace's size, outputs poisoned again before it. */
+static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, kpt_kernel *bwd,
+                             dev_grads *dg, kpt_diag *d)
+{
     kpt_attention_args a;
-    kpt_attention_grads g = {.dout = c->g.dout};
-    kpt_status st = kptc_device_args(r, ref, c->dtype, &a, d);
+    kpt_attention_grads g = {.dout = c->g.dout, .daux = dg->daux, .num_daux = c->ndaux};
+    kpt_status st = kptc_device_args(r, c->ref, c->dtype, &a, d);
     if (!st)
         st = kptc_upload(r, &g.dout, true, d);
-    const kpt_tensor *shapes[3] = {&ref->q, &ref->k, &ref->v};
-    for (int i = 0; !st && i < 3; i++) {
-        dg->t[i] = like(shapes[i], NULL, c->dtype);
+    for (int i = 0; !st && i < dg->n; i++) {
         st = kptc_upload(r, &dg->t[i], false, d);
         dg->buf[i] = r->bufs[r->nbufs - 1];
+        if (i >= 3)
+            dg->daux[i - 3] = (kpt_aux_tensor){.name = c->daux_t[i - 3].name, .tensor = dg->t[i]};
     }
     g.dq = dg->t[0], g.dk = dg->t[1], g.dv = dg->t[2];
+    size_t ws_bytes = 0;
+    if (!st)
+        st = kpt_kernel_backward_workspace(bwd, &a, &g, &ws_bytes, d);
+    kpt_buffer *ws = NULL;
+    if (!st && ws_bytes)
+        st = kpt_buffer_create(r->ctx, ws_bytes, &ws, d);
     if (!st)
         st = kpt_kernel_launch(fwd, &a, NULL, NULL, d);
     for (int run = 0; run < 2 && !st; run++) {
-        if (run == 1) /* poison again: the second run must write everything too */
-            for (int i = 0; i < 3 && !st; i++) {
-                size_t n = kptc_span(&dg->t[i]);
-                memset(copy2[i], 0xff, n);
-                st = kpt_buffer_write(dg->buf[i], 0, copy2[i], n, d);
-            }
+        for (int i = 0; i < dg->n && !st && run == 1; i++) {
+            size_t n = kptc_span(&dg->t[i]);
+            memset(dg->copy2[i], 0xff, n);
+            st = kpt_buffer_write(dg->buf[i], 0, dg->copy2[i], n, d);
+        }
         if (!st)
-            st = kpt_kernel_launch_backward(bwd, &a, &g, NULL, NULL, 0, NULL, d);
+            st = kpt_kernel_launch_backward(bwd, &a, &g, NULL, run && ws ? kpt_buffer_data(ws) : NULL,
+                                            run ? ws_bytes : 0, NULL, d);
         if (!st)
             st = kpt_context_synchronize(r->ctx, d);
-        for (int i = 0; i < 3 && !st; i++)
-            st = kpt_buffer_read(dg->buf[i], 0, run ? copy2[i] : dg->host[i],
+        for (int i = 0; i < dg->n && !st; i++)
+            st = kpt_buffer_read(dg->buf[i], 0, run ? dg->copy2[i] : dg->host[i],
                                  kptc_span(&dg->t[i]), d);
     }
+    kpt_buffer_destroy(&ws);
     return st;
+}
+
+static int report_device(bwd_check *c, kptc_device_run *r, const char *backend, dev_grads *dg)
+{
+    double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3, e[3 + KPT_MAX_AUX], worst = 0;
+    bool same = true;
+    for (int i = 0; i < dg->n; i++) {
+        e[i] = grad_error(&dg->t[i], dg->host[i], dg->want[i]);
+        worst = fmax(worst, isnan(e[i]) ? INFINITY : e[i]);
+        same &= memcmp(dg->host[i], dg->copy2[i], kptc_span(&dg->t[i])) == 0;
+    }
+    kpt_stats s;
+    kpt_context_get_stats(r->ctx, &s);
+    printf("  %-10s %s backward on %s: max relative error dq %.3g, dk %.3g, dv %.3g", backend,
+           kpt_context_target(r->ctx), kpt_context_device_name(r->ctx), e[0], e[1], e[2]);
+    for (int i = 3; i < dg->n; i++)
+        printf(", d%s %.3g", c->daux_t[i - 3].name, e[i]);
+    printf(" (tolerance %g); %s on a second run; compiled in %.0f ms (forward and backward)\n",
+           tol, same ? "bitwise identical" : "DIFFERENT BITS", s.compile_ms_total);
+    if (!(worst <= tol) || !same) {
+        fprintf(stderr, "kptc: the %s backward disagrees with the reference\n", backend);
+        return 1;
+    }
+    return 0;
 }
 
 static int check_device(bwd_check *c, kpt_backend_kind kind)
@@ -308,41 +375,12 @@ static int check_device(bwd_check *c, kpt_backend_kind kind)
     if (!st)
         st = kpt_kernel_get(r.ctx, c->p, &desc, &bwd, &d);
     dev_grads dg = {0};
-    void *copy2[3] = {0};
-    const kpt_tensor *shapes[3] = {&ref->q, &ref->k, &ref->v};
-    for (int i = 0; i < 3 && !st; i++) {
-        kpt_tensor t = like(shapes[i], NULL, c->dtype);
-        dg.host[i] = malloc(kptc_span(&t));
-        copy2[i] = malloc(kptc_span(&t));
-        if (!dg.host[i] || !copy2[i])
-            st = kpt_diag_set(&d, KPT_ERR_NO_MEMORY, "out of memory");
-    }
+    if (!st && !dev_grads_init(c, &dg))
+        st = kpt_diag_set(&d, KPT_ERR_NO_MEMORY, "out of memory");
     if (!st)
-        st = run_device(c, &r, fwd, bwd, &dg, copy2, &d);
-    int rc = 0;
-    if (st) {
-        rc = kptc_report(&d, st);
-    } else {
-        const double *want[3] = {c->dq, c->dk, c->dv};
-        double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3, e[3];
-        bool same = true;
-        for (int i = 0; i < 3; i++) {
-            e[i] = grad_error(&dg.t[i], dg.host[i], want[i]);
-            same &= memcmp(dg.host[i], copy2[i], kptc_span(&dg.t[i])) == 0;
-        }
-        kpt_stats s;
-        kpt_context_get_stats(r.ctx, &s);
-        printf("  %-10s %s backward on %s: max relative error dq %.3g, dk %.3g, dv %.3g "
-               "(tolerance %g); %s on a second run; compiled in %.0f ms (forward and backward)\n",
-               backend, kpt_context_target(r.ctx), kpt_context_device_name(r.ctx), e[0], e[1],
-               e[2], tol, same ? "bitwise identical" : "DIFFERENT BITS", s.compile_ms_total);
-        if (!(e[0] <= tol && e[1] <= tol && e[2] <= tol) || !same) {
-            fprintf(stderr, "kptc: the %s backward disagrees with the reference\n", backend);
-            rc = 1;
-        }
-    }
-    for (int i = 0; i < 3; i++)
-        free(dg.host[i]), free(copy2[i]);
+        st = run_device(c, &r, fwd, bwd, &dg, &d);
+    int rc = st ? kptc_report(&d, st) : report_device(c, &r, backend, &dg);
+    dev_grads_free(&dg);
     kptc_device_close(&r);
     return rc;
 }

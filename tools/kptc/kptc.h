@@ -125,7 +125,7 @@ double kptc_element(const kpt_tensor *t, const void *data, int64_t i0, int64_t i
 
 typedef struct kptc_device_run {
     kpt_context *ctx;
-    kpt_buffer *bufs[16 + KPT_MAX_AUX];
+    kpt_buffer *bufs[16 + 2 * KPT_MAX_AUX];
     int nbufs;
     kpt_aux_tensor aux[KPT_MAX_AUX];
 } kptc_device_run;
