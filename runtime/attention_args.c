@@ -22,11 +22,16 @@ static kpt_status check_tensor(const char *name, const kpt_tensor *t, int rank, 
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s has dtype %s; expected f16, bf16, f32 or f64", name,
                             kpt_dtype_name(t->dtype));
-    for (int d = 0; d < rank; d++)
+    for (int d = 0; d < rank; d++) {
         if (t->shape[d] <= 0 || t->shape[d] > INT32_MAX)
             return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                                 "tensor %s: dimension %d has size %lld (must be 1..%d)", name, d,
                                 (long long)t->shape[d], INT32_MAX);
+        if (t->stride[d] < 0)
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "tensor %s: stride %d is %lld; strides must be >= 0 (elements)",
+                                name, d, (long long)t->stride[d]);
+    }
     return KPT_OK;
 }
 
@@ -70,6 +75,11 @@ static kpt_status check_shapes(const kpt_attention_args *a, kpt_attn_shape *s, k
         if (a->lse.rank != 3 || (a->lse.dtype != KPT_DTYPE_F32 && a->lse.dtype != KPT_DTYPE_F64))
             return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                                 "tensor lse must be rank 3 [B, Hq, Sq] of f32 or f64");
+        for (int d = 0; d < 3; d++)
+            if (a->lse.stride[d] < 0)
+                return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                    "tensor lse: stride %d is %lld; strides must be >= 0", d,
+                                    (long long)a->lse.stride[d]);
         if ((st = same("batch", s->B, "q", a->lse.shape[0], "lse", diag)) ||
             (st = same("query heads", s->Hq, "q", a->lse.shape[1], "lse", diag)) ||
             (st = same("query length", s->Sq, "q", a->lse.shape[2], "lse", diag)))
@@ -199,6 +209,10 @@ static kpt_status bind_aux(const kpt_pattern *p, const kpt_attention_args *a,
                                     "aux tensor '%s': dimension %d has size %lld, expected %lld (%s)",
                                     d->name, k, (long long)t->shape[k], (long long)want,
                                     kpt_dim_name(d->dims[k]) ? kpt_dim_name(d->dims[k]) : "fixed");
+            if (t->stride[k] < 0)
+                return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                    "aux tensor '%s': stride %d is %lld; strides must be >= 0",
+                                    d->name, k, (long long)t->stride[k]);
             v->shape[k] = t->shape[k];
             v->stride[k] = t->stride[k];
         }

@@ -205,6 +205,8 @@ kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_arg
     base.p = p;
     base.args = args;
     kpt_status status = kpt_attn_bind(p, args, &base.bind, diag);
+    if (!status)
+        status = kpt_ref_check_scratch(&base.bind.shape, diag);
     if (status)
         return status;
     const kpt_attn_shape *s = &base.bind.shape;
@@ -231,6 +233,18 @@ kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_arg
     if (!ok)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (reference, Skv = %lld)",
                             (long long)s->Skv);
+    return KPT_OK;
+}
+
+kpt_status kpt_ref_check_scratch(const kpt_attn_shape *s, kpt_diag *diag)
+{
+    /* each factor is at most INT32_MAX (kpt_attn_bind), so the product fits 64 bits */
+    uint64_t n = (uint64_t)s->Skv * (uint64_t)(s->Dqk + s->Dv);
+    if (n > (uint64_t)1 << 40)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                            "the CPU reference keeps K and V of a (batch, kv head) in double "
+                            "precision: Skv x (Dqk + Dv) = %llu is past its limit of 2^40",
+                            (unsigned long long)n);
     return KPT_OK;
 }
 

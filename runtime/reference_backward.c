@@ -287,6 +287,8 @@ kpt_status kpt_reference_attention_backward(const kpt_pattern *p, const kpt_atte
     kpt_status st = kpt_attn_bind(p, args, &c.bind, diag);
     if (!st)
         st = kpt_attn_bind_grads(p, args, &c.bind, grads, true, &c.gb, diag);
+    if (!st)
+        st = kpt_ref_check_scratch(&c.bind.shape, diag);
     if (st)
         return st;
     kpt_pattern *dp = kpt_pattern_clone(p);

@@ -49,6 +49,11 @@ typedef struct kpt_ref_worker_base {
 /* Runs fn on each of n workers (an array of `size`-byte structs starting with a
  * kpt_ref_worker_base): workers 1.. on threads, worker 0 on the caller's; a worker whose thread
  * cannot start runs on the caller's too. Returns when all are done. */
+/* KPT_ERR_LIMIT where a worker's scratch (K and V of one (b, kv head) in double precision, and
+ * as much again for the backward's dK and dV) would pass 2^40 elements: no size arithmetic may
+ * wrap, whatever the strides (stride-0 tensors describe huge shapes in little memory). */
+kpt_status kpt_ref_check_scratch(const kpt_attn_shape *s, kpt_diag *diag);
+
 void kpt_ref_run_workers(void *workers, size_t size, int n, void *(*fn)(void *));
 
 #endif

@@ -373,6 +373,15 @@ static void test_lua_scripts(void **state)
     EXPECT(r, 2, err, ".lua:3: error: cannot add a boolean expression and the number 1");
     EXPECT(r, 2, err, "return q:ge(k) + 1");
     unlink(bad);
+
+    /* an aux tensor of 2^72 elements: refused before any size arithmetic could wrap */
+    char huge[] = "/tmp/kpt_test_hugeXXXXXX.lua";
+    write_script(huge, "return kpt.pattern{ aux = { t = { dtype = 'float32',\n"
+                       "  shape = {16777216, 16777216, 16777216} } },\n"
+                       "  score = function(s, b, h, q, k, p) return s + p.t[h][q][k] end }\n");
+    r = run("check", huge, "--shape", "1,1,1,4,4,8", NULL);
+    EXPECT(r, 2, err, "aux tensor t: more than 2147483648 elements");
+    unlink(huge);
 }
 
 static void test_check_aux_file(void **state)

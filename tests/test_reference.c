@@ -462,6 +462,27 @@ static void test_validation(void **state)
     a = good;
     a.lse.shape[2] = 4;
     expect_bad(p, a, KPT_ERR_INVALID_ARGUMENT, "query length differs: q has 5, lse has 4", pr.o, no);
+    /* negative strides are refused (issue: they crashed the reference), on tensors and aux */
+    a = good;
+    a.k.stride[2] = -a.k.stride[2];
+    expect_bad(p, a, KPT_ERR_INVALID_ARGUMENT, "tensor k: stride 2 is -8; strides must be >= 0", pr.o, no);
+    wrong[1] = aux[1];
+    wrong[1].tensor.stride[1] = -1;
+    a = good;
+    a.aux = wrong;
+    expect_bad(p, a, KPT_ERR_INVALID_ARGUMENT, "aux tensor 'doc_kv': stride 1 is -1", pr.o, no);
+    /* stride-0 K and V of 2^31 - 1 keys at D = 2^30: the scratch size would wrap */
+    a = good;
+    a.k.shape[2] = a.v.shape[2] = INT32_MAX;
+    a.k.shape[3] = a.q.shape[3] = 1 << 30;
+    a.v.shape[3] = a.o.shape[3] = 1 << 30;
+    for (int i = 0; i < 4; i++)
+        a.q.stride[i] = a.k.stride[i] = a.v.stride[i] = a.o.stride[i] = 0;
+    a.num_aux = 0;
+    a.num_scalars = 0;
+    kpt_pattern *full = parse("full");
+    expect_bad(full, a, KPT_ERR_LIMIT, "Skv x (Dqk + Dv) = 4611686016279904256 is past its limit", pr.o, no);
+    kpt_pattern_destroy(&full);
     kpt_diag d = {0};
     assert_int_equal(kpt_reference_attention(NULL, &good, &d), KPT_ERR_INVALID_ARGUMENT);
     assert_int_equal(kpt_reference_attention(p, NULL, NULL), KPT_ERR_INVALID_ARGUMENT);

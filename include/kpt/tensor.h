@@ -3,7 +3,8 @@
  * A kpt_tensor describes memory the caller owns; kpt never frees or retains it beyond a call.
  * Shapes and strides are in elements, not bytes, listed in the logical order the call documents
  * (attention tensors are always [B, H, S, D] logically; a [B, S, H, D] layout is expressed by its
- * strides). A stride of 0 broadcasts a dimension.
+ * strides). A stride of 0 broadcasts a dimension; negative strides are refused (every call
+ * that takes tensors says so with KPT_ERR_INVALID_ARGUMENT).
  */
 #ifndef KPT_TENSOR_H
 #define KPT_TENSOR_H

@@ -37,6 +37,9 @@ typedef struct check_ctx {
     int naux;
 } check_ctx;
 
+/* the most elements kptc check fills an aux tensor with (a script may declare any size) */
+#define KPTC_MAX_AUX_ELEMENTS ((int64_t)1 << 31)
+
 static int parse_shape(check_ctx *c)
 {
     c->B = 1, c->Hq = 4, c->Hkv = 2, c->Sq = 512, c->Skv = 512, c->Dqk = 64, c->Dv = -1;
@@ -199,6 +202,14 @@ static int make_aux(check_ctx *c)
         }
         for (int k = 0; k < d->rank; k++) {
             shape[k] = file ? npy.shape[k] : dim_value(c, d->dims[k]);
+            /* a script may declare any fixed size: check before multiplying, never wrap */
+            if (shape[k] > 0 && count > KPTC_MAX_AUX_ELEMENTS / shape[k]) {
+                kpt_npy_free(&npy);
+                return kptc_usage_error("aux tensor %s: more than %lld elements (a dimension of "
+                                        "%lld): kptc check makes at most that many",
+                                        d->name, (long long)KPTC_MAX_AUX_ELEMENTS,
+                                        (long long)shape[k]);
+            }
             count *= shape[k];
         }
         void *data = calloc((size_t)(count ? count : 1), (size_t)kpt_dtype_size(d->dtype));
