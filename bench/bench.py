@@ -293,6 +293,19 @@ def meta(args):
             "tokens": TOKENS, "reps": args.reps, "warmup": 2}
 
 
+def setup_peers(lib):
+    """Loads libkpt and readies the peers; returns the compiled flex_attention."""
+    # SDPA explains at length why a forced backend refuses a case; the refusal is recorded
+    warnings.filterwarnings("ignore", category=UserWarning)
+    kpt.library(lib)
+    # FlexAttention compiles per shape and mod; keep dynamo from giving up after 8 of them
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 1 << 16)
+    return torch.compile(flex_attention, dynamic=False)
+
+
 def ints(text):
     return [int(x) for x in text.split(",") if x]
 
@@ -335,15 +348,7 @@ def main():
                     help="seconds; cases left when it is reached are skipped (and listed)")
     args = ap.parse_args()
     t_start = time.time()
-    # SDPA explains at length why a forced backend refuses a case; the refusal is recorded
-    warnings.filterwarnings("ignore", category=UserWarning)
-    kpt.library(args.lib)
-    # FlexAttention compiles per shape and mod; keep dynamo from giving up after 8 of them
-    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                 "accumulated_recompile_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 1 << 16)
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = setup_peers(args.lib)
     timer = Timer(args.reps, warmup=2)
     info = meta(args)
     print(f"# {info['device']}, driver {info['driver']}, torch {info['torch']}, cuDNN "

@@ -17,18 +17,15 @@ backward's 2.5 times that (FlashAttention's convention), fwd+bwd 3.5 times.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
-import warnings
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import create_block_mask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import bench  # noqa: E402  (Timer, sdpa_peers, meta)
+import bench  # noqa: E402  (Timer, max_rel, sdpa_peers, meta, setup_peers)
 import cases  # noqa: E402
 from bench import kpt  # noqa: E402
 
@@ -47,11 +44,6 @@ def sustained_ms(fn, n):
     e1.record()
     e1.synchronize()
     return e0.elapsed_time(e1) / n
-
-
-def max_rel(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 def run_case(args, ctx, timer, flex, name, S, D, dtype):
@@ -112,7 +104,7 @@ def run_case(args, ctx, timer, flex, name, S, D, dtype):
         try:
             out = fwd()
             grads = torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)
-            row[pname + "_err"] = max(max_rel(a, b) for a, b in zip(ours, grads))
+            row[pname + "_err"] = max(bench.max_rel(a, b) for a, b in zip(ours, grads))
             impls[pname] = (
                 lambda out=out: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True),
                 lambda fwd=fwd: torch.autograd.grad(fwd(), (qg, kg, vg), dout))
@@ -163,13 +155,7 @@ def main():
     ap.add_argument("--time-limit", type=float, default=500)
     args = ap.parse_args()
     t_start = time.time()
-    warnings.filterwarnings("ignore", category=UserWarning)
-    kpt.library(args.lib)
-    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                 "accumulated_recompile_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 1 << 16)
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = bench.setup_peers(args.lib)
     timer = bench.Timer(args.reps, warmup=2)
     info = bench.meta(args)
     info["what"] = "backward"

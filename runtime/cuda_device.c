@@ -311,9 +311,9 @@ kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_atten
     kpt_kernel_args a;
     kpt_kernel_gargs ga;
     kpt_bwd_workspace ws;
-    kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
-    if (!st && grads)
-        st = kpt_kernel_gargs_pack(k->pattern, &k->plan, "CUDA", args, &a, grads, &ga, &ws, diag);
+    kpt_status st = grads ? kpt_kernel_bwd_pack(k->pattern, &k->plan, "CUDA", args, grads, &a,
+                                                &ga, &ws, diag)
+                          : kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (!st)
         *bytes = grads ? ws.bytes : kpt_kernel_args_bwd_workspace(&a);
     return st;
@@ -365,17 +365,10 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
     kpt_kernel_args a;
     kpt_kernel_gargs ga;
     kpt_bwd_workspace ws;
-    kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
-    if (!st)
-        st = kpt_kernel_gargs_pack(k->pattern, &k->plan, "CUDA", args, &a, g, &ga, &ws, diag);
+    kpt_status st =
+        kpt_kernel_bwd_pack(k->pattern, &k->plan, "CUDA", args, g, &a, &ga, &ws, diag);
     if (st)
         return st;
-    for (int i = 0; i < KPT_MAX_AUX; i++)
-        if (ws.acc[i] && (uint64_t)ws.out[i].dim[0] * (uint64_t)ws.out[i].dim[1] *
-                                 (uint64_t)ws.out[i].dim[2] > 255ull * 0x7fffffffull)
-            return kpt_diag_set(diag, KPT_ERR_LIMIT,
-                                "the gradient of aux tensor '%s' is too large for the CUDA backward "
-                                "(2^39 elements)", k->pattern->aux[i].name);
     if (workspace && workspace_bytes < ws.bytes)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the workspace has %zu bytes; this call needs %zu "

@@ -38,16 +38,12 @@ static uint32_t float_bits(float f)
     return u;
 }
 
-kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
-                                const char *backend, const kpt_attention_args *a,
-                                kpt_kernel_args *out, kpt_diag *diag)
+/* kpt_kernel_args_pack for arguments kpt_attn_bind accepted as `bind`. */
+static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, const char *backend,
+                             const kpt_attention_args *a, const kpt_attn_binding *bind,
+                             kpt_kernel_args *out, kpt_diag *diag)
 {
-    if (!a)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
-    kpt_attn_binding bind;
-    kpt_status st = kpt_attn_bind(p, a, &bind, diag);
-    if (st)
-        return st;
+    kpt_status st;
     kpt_dtype dt = pl->cfg.dtype;
     if ((st = check_tensor(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
         (st = check_tensor(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
@@ -57,7 +53,7 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
     if (a->lse.data && a->lse.dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
                             backend);
-    const kpt_attn_shape *s = &bind.shape;
+    const kpt_attn_shape *s = &bind->shape;
     if (s->Sq > INT32_MAX - 256 || s->Skv > INT32_MAX - 256 || s->B > 65535 || s->Hq > 65535)
         return kpt_diag_set(diag, KPT_ERR_LIMIT,
                             "shape too large for the %s kernel (Sq, Skv < 2^31; B, Hq <= 65535)",
@@ -84,13 +80,13 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
     out->group = (int32_t)(s->Hq / s->Hkv);
     out->n_qt = (int32_t)((s->Sq + pl->bm - 1) / pl->bm);
     out->n_kt = (int32_t)((s->Skv + pl->bn - 1) / pl->bn);
-    out->scale = (float)bind.scale;
-    out->scale_log2 = (float)(bind.scale * 1.4426950408889634);
+    out->scale = (float)bind->scale;
+    out->scale_log2 = (float)(bind->scale * 1.4426950408889634);
     for (int i = 0; i < p->num_scalars; i++)
-        out->scalars[i] = p->scalars[i].type == KPT_IR_F32 ? float_bits((float)bind.scalars[i].f)
-                                                           : (uint32_t)bind.scalars[i].i;
+        out->scalars[i] = p->scalars[i].type == KPT_IR_F32 ? float_bits((float)bind->scalars[i].f)
+                                                           : (uint32_t)bind->scalars[i].i;
     for (int i = 0; i < p->num_aux; i++) {
-        const kpt_ir_auxview *v = &bind.aux[i];
+        const kpt_ir_auxview *v = &bind->aux[i];
         if ((uintptr_t)v->data % (uintptr_t)kpt_dtype_size(v->dtype))
             return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                                 "aux tensor '%s': data pointer not aligned to its element size",
@@ -111,6 +107,17 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
     out->bm_sh = pl->bm_per_h ? per_h : 0;
     out->bm_sb = pl->bm_per_b ? per_b : 0;
     return KPT_OK;
+}
+
+kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                                const char *backend, const kpt_attention_args *a,
+                                kpt_kernel_args *out, kpt_diag *diag)
+{
+    if (!a)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
+    kpt_attn_binding bind;
+    kpt_status st = kpt_attn_bind(p, a, &bind, diag);
+    return st ? st : pack_bound(p, pl, backend, a, &bind, out, diag);
 }
 
 size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
@@ -134,7 +141,7 @@ static size_t align256(size_t n)
 
 /* The aux gradients' part of the workspace and their outputs. */
 static kpt_status plan_daux(const kpt_pattern *p, const kpt_grad_binding *gb,
-                            kpt_bwd_workspace *ws, kpt_diag *diag)
+                            const char *backend, kpt_bwd_workspace *ws, kpt_diag *diag)
 {
     for (int i = 0; i < p->num_aux; i++) {
         const kpt_ir_auxview *v = &gb->daux[i];
@@ -151,6 +158,10 @@ static kpt_status plan_daux(const kpt_pattern *p, const kpt_grad_binding *gb,
             o->stride[d] = d < v->rank ? v->stride[d] : 0;
             n *= o->dim[d];
         }
+        if (n > (int64_t)255 * INT32_MAX) /* kpt_bwd_daux: 256 elements a block, 2^31 - 1 blocks */
+            return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                                "the gradient of aux tensor '%s' is too large for the %s backward "
+                                "(2^39 elements)", p->aux[i].name, backend);
         o->out = (uint64_t)(uintptr_t)v->data;
         ws->acc[i] = ws->bytes;
         ws->flag[i] = ws->bytes + align256((size_t)n * 16);
@@ -159,14 +170,18 @@ static kpt_status plan_daux(const kpt_pattern *p, const kpt_grad_binding *gb,
     return KPT_OK;
 }
 
-kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
-                                 const char *backend, const kpt_attention_args *a,
-                                 const kpt_kernel_args *pa, const kpt_attention_grads *g,
-                                 kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag)
+kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                               const char *backend, const kpt_attention_args *a,
+                               const kpt_attention_grads *g, kpt_kernel_args *pa,
+                               kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag)
 {
+    if (!a)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
     kpt_attn_binding bind;
     kpt_grad_binding gb;
-    kpt_status st = kpt_attn_bind(p, a, &bind, diag); /* accepted by kpt_kernel_args_pack */
+    kpt_status st = kpt_attn_bind(p, a, &bind, diag);
+    if (!st)
+        st = pack_bound(p, pl, backend, a, &bind, pa, diag);
     if (!st)
         st = kpt_attn_bind_grads(p, a, &bind, g, false, &gb, diag);
     if (st)
@@ -185,7 +200,7 @@ kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
         return st;
     memset(ws, 0, sizeof(*ws));
     ws->bytes = ws->zero_from = kpt_kernel_args_bwd_workspace(pa);
-    if ((st = plan_daux(p, &gb, ws, diag)))
+    if ((st = plan_daux(p, &gb, backend, ws, diag)))
         return st;
     memset(out, 0, sizeof(*out));
     out->dout = (uint64_t)(uintptr_t)g->dout.data;

@@ -68,18 +68,18 @@ typedef struct kpt_bwd_workspace {
     size_t bytes;                              /* the whole */
     size_t zero_from;                          /* the accumulators and flags: [zero_from, bytes) */
     size_t acc[KPT_MAX_AUX], flag[KPT_MAX_AUX]; /* by aux slot; acc 0: no gradient wanted */
-    kpt_kernel_daux_out out[KPT_MAX_AUX];      /* by aux slot, acc and flag still offsets */
+    kpt_kernel_daux_out out[KPT_MAX_AUX];      /* by aux slot; acc and flag set at launch */
 } kpt_bwd_workspace;
 
-/* Validates a backward call's gradients against the kernel (dout, dq, dk, dv of the kernel's
- * dtype and head dims, all present; lse present in `a`; aux gradients f32, of float aux tensors)
- * and fills `out` and the workspace layout `ws`; out->delta, dacc and dflag stay 0 (the launch
- * adds the workspace's address to ws's offsets). `a` must have been packed
- * (kpt_kernel_args_pack) into `pa` already: it is not validated again. */
-kpt_status kpt_kernel_gargs_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
-                                 const char *backend, const kpt_attention_args *a,
-                                 const kpt_kernel_args *pa, const kpt_attention_grads *g,
-                                 kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag);
+/* kpt_kernel_args_pack for a backward call (into `pa`, `a` bound once), then its gradients
+ * validated against the kernel (dout, dq, dk, dv of the kernel's dtype and head dims, all
+ * present; lse present in `a`; aux gradients f32, of float aux tensors): fills `out` and the
+ * workspace layout `ws`; out->delta, dacc and dflag stay 0 (the launch adds the workspace's
+ * address to ws's offsets). */
+kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *plan,
+                               const char *backend, const kpt_attention_args *a,
+                               const kpt_attention_grads *g, kpt_kernel_args *pa,
+                               kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag);
 
 /* The workspace of a packed call without aux gradients: delta only. */
 size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a);

@@ -17,22 +17,11 @@
 #include <kpt/kpt.h>
 
 #include "base/numeric.h"
+#include "tests/gpu/api_common.h"
 
 enum { B = 2, HQ = 4, HKV = 2, S = 333, D = 64, NAUX = 4 };
 #define NQ ((size_t)B * HQ * S * D)
 #define NK ((size_t)B * HKV * S * D)
-
-static int failures;
-
-#define CHECK(cond, ...)                                      \
-    do {                                                      \
-        if (!(cond)) {                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);       \
-            printf(__VA_ARGS__);                              \
-            printf("\n");                                     \
-            failures++;                                       \
-        }                                                     \
-    } while (0)
 
 /* The driver's stream and graph calls (libkpt has no use for them): opened here. */
 static struct {
@@ -78,11 +67,6 @@ static const char learned_src[] =
     "    return s * (1 + p.gain[h]) - p.slopes[h] * kpt.float(kpt.abs(k - q)) + p.near[k - q + 8]\n"
     "  end,\n"
     "  mask = function(b, h, q, k, p) return p.doc[b][q]:eq(p.doc[b][k]) & q:ge(k) end }\n";
-
-static float uniform(void) /* in [-1, 1] */
-{
-    return (float)((double)rand() / RAND_MAX * 2 - 1);
-}
 
 typedef struct host {
     uint16_t q[NQ], k[NK], v[NK], dout[NQ];
@@ -157,17 +141,6 @@ static double error(const void *got, kpt_dtype dt, const double *want, size_t n)
         scale = fmax(scale, fabs(want[i]));
     }
     return err / scale;
-}
-
-static kpt_buffer *upload(kpt_context *ctx, const void *src, size_t n)
-{
-    kpt_buffer *b = NULL;
-    kpt_diag d = {0};
-    kpt_status st = kpt_buffer_create(ctx, n, &b, &d);
-    if (!st && src)
-        st = kpt_buffer_write(b, 0, src, n, &d);
-    CHECK(!st, "buffer: %s", d.message);
-    return b;
 }
 
 enum { NBUF = 16 };

@@ -19,27 +19,11 @@
 #include "base/numeric.h"
 #include "runtime/bundle.h"
 #include "runtime/context.h"
+#include "tests/gpu/api_common.h"
 
 enum { B = 2, HQ = 4, HKV = 2, S = 777, D = 128, THREADS = 8 };
 #define NQ ((size_t)B * HQ * S * D)
 #define NK ((size_t)B * HKV * S * D)
-
-static int failures;
-
-#define CHECK(cond, ...)                                      \
-    do {                                                      \
-        if (!(cond)) {                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);       \
-            printf(__VA_ARGS__);                              \
-            printf("\n");                                     \
-            failures++;                                       \
-        }                                                     \
-    } while (0)
-
-static float uniform(void) /* in [-1, 1] */
-{
-    return (float)((double)rand() / RAND_MAX * 2 - 1);
-}
 
 typedef struct problem {
     uint16_t q[NQ], k[NK], v[NK], o[NQ];
@@ -96,17 +80,6 @@ static double compare(const uint16_t *o)
         scale = fmax(scale, fabs(pr.ref[i]));
     }
     return err / scale;
-}
-
-static kpt_buffer *upload(kpt_context *ctx, const void *src, size_t n)
-{
-    kpt_buffer *b = NULL;
-    kpt_diag d = {0};
-    kpt_status st = kpt_buffer_create(ctx, n, &b, &d);
-    if (!st)
-        st = kpt_buffer_write(b, 0, src, n, &d);
-    CHECK(!st, "buffer: %s", d.message);
-    return b;
 }
 
 static void poison(kpt_buffer *o)

@@ -363,17 +363,8 @@ static int check_device(bwd_check *c, kpt_backend_kind kind)
     const kpt_attention_args *ref = c->ref;
     kptc_device_run r = {0};
     kpt_diag d = {0};
-    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
-    kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
-    if (st)
-        return kptc_report(&d, st);
-    kpt_kernel_desc desc = {.dtype = c->dtype, .head_dim = (int)ref->q.shape[3],
-                            .head_dim_v = (int)ref->v.shape[3]};
     kpt_kernel *fwd = NULL, *bwd = NULL;
-    st = kpt_kernel_get(r.ctx, c->p, &desc, &fwd, &d);
-    desc.options = KPT_DESC_BACKWARD;
-    if (!st)
-        st = kpt_kernel_get(r.ctx, c->p, &desc, &bwd, &d);
+    kpt_status st = kptc_device_open(&r, kind, c->p, ref, c->dtype, &fwd, &bwd, &d);
     dev_grads dg = {0};
     if (!st && !dev_grads_init(c, &dg))
         st = kpt_diag_set(&d, KPT_ERR_NO_MEMORY, "out of memory");

@@ -80,14 +80,8 @@ int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
     const char *backend = kpt_backend_name(kind);
     kptc_device_run r = {0};
     kpt_diag d = {0};
-    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
-    kpt_status st = kpt_context_create(&cp, &r.ctx, &d);
-    if (st)
-        return kptc_report(&d, st);
-    kpt_kernel_desc desc = {.dtype = dtype, .head_dim = (int)ref->q.shape[3],
-                            .head_dim_v = (int)ref->v.shape[3]};
     kpt_kernel *k = NULL;
-    st = kpt_kernel_get(r.ctx, p, &desc, &k, &d);
+    kpt_status st = kptc_device_open(&r, kind, p, ref, dtype, &k, NULL, &d);
     kpt_attention_args a = *ref; /* sizes the reads below even when nothing ran */
     if (!st)
         st = kptc_device_args(&r, ref, dtype, &a, &d);
@@ -145,6 +139,22 @@ kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, k
         st = kptc_upload(r, &a->o, false, d);
     if (!st)
         st = kptc_upload(r, &a->lse, false, d);
+    return st;
+}
+
+kpt_status kptc_device_open(kptc_device_run *r, kpt_backend_kind kind, const kpt_pattern *p,
+                            const kpt_attention_args *ref, kpt_dtype dtype, kpt_kernel **fwd,
+                            kpt_kernel **bwd, kpt_diag *d)
+{
+    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_kernel_desc desc = {.dtype = dtype, .head_dim = (int)ref->q.shape[3],
+                            .head_dim_v = (int)ref->v.shape[3]};
+    kpt_status st = kpt_context_create(&cp, &r->ctx, d);
+    if (!st)
+        st = kpt_kernel_get(r->ctx, p, &desc, fwd, d);
+    desc.options = KPT_DESC_BACKWARD;
+    if (!st && bwd)
+        st = kpt_kernel_get(r->ctx, p, &desc, bwd, d);
     return st;
 }
 

@@ -137,6 +137,11 @@ kpt_status kptc_upload(kptc_device_run *r, kpt_tensor *t, bool copy, kpt_diag *d
  * ref's strides) and lse (f32 [B, Hq, Sq]) poisoned, o and lse the last buffers made. */
 kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, kpt_dtype dtype,
                             kpt_attention_args *a, kpt_diag *d);
+/* The run's context on backend `kind` (no disk cache) and the kernels of p for ref's head dims
+ * and dtype: the forward in *fwd and, where bwd is not NULL, the backward in *bwd. */
+kpt_status kptc_device_open(kptc_device_run *r, kpt_backend_kind kind, const kpt_pattern *p,
+                            const kpt_attention_args *ref, kpt_dtype dtype, kpt_kernel **fwd,
+                            kpt_kernel **bwd, kpt_diag *d);
 /* Frees the run's buffers and its context. */
 void kptc_device_close(kptc_device_run *r);
 
