@@ -8,9 +8,14 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
+#include "base/clock.h"
 #include "compiler/lua_sandbox.h"
 
-#define HOOK_EVERY 1000 /* instructions between budget checks */
+/* Instructions between budget and clock checks. Some single instructions take long (comparing
+ * two 32 MiB strings), so the clock is read often enough that even a loop of those passes the
+ * deadline by well under a second. */
+#define HOOK_EVERY 500
+#define ALLOC_BYTES_PER_STEP 32 /* what an allocation costs, as string functions are charged */
 
 /* The allocator: every byte the state holds counts against the limit. */
 static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
@@ -28,6 +33,10 @@ static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     if (!p)
         return NULL;
     sb->used = sb->used - old + nsize;
+    /* Building a string copies it (`s .. s`, tostring of a long __name): charged here, checked
+     * at the next hook or charge, since an allocator must not raise. */
+    if (nsize > old)
+        sb->steps += (nsize - old) / ALLOC_BYTES_PER_STEP;
     return p;
 }
 
@@ -36,18 +45,31 @@ kpt_sandbox *kpt_sandbox_of(lua_State *L)
     return *(kpt_sandbox **)lua_getextraspace(L);
 }
 
-/* Adds `steps` to the budget's count; raises once it is exhausted. `level` names the script's
- * line (as luaL_where). */
+/* Adds `steps` to the budget's count; raises once it is exhausted or the deadline has passed.
+ * `level` names the script's line (as luaL_where). */
 static void charge(lua_State *L, uint64_t steps, int level)
 {
     kpt_sandbox *sb = kpt_sandbox_of(L);
     sb->steps = steps > UINT64_MAX - sb->steps ? UINT64_MAX : sb->steps + steps;
-    if (sb->steps <= sb->budget && !sb->budget_hit)
-        return;
-    kpt_sandbox_raise(L, level, KPT_ERR_LIMIT,
-                      "instruction budget exhausted (%llu instructions): the script runs too long "
-                      "or loops forever",
-                      (unsigned long long)sb->budget);
+    if (sb->budget_hit) /* reported already: budget_text is the message that counts */
+        kpt_sandbox_raise(L, level, KPT_ERR_LIMIT, "%s", "the script's limits were exhausted");
+    sb->hitting_limit = true; /* until a raise below: the first end of budget or time */
+    if (sb->steps > sb->budget)
+        kpt_sandbox_raise(L, level, KPT_ERR_LIMIT,
+                          "instruction budget exhausted (%llu instructions): the script runs too "
+                          "long or loops forever",
+                          (unsigned long long)sb->budget);
+    if (kpt_now_ms() > sb->deadline_ms)
+        kpt_sandbox_raise(L, level, KPT_ERR_LIMIT,
+                          "time limit exhausted (%g s of wall-clock time): the script runs too "
+                          "long or loops forever",
+                          sb->seconds);
+    sb->hitting_limit = false;
+}
+
+void kpt_sandbox_charge(lua_State *L, uint64_t steps)
+{
+    charge(L, steps, 1);
 }
 
 static void hook(lua_State *L, lua_Debug *ar)
@@ -60,14 +82,24 @@ static void hook(lua_State *L, lua_Debug *ar)
 
 /* The library functions of string and table work in C, where the hook does not count: a loop
  * of a few instructions could make them repeat a long job (string.rep("", 1e15), sorting a
- * large table again and again). Each is wrapped to charge its work to the budget first, before
- * it starts: one instruction per 32 bytes of its string arguments, per element of its table
- * arguments, per repetition of string.rep and per comparison of table.sort. */
-enum { COST_PLAIN, COST_REP, COST_SORT };
+ * large table again and again, table.move over 2^50 indices). Each is wrapped to charge its
+ * work to the budget first, before it starts: one instruction per 32 bytes of its string
+ * arguments, per element of its table arguments, per repetition of string.rep, per comparison
+ * of table.sort and per index of the range that table.concat, move and unpack walk. */
+enum { COST_PLAIN, COST_REP, COST_SORT, COST_RANGE_2, COST_RANGE_3 };
 
-static int metered(lua_State *L)
+/* The length of the range [i, j] of arguments i_arg and i_arg + 1 (defaults 1 and #t). */
+static double range_length(lua_State *L, int i_arg)
 {
-    int n = lua_gettop(L), kind = (int)lua_tointeger(L, lua_upvalueindex(2));
+    double first = lua_type(L, i_arg) == LUA_TNUMBER ? lua_tonumber(L, i_arg) : 1;
+    double last = lua_type(L, i_arg + 1) == LUA_TNUMBER ? lua_tonumber(L, i_arg + 1)
+                  : lua_type(L, 1) == LUA_TTABLE          ? (double)lua_rawlen(L, 1)
+                                                         : 0;
+    return last >= first ? last - first + 1 : 0;
+}
+
+static double call_cost(lua_State *L, int n, int kind)
+{
     double bytes = 0, items = 1;
     for (int i = 1; i <= n; i++) {
         if (lua_type(L, i) == LUA_TSTRING)
@@ -86,41 +118,112 @@ static int metered(lua_State *L)
         double m = (double)lua_rawlen(L, 1);
         items += m * log2(m + 2);
     }
-    double steps = items + bytes / 32;
+    if (kind == COST_RANGE_2) /* table.move(a, f, e, ...), table.unpack(t, i, j) */
+        items += range_length(L, 2);
+    if (kind == COST_RANGE_3) { /* table.concat(t, sep, i, j) */
+        double m = range_length(L, 3);
+        items += m;
+        bytes += m * (double)(lua_type(L, 2) == LUA_TSTRING ? lua_rawlen(L, 2) : 0);
+    }
+    return items + bytes / 32;
+}
+
+/* Whether a message already starts with a place in the script ("x.lua:3:"). */
+static bool has_place(const kpt_sandbox *sb, const char *msg)
+{
+    size_t n = strlen(sb->display);
+    return !strncmp(msg, sb->display, n) && msg[n] == ':';
+}
+
+/* Passes on an error a wrapped library function raised. Lua names neither the function (it was
+ * called from C) nor the script's line (luaL_where looks one level up, at the wrapper), so both
+ * are added; the sandbox's own limits pass unchanged. */
+static int pass_on(lua_State *L, int status)
+{
+    kpt_sandbox *sb = kpt_sandbox_of(L);
+    sb->memory_error |= status == LUA_ERRMEM;
+    if (status != LUA_ERRRUN || sb->budget_hit || lua_type(L, -1) != LUA_TSTRING ||
+        has_place(sb, lua_tostring(L, -1)))
+        return lua_error(L);
+    const char *msg = lua_tostring(L, -1);
+    const char *unnamed = strstr(msg, " to '?'");
+    luaL_where(L, 1);
+    if (unnamed && !strncmp(msg, "bad argument #", 14)) {
+        lua_pushlstring(L, msg, (size_t)(unnamed - msg));
+        lua_pushfstring(L, " to '%s'%s", lua_tostring(L, lua_upvalueindex(3)), unnamed + 7);
+        lua_concat(L, 3);
+    } else {
+        lua_pushvalue(L, -2);
+        lua_concat(L, 2);
+    }
+    return lua_error(L);
+}
+
+static int metered(lua_State *L)
+{
+    int n = lua_gettop(L), kind = (int)lua_tointeger(L, lua_upvalueindex(2));
+    double steps = call_cost(L, n, kind);
     charge(L, steps > 1e18 ? UINT64_MAX : (uint64_t)steps, 1);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
-    lua_call(L, n, LUA_MULTRET);
-    return lua_gettop(L);
+    int status = lua_pcall(L, n, LUA_MULTRET, 0);
+    return status == LUA_OK ? lua_gettop(L) : pass_on(L, status);
 }
 
-/* Wraps every function of the library table at the stack top. */
-static void meter_library(lua_State *L)
+static int cost_kind(const char *name)
 {
+    static const struct {
+        const char *name;
+        int kind;
+    } kinds[] = {{"rep", COST_REP},       {"sort", COST_SORT},     {"move", COST_RANGE_2},
+                 {"unpack", COST_RANGE_2}, {"concat", COST_RANGE_3}};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        if (!strcmp(name, kinds[i].name))
+            return kinds[i].kind;
+    return COST_PLAIN;
+}
+
+/* Replaces the C function t[name] of the table at the stack top with its metered wrapper;
+ * `lib` prefixes its name in messages ("string.rep"). */
+static void meter_function(lua_State *L, const char *lib, const char *name)
+{
+    if (lua_getfield(L, -1, name) != LUA_TFUNCTION || !lua_iscfunction(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pushinteger(L, cost_kind(name));
+    if (lib)
+        lua_pushfstring(L, "%s.%s", lib, name);
+    else
+        lua_pushstring(L, name);
+    lua_pushcclosure(L, metered, 3); /* the original function, the cost kind, the name */
+    lua_setfield(L, -2, name);
+}
+
+/* Wraps every C function of the library table `lib` at the stack top. */
+static void meter_library(lua_State *L, const char *lib)
+{
+    char names[64][16];
+    int n = 0;
     lua_pushnil(L);
     while (lua_next(L, -2)) {
-        if (lua_type(L, -2) == LUA_TSTRING && lua_iscfunction(L, -1)) {
-            const char *name = lua_tostring(L, -2);
-            int kind = !strcmp(name, "rep") ? COST_REP : !strcmp(name, "sort") ? COST_SORT
-                                                                              : COST_PLAIN;
-            lua_pushinteger(L, kind);
-            lua_pushcclosure(L, metered, 2); /* the original function and the kind */
-            lua_pushvalue(L, -2);            /* the key */
-            lua_insert(L, -2);
-            lua_rawset(L, -4);
-        } else {
-            lua_pop(L, 1);
-        }
+        if (lua_type(L, -2) == LUA_TSTRING && lua_rawlen(L, -2) < sizeof(names[0]) && n < 64)
+            snprintf(names[n++], sizeof(names[0]), "%s", lua_tostring(L, -2));
+        lua_pop(L, 1);
     }
+    for (int i = 0; i < n; i++)
+        meter_function(L, lib, names[i]);
 }
 
 bool kpt_sandbox_open(kpt_sandbox *sb, const char *display, size_t max_memory,
-                      uint64_t max_instructions)
+                      uint64_t max_instructions, double max_seconds)
 {
     memset(sb, 0, sizeof(*sb));
     sb->display = display;
     sb->limit = max_memory ? max_memory : KPT_LUA_DEFAULT_MEMORY;
     sb->budget = max_instructions ? max_instructions : KPT_LUA_DEFAULT_INSTRUCTIONS;
+    sb->seconds = max_seconds > 0 ? max_seconds : KPT_LUA_DEFAULT_SECONDS;
+    sb->deadline_ms = kpt_now_ms() + 1e3 * sb->seconds;
     sb->L = lua_newstate(sandbox_alloc, sb);
     if (!sb->L)
         return false;
@@ -152,9 +255,10 @@ int kpt_sandbox_raise(lua_State *L, int level, kpt_status status, const char *fm
     kpt_sandbox *sb = kpt_sandbox_of(L);
     sb->raised_status = status;
     snprintf(sb->raised_text, sizeof(sb->raised_text), "%s", lua_tostring(L, -1));
-    if (status == KPT_ERR_LIMIT && !sb->budget_hit && sb->steps > sb->budget) {
-        /* the first time the budget runs out: this message is the one reported, whatever the
-         * script does with the error (from here on every hook call fails again) */
+    if (status == KPT_ERR_LIMIT && sb->hitting_limit) {
+        /* the first time the budget or the time runs out: this message is the one reported,
+         * whatever the script does with the error (from here on every check fails again) */
+        sb->hitting_limit = false;
         sb->budget_hit = true;
         snprintf(sb->budget_text, sizeof(sb->budget_text), "%s", sb->raised_text);
     }
@@ -170,23 +274,32 @@ static const char *describe_error(lua_State *L, int idx, char *buf, size_t n)
     return buf;
 }
 
-/* Message handler: gives non-string error objects a message and the script's line. */
-static int message_handler(lua_State *L)
+/* The place of the innermost script line on the stack ("x.lua:3: "), pushed; "" when none. */
+static void push_script_place(lua_State *L)
 {
-    if (lua_type(L, 1) == LUA_TSTRING)
-        return 1;
-    char buf[120];
-    describe_error(L, 1, buf, sizeof(buf));
     lua_Debug ar;
     for (int level = 1; lua_getstack(L, level, &ar); level++) {
         if (lua_getinfo(L, "l", &ar) && ar.currentline > 0) {
             luaL_where(L, level);
-            lua_pushstring(L, buf);
-            lua_concat(L, 2);
-            return 1;
+            return;
         }
     }
-    lua_pushstring(L, buf);
+    lua_pushliteral(L, "");
+}
+
+/* Message handler: gives non-string error objects a message, and messages that Lua raised
+ * outside the script's own code ("C stack overflow", errors of library functions) the script's
+ * line. */
+static int message_handler(lua_State *L)
+{
+    kpt_sandbox *sb = kpt_sandbox_of(L);
+    if (lua_type(L, 1) == LUA_TSTRING && (sb->budget_hit || has_place(sb, lua_tostring(L, 1))))
+        return 1;
+    char buf[120];
+    const char *msg = describe_error(L, 1, buf, sizeof(buf));
+    push_script_place(L);
+    lua_pushstring(L, msg);
+    lua_concat(L, 2);
     return 1;
 }
 
@@ -225,10 +338,27 @@ static int safe_pcall(lua_State *L)
     return finish_pcall(L, status, 0);
 }
 
+/* The message handler xpcall installs: the script's handler, except for the end of a limit.
+ * The budget's end is raised from the count hook, where Lua runs the handler with hooks off:
+ * a handler that loops would never be stopped, so it does not run at all. */
+static int guarded_handler(lua_State *L)
+{
+    kpt_sandbox *sb = kpt_sandbox_of(L);
+    if (sb->budget_hit || sb->memory_error)
+        return 1;
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
 static int safe_xpcall(lua_State *L)
 {
     int n = lua_gettop(L);
     luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_pushvalue(L, 2);
+    lua_pushcclosure(L, guarded_handler, 1);
+    lua_replace(L, 2);
     lua_pushboolean(L, 1);
     lua_pushvalue(L, 1);
     lua_rotate(L, 3, 2); /* f, handler, true, f, args... -> handler first */
@@ -307,11 +437,16 @@ static void open_libs(lua_State *L)
     static const char *const str_banned[] = {"dump", "find", "match", "gmatch", "gsub"};
     for (size_t i = 0; i < sizeof(str_banned) / sizeof(str_banned[0]); i++)
         remove_field(L, str_banned[i]);
-    meter_library(L); /* also what s:rep(n) finds: the string metatable's __index is this table */
+    meter_library(L, "string"); /* also what s:rep(n) finds: the string metatable's __index */
     lua_pop(L, 1);
     lua_getfield(L, -1, "table");
-    meter_library(L);
+    meter_library(L, "table");
     lua_pop(L, 1);
+    /* base functions whose C work grows with their arguments: parsing or comparing long
+     * strings (error, assert and the rest are cheap, and wrapping error would move its level) */
+    meter_function(L, NULL, "tonumber");
+    meter_function(L, NULL, "tostring");
+    meter_function(L, NULL, "rawequal");
     lua_getfield(L, -1, "math");
     lua_getfield(L, -1, "randomseed");
     lua_pushinteger(L, 20261121);

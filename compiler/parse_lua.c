@@ -370,7 +370,7 @@ static kpt_status run(run_ctx *c, kpt_diag *diag)
     const kpt_lua_params *prm = c->prm;
     kpt_sandbox sb;
     if (!kpt_sandbox_open(&sb, c->h.display, prm ? prm->max_memory : 0,
-                          prm ? prm->max_instructions : 0))
+                          prm ? prm->max_instructions : 0, prm ? prm->max_seconds : 0))
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     sb.user = c;
     if (prm && prm->print) {

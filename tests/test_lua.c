@@ -3,6 +3,7 @@
  * errors with the script's line, and the sandbox against escape attempts and runaway scripts. */
 #include "tests/testutil.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include "compiler/parse_lua.h"
@@ -432,6 +433,27 @@ static void expect_limit(const char *src, const kpt_lua_params *prm, const char 
     assert_null(p);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Expects failure with `status` and a message containing `needle`, the script named t.lua. */
+static void expect_error_with(const char *src, const kpt_lua_params *prm, kpt_status status,
+                              const char *needle)
+{
+    kpt_lua_params named = {.name = "t.lua"};
+    kpt_pattern *p;
+    kpt_diag d;
+    kpt_status st = compile(src, prm ? prm : &named, &p, &d);
+    if (st != status || !strstr(d.message, needle))
+        fail_msg("'%s': wanted status %d and '%s'; got %d: %s", src, status, needle, st,
+                 d.message);
+    assert_null(p);
+}
+
 static void test_sandbox_limits(void **state)
 {
     (void)state;
@@ -487,6 +509,42 @@ static void test_sandbox_limits(void **state)
     st = compile("local t = setmetatable({}, {})\ngetmetatable(t).__index = function(t, k) "
                  "return t[k] end\nlocal x = t.x", &prm, &p, &d);
     assert_true(st != KPT_OK && strstr(d.message, "stack overflow"));
+    /* an xpcall handler is not run for the budget's end: raised from the count hook, it would
+     * run with hooks off, out of any budget's reach */
+    expect_limit("xpcall(function() while true do end end, function(e) while true do end end)",
+                 &prm, "instruction budget");
+    /* C work charged by size: copies of long strings, parsing and comparing them, long ranges
+     * of table functions, kpt's own functions */
+    expect_limit("local s = ('x'):rep(1 << 20)\nwhile true do local t = s .. s end", &prm,
+                 "t.lua:2: error: instruction budget");
+    expect_limit("local s = (' '):rep(1 << 20)\nwhile true do tonumber(s) end", &prm,
+                 "instruction budget");
+    expect_limit("local s, t = ('x'):rep(1 << 20), ('x'):rep(1 << 20)\n"
+                 "while true do rawequal(s, t) end", &prm, "instruction budget");
+    expect_limit("local t = setmetatable({}, {__name = ('x'):rep(1 << 20)})\n"
+                 "while true do tostring(t) end", &prm, "instruction budget");
+    expect_limit("table.move({}, 1, 1 << 50, 1)", &prm, "instruction budget");
+    expect_limit("table.concat({}, 'x', 1, 1 << 50)", &prm, "instruction budget");
+    expect_limit("while true do kpt.builtin('causal') kpt.builtin_score('softcap(30)', 1.0) end",
+                 &prm, "instruction budget");
+    /* an instruction that takes long (comparing two 4 MiB strings) is stopped by the clock */
+    kpt_lua_params timed = {.name = "t.lua", .max_instructions = UINT64_MAX / 2,
+                            .max_seconds = 0.25};
+    double t0 = now_s();
+    expect_limit("local s = ('x'):rep(1 << 22)\nlocal t = s .. 'y'\n"
+                 "while true do local _ = s < t end", &timed, "t.lua:3: error: time limit exhausted");
+    assert_true(now_s() - t0 < 3); /* generous: a loaded CI machine under sanitizers */
+    t0 = now_s();
+    expect_limit("while true do pcall(function() while true do end end) end", &timed,
+                 "time limit exhausted (0.25 s");
+    assert_true(now_s() - t0 < 3);
+    /* library errors keep the script's line and name the function */
+    expect_error_with("local x = 1\nstring.rep()", NULL, KPT_ERR_INVALID_ARGUMENT,
+                      "t.lua:2: error: bad argument #1 to 'string.rep' (string expected");
+    expect_error_with("local x = 1\n\ntable.concat({{}})", NULL, KPT_ERR_INVALID_ARGUMENT,
+                      "t.lua:3: error: invalid value (table) at index 1 in table for 'concat'");
+    expect_error_with("local function f() return tostring(setmetatable({}, {__tostring = f})) end"
+                      "\nf()", NULL, KPT_ERR_INVALID_ARGUMENT, "t.lua:1: error: C stack overflow");
     /* expressions as large as the node limit */
     expect_limit("return kpt.pattern{ score = function(s, b, h, q, k)\n"
                  "  for i = 1, 100000 do s = s * 1.0001 + i end\n  return s end }",

@@ -41,10 +41,13 @@ typedef struct kpt_lua_params {
     const kpt_param_value *params; /* overrides; an unknown name is an error */
     int num_params;
     size_t max_memory;         /* bytes the script may hold; 0: 64 MiB */
-    uint64_t max_instructions; /* Lua VM instructions; 0: 200 million (about a second) */
+    /* Lua VM instructions, plus the work of C library calls and allocations charged by size
+     * (docs/lua.md); 0: 200 million (about a second) */
+    uint64_t max_instructions;
     /* Receives what the script print()s, one call per print. NULL: discarded. */
     void (*print)(void *user, const char *text);
     void *print_user;
+    double max_seconds; /* wall-clock time the script may run; 0: 5 s */
 } kpt_lua_params;
 
 /* Runs a Lua pattern script (the source text, `length` bytes; bytecode is refused) in a sandbox
