@@ -266,8 +266,8 @@ static void describe(const module *m, char *out, size_t n)
 }
 
 /* The binary of a module: from a bundle, the disk cache, or the compiler. */
-static kpt_status obtain_binary(request *rq, module *m, const char *src, void **bin,
-                                size_t *size, bool *owned, kpt_diag *diag)
+static kpt_status obtain_binary(request *rq, module *m, const char *src, bool use_disk,
+                                void **bin, size_t *size, bool *owned, kpt_diag *diag)
 {
     kpt_context *ctx = rq->ctx;
     kpt_backend *b = ctx->backend;
@@ -289,7 +289,7 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, void **
     parts[0] = (kpt_key_part){"disk", 4};
     kpt_key disk_key = kpt_key_of(parts, 6);
     *owned = true;
-    if (kpt_disk_cache_get(ctx->disk, &disk_key, bin, size)) {
+    if (use_disk && kpt_disk_cache_get(ctx->disk, &disk_key, bin, size)) {
         m->how = FROM_DISK;
         return KPT_OK;
     }
@@ -356,10 +356,22 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
     size_t size = 0;
     bool owned = false;
     if (!st && src)
-        st = obtain_binary(rq, m, src, &bin, &size, &owned, diag);
-    free(src);
+        st = obtain_binary(rq, m, src, true, &bin, &size, &owned, diag);
     if (!st && !b->offline)
         st = b->ops->load(b, m->pattern, &m->plan, bin, size, &m->impl, diag);
+    if (st && m->how == FROM_DISK) {
+        /* Sound checksums but a payload the driver refuses (written by a broken build, or a
+         * driver that changed under the same version string): compile afresh and replace the
+         * entry, rather than fail in every process from now on. */
+        kpt_log(&ctx->log, KPT_LOG_WARN, "disk cache: an entry would not load (%s); recompiling",
+                diag && diag->message[0] ? diag->message : kpt_status_string(st));
+        free(bin);
+        bin = NULL;
+        st = obtain_binary(rq, m, src, false, &bin, &size, &owned, diag);
+        if (!st)
+            st = b->ops->load(b, m->pattern, &m->plan, bin, size, &m->impl, diag);
+    }
+    free(src);
     if (!st && b->offline && bin) {
         if (owned) {
             m->binary = bin;

@@ -135,26 +135,22 @@ static void encode_header(uint8_t *h, const kpt_key *key, const void *data, size
     kpt_put_u64le(h + 48, kpt_checksum(h, 48));
 }
 
-/* Why the entry `buf` (n bytes) cannot be used for `key`, or NULL when it is sound. */
-static const char *check_entry(const uint8_t *buf, size_t n, const kpt_key *key)
+/* Why the header `h` of an entry file of `file_size` bytes cannot be used for `key`, or NULL.
+ * Checked before a byte of the payload is read or memory is reserved for it. */
+static const char *check_header(const uint8_t *h, uint64_t file_size, const kpt_key *key)
 {
-    if (n < KPT_DISK_CACHE_HEADER)
-        return "truncated header";
-    if (memcmp(buf, MAGIC, 8))
+    if (memcmp(h, MAGIC, 8))
         return "bad magic";
-    if (kpt_get_u64le(buf + 48) != kpt_checksum(buf, 48))
+    if (kpt_get_u64le(h + 48) != kpt_checksum(h, 48))
         return "header checksum mismatch";
-    if (kpt_get_u32le(buf + 8) != KPT_DISK_CACHE_VERSION)
+    if (kpt_get_u32le(h + 8) != KPT_DISK_CACHE_VERSION)
         return "stale format version";
-    if (kpt_get_u32le(buf + 12) != KPT_DISK_CACHE_HEADER)
+    if (kpt_get_u32le(h + 12) != KPT_DISK_CACHE_HEADER)
         return "bad header size";
-    if (memcmp(buf + 16, key->b, 16))
+    if (memcmp(h + 16, key->b, 16))
         return "key mismatch";
-    if (kpt_get_u64le(buf + 32) != n - KPT_DISK_CACHE_HEADER)
+    if (kpt_get_u64le(h + 32) != file_size - KPT_DISK_CACHE_HEADER)
         return "payload size mismatch (truncated or extended)";
-    if (kpt_get_u64le(buf + 40) != kpt_checksum(buf + KPT_DISK_CACHE_HEADER,
-                                                n - KPT_DISK_CACHE_HEADER))
-        return "payload checksum mismatch";
     return NULL;
 }
 
@@ -187,6 +183,33 @@ static bool write_all(int fd, const void *data, size_t n)
     return true;
 }
 
+/* Opens the entry file at `path` for reading: a regular file, not a symlink (O_NOFOLLOW), and
+ * never waiting on a FIFO planted there (O_NONBLOCK). Returns the descriptor and its size, or
+ * -1 with *why saying what is wrong (NULL: there is no entry). */
+static int open_entry(const char *path, uint64_t *file_size, const char **why)
+{
+    *why = NULL;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP)
+            *why = "a symbolic link, not an entry";
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode))
+        *why = "not a regular file";
+    else if (st.st_size < KPT_DISK_CACHE_HEADER)
+        *why = "truncated header";
+    else if ((uint64_t)st.st_size - KPT_DISK_CACHE_HEADER > KPT_DISK_CACHE_MAX_ENTRY)
+        *why = "larger than any entry (1 GiB)";
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    *file_size = (uint64_t)st.st_size;
+    return fd;
+}
+
 bool kpt_disk_cache_get(kpt_disk_cache *c, const kpt_key *key, void **data, size_t *size)
 {
     *data = NULL;
@@ -195,32 +218,31 @@ bool kpt_disk_cache_get(kpt_disk_cache *c, const kpt_key *key, void **data, size
         return false;
     char path[4096];
     entry_path(c, key, path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint64_t file_size = 0;
+    const char *why = NULL;
+    uint8_t header[KPT_DISK_CACHE_HEADER], *buf = NULL;
+    int fd = open_entry(path, &file_size, &why);
+    size_t n = fd >= 0 ? (size_t)(file_size - KPT_DISK_CACHE_HEADER) : 0;
+    if (fd >= 0)
+        why = read_all(fd, header, sizeof(header)) ? check_header(header, file_size, key)
+                                                   : "unreadable header";
+    if (fd >= 0 && !why && (!(buf = malloc(n ? n : 1)) || !read_all(fd, buf, n)))
+        why = buf ? "unreadable payload" : "out of memory";
+    if (fd >= 0 && !why && kpt_get_u64le(header + 40) != kpt_checksum(buf, n))
+        why = "payload checksum mismatch";
+    if (why) {
+        kpt_log(c->log, KPT_LOG_WARN, "disk cache: ignoring %s: %s; recompiling", path, why);
+        free(buf);
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
     if (fd < 0)
         return false;
-    struct stat st;
-    uint8_t *buf = NULL;
-    bool ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= 0 &&
-              (uint64_t)st.st_size < ((uint64_t)1 << 40);
-    size_t n = ok ? (size_t)st.st_size : 0;
-    if (ok && (buf = malloc(n ? n : 1)) && read_all(fd, buf, n)) {
-        const char *why = check_entry(buf, n, key);
-        if (why) {
-            kpt_log(c->log, KPT_LOG_WARN, "disk cache: ignoring %s: %s; recompiling", path, why);
-            ok = false;
-        }
-    } else {
-        ok = false;
-    }
+    futimens(fd, NULL); /* recently used: last to be evicted (this file, not a link's target) */
     close(fd);
-    if (!ok) {
-        free(buf);
-        return false;
-    }
-    utimensat(AT_FDCWD, path, NULL, 0); /* recently used: last to be evicted */
-    *size = n - KPT_DISK_CACHE_HEADER;
-    memmove(buf, buf + KPT_DISK_CACHE_HEADER, *size);
     *data = buf;
+    *size = n;
     return true;
 }
 
@@ -240,10 +262,17 @@ static int by_mtime(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static bool has_suffix(const char *s, const char *suffix)
+/* Whether `name` is one the cache itself writes: an entry (32 hex digits and ".kpt") or a temp
+ * file (".tmp-" and mkstemp's six characters). Nothing else in the directory is ever removed: a
+ * user's bundle "app.kpt" beside the entries stays. */
+static bool own_name(const char *name, bool *temp)
 {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
+    size_t n = strlen(name), t = strlen(TEMP_PREFIX);
+    *temp = n == t + 6 && !strncmp(name, TEMP_PREFIX, t);
+    if (*temp)
+        return strspn(name + t, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 6;
+    return n == 32 + strlen(ENTRY_SUFFIX) && strspn(name, "0123456789abcdef") == 32 &&
+           !strcmp(name + 32, ENTRY_SUFFIX);
 }
 
 /* Removes the least recently used entries until the directory fits the cap (and temp files
@@ -259,8 +288,8 @@ static void evict(kpt_disk_cache *c, const char *keep)
     time_t now = time(NULL);
     struct dirent *e;
     while (d && (e = readdir(d))) {
-        bool temp = !strncmp(e->d_name, TEMP_PREFIX, strlen(TEMP_PREFIX));
-        if (!temp && !has_suffix(e->d_name, ENTRY_SUFFIX))
+        bool temp;
+        if (!own_name(e->d_name, &temp))
             continue;
         if (strlen(e->d_name) >= sizeof(v->name))
             continue;

@@ -10,9 +10,12 @@
  * (integers little-endian). Entries are written to a temporary file in the same directory,
  * flushed and renamed over the final name, so readers see a whole entry or none, whatever
  * happens to the writer. An entry whose magic, version, key, size or checksums do not match is
- * logged and treated as a miss; the recompiled kernel replaces it. Hits refresh the file's
- * modification time; when the directory outgrows its cap the least recently used entries are
- * removed.
+ * logged and treated as a miss; the recompiled kernel replaces it. The header and the file's
+ * size are checked before the payload is read, and entries are opened with O_NOFOLLOW and
+ * O_NONBLOCK, so a symlink, a FIFO or a huge file planted at an entry's name is a miss, never a
+ * hang or a huge read. Hits refresh the file's modification time; when the directory outgrows
+ * its cap the least recently used entries are removed, and only names of the cache's own
+ * format are ever removed.
  *
  * Thread-safety: all calls are safe from any thread, and from several processes sharing one
  * directory. */
@@ -28,6 +31,7 @@
 
 #define KPT_DISK_CACHE_VERSION 1
 #define KPT_DISK_CACHE_HEADER 64
+#define KPT_DISK_CACHE_MAX_ENTRY ((uint64_t)1 << 30) /* payload bytes; larger files are misses */
 
 typedef struct kpt_disk_cache kpt_disk_cache;
 

@@ -277,6 +277,68 @@ static void test_eviction(void **state)
     kpt_disk_cache_close(&c);
 }
 
+/* What someone else put in the directory: a FIFO, a symlink or a huge sparse file at an entry's
+ * name is a miss (never a hang, a read of gigabytes or an mtime refreshed through the link),
+ * and eviction removes only names of the cache's own format. */
+static void test_foreign_files(void **state)
+{
+    fixture *f = *state;
+    kpt_disk_cache *c = kpt_disk_cache_open(f->dir, 1 << 20, &f->log);
+    assert_non_null(c);
+    char path[256], target[256];
+    void *data;
+    size_t n;
+    kpt_key fifo = key_n(300), link = key_n(301), huge = key_n(302), good = key_n(303);
+    entry_file(f, &fifo, path, sizeof(path));
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_false(kpt_disk_cache_get(c, &fifo, &data, &n)); /* returns: no writer is awaited */
+    assert_non_null(strstr(f->book.last, "not a regular file"));
+    /* a valid entry elsewhere, linked at another key's name... */
+    kpt_disk_cache_put(c, &good, "payload", 7);
+    entry_file(f, &good, target, sizeof(target));
+    struct timespec old[2] = {{1000000, 0}, {1000000, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, target, old, 0), 0);
+    entry_file(f, &link, path, sizeof(path));
+    assert_int_equal(symlink(target, path), 0);
+    assert_false(kpt_disk_cache_get(c, &link, &data, &n));
+    assert_non_null(strstr(f->book.last, "symbolic link"));
+    struct stat st;
+    assert_int_equal(stat(target, &st), 0);
+    assert_int_equal(st.st_mtime, 1000000); /* not refreshed through the link */
+    /* a 20 GB sparse file: refused from its size, nothing read */
+    entry_file(f, &huge, path, sizeof(path));
+    int fd = open(path, O_WRONLY | O_CREAT, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)20 << 30), 0);
+    close(fd);
+    assert_false(kpt_disk_cache_get(c, &huge, &data, &n));
+    assert_non_null(strstr(f->book.last, "larger than any entry"));
+    assert_int_equal(unlink(path), 0);
+    kpt_disk_cache_close(&c);
+    /* a user's files beside the entries survive eviction to a cap of 0 */
+    static const char *const foreign[] = {"app.kpt", "notes.tmp-abcdef", ".tmp-abc",
+                                          ".tmp-abcdefg", "0123456789ABCDEF0123456789abcdef.kpt"};
+    for (size_t i = 0; i < sizeof(foreign) / sizeof(foreign[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", f->dir, foreign[i]);
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        fputs("not the cache's", fp);
+        fclose(fp);
+        struct timespec ancient[2] = {{1, 0}, {1, 0}}; /* older than any stale temp file */
+        assert_int_equal(utimensat(AT_FDCWD, path, ancient, 0), 0);
+    }
+    c = kpt_disk_cache_open(f->dir, 0, &f->log);
+    kpt_key last = key_n(304);
+    kpt_disk_cache_put(c, &last, "x", 1);
+    for (size_t i = 0; i < sizeof(foreign) / sizeof(foreign[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", f->dir, foreign[i]);
+        if (access(path, F_OK))
+            fail_msg("eviction removed '%s', a file the cache did not write", foreign[i]);
+    }
+    assert_false(present(f, &good)); /* the cache's own entries do go */
+    kpt_disk_cache_close(&c);
+}
+
 /* Every *.kpt file in the directory is a whole, valid entry. Returns how many there are. */
 static int check_all_entries(const fixture *f, kpt_disk_cache *c)
 {
@@ -390,6 +452,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corruption, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unwritable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eviction, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_foreign_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_writers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_writer, setup, teardown),
         cmocka_unit_test(test_default_dir),

@@ -5,6 +5,7 @@
  * (hipRTC or clang) and bundles for the HIP and Vulkan targets.
  *
  * Usage: test_runtime KPTC  (or test_runtime --child CACHE_DIR, used by the test itself) */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +21,7 @@
 
 #include "runtime/bundle.h"
 #include "runtime/context.h"
+#include "runtime/disk_cache.h"
 #include "vendor/rtc_nvrtc.h"
 #include "tools/rng.h"
 #include "tests/runtool.h"
@@ -452,6 +454,76 @@ static int child(const char *dir)
     return 0;
 }
 
+/* A live Vulkan context (lavapipe in CI) with a disk cache in `dir`, or NULL without a device. */
+static kpt_context *vulkan_with_cache(const char *dir, logbook *lb)
+{
+    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .cache_dir = dir, .log = record,
+                             .log_user = lb};
+    kpt_context *ctx = NULL;
+    return kpt_context_create(&cp, &ctx, NULL) ? NULL : ctx;
+}
+
+/* The key of the only entry in a cache directory (from its name). */
+static kpt_key only_entry(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    kpt_key k;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strlen(e->d_name) != 36 || strcmp(e->d_name + 32, ".kpt"))
+            continue;
+        for (int i = 0; i < 16; i++) {
+            unsigned v;
+            sscanf(e->d_name + 2 * i, "%2x", &v);
+            k.b[i] = (uint8_t)v;
+        }
+        n++;
+    }
+    closedir(d);
+    assert_int_equal(n, 1);
+    return k;
+}
+
+/* A disk entry with sound checksums whose payload the backend refuses is recompiled and
+ * replaced, not an error in every process from then on. */
+static void test_disk_entry_that_will_not_load(void **state)
+{
+    (void)state;
+    char *dir = temp_dir();
+    logbook lb = {0};
+    kpt_context *ctx = vulkan_with_cache(dir, &lb);
+    if (!ctx) {
+        remove_dir(dir);
+        skip();
+    }
+    kpt_pattern *p = parse("causal");
+    get(ctx, p, KPT_DTYPE_F32, 16);
+    assert_int_equal(stats(ctx).compiles, 1);
+    kpt_context_destroy(&ctx);
+    kpt_key key = only_entry(dir);
+    kpt_disk_cache *c = kpt_disk_cache_open(dir, 1 << 30, NULL);
+    kpt_disk_cache_put(c, &key, "no kernel in here", 17);
+    kpt_disk_cache_close(&c);
+    ctx = vulkan_with_cache(dir, &lb);
+    kpt_kernel *k = get(ctx, p, KPT_DTYPE_F32, 16);
+    kpt_kernel_info info;
+    kpt_kernel_get_info(k, &info);
+    assert_string_equal(info.source, "compiled");
+    assert_int_equal(stats(ctx).compiles, 1);
+    assert_non_null(strstr(lb.last, "would not load"));
+    kpt_context_destroy(&ctx);
+    /* the entry was replaced: the next context finds a good one */
+    ctx = vulkan_with_cache(dir, &lb);
+    get(ctx, p, KPT_DTYPE_F32, 16);
+    assert_int_equal(stats(ctx).disk_hits, 1);
+    assert_int_equal(stats(ctx).compiles, 0);
+    kpt_context_destroy(&ctx);
+    kpt_pattern_destroy(&p);
+    remove_dir(dir);
+}
+
 static void test_unwritable_cache(void **state)
 {
     (void)state;
@@ -831,6 +903,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_context_misuse),
         cmocka_unit_test(test_kernel_misuse),
         cmocka_unit_test(test_offline_caches),
+        cmocka_unit_test(test_disk_entry_that_will_not_load),
         cmocka_unit_test(test_unwritable_cache),
         cmocka_unit_test(test_bundles),
         cmocka_unit_test(test_kptc_bundle),
