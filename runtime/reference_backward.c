@@ -28,6 +28,7 @@ typedef struct bwd_ctx {
     kpt_grad_binding gb;
     kpt_ir_prog mask_prog, score_prog;
     kpt_ir_prog grad_prog; /* the score and its gradient roots */
+    const kpt_mask_analysis *analysis; /* for skipping key tiles; NULL: none */
     int64_t daux_len[KPT_MAX_AUX];     /* elements of each aux gradient wanted; 0 = none */
 } bwd_ctx;
 
@@ -38,6 +39,7 @@ typedef struct bwd_worker {
     kpt_ir_value *vals;
     double *kd, *vd, *dkd, *dvd, *qd, *dod, *dqd, *sraw, *p, *dp;
     uint8_t *kept;
+    kpt_tile_class *tiles;
     double *daux[KPT_MAX_AUX]; /* this worker's sums, dense in the aux tensor's index order */
 } bwd_worker;
 
@@ -99,7 +101,8 @@ static void run_row(bwd_worker *w, kpt_ir_env *env, int64_t b, int64_t h, int64_
             kpt_load_as_double(gr->dout.data, gr->dout.dtype, kpt_ref_off4(&gr->dout, b, h, q, d));
     memset(w->dqd, 0, (size_t)s->Dqk * sizeof(double));
     env->q = (int32_t)q;
-    const kpt_ref_scorer sc = {c->p, &c->mask_prog, &c->score_prog, scale, s->Skv, s->Dqk};
+    const kpt_ref_scorer sc = {c->p,     &c->mask_prog, &c->score_prog, c->analysis,
+                               w->tiles, scale,         s->Skv,         s->Dqk};
     double m = kpt_ref_row_scores(&sc, env, w->vals, w->qd, w->kd, w->kept, w->sraw, w->p);
     if (m != -INFINITY) { /* else nothing is kept: every gradient of the row is zero */
         double sum = 0, dsum = 0;
@@ -178,6 +181,7 @@ static void free_worker(bwd_worker *w)
     free(w->p);
     free(w->dp);
     free(w->kept);
+    free(w->tiles);
     for (int a = 0; a < KPT_MAX_AUX; a++)
         free(w->daux[a]);
 }
@@ -199,8 +203,9 @@ static bool alloc_worker(bwd_worker *w)
     w->p = malloc(kv * sizeof(double));
     w->dp = malloc(kv * sizeof(double));
     w->kept = malloc(kv);
+    w->tiles = malloc((size_t)(s->Skv / KPT_REF_TILE_K + 1) * sizeof(*w->tiles));
     bool ok = w->vals && w->kd && w->vd && w->dkd && w->dvd && w->qd && w->dqd && w->dod &&
-              w->sraw && w->p && w->dp && w->kept;
+              w->sraw && w->p && w->dp && w->kept && w->tiles;
     for (int a = 0; ok && a < KPT_MAX_AUX; a++)
         if (c->daux_len[a])
             ok = (w->daux[a] = calloc((size_t)c->daux_len[a], sizeof(double))) != NULL;
@@ -249,8 +254,10 @@ static kpt_status daux_sizes(bwd_ctx *c, kpt_diag *diag)
 static kpt_status run(bwd_ctx *c, kpt_diag *diag)
 {
     const kpt_attn_shape *s = &c->bind.shape;
-    int n = kpt_ref_workers(s);
+    int n = kpt_ref_workers(s, s->B * s->Hkv); /* a worker sums dK and dV of whole pairs */
     bwd_worker *w = calloc((size_t)n, sizeof(*w));
+    kpt_mask_analysis *analysis = kpt_ref_analyze(c->p, &c->bind);
+    c->analysis = analysis;
     kpt_ir_ref roots[2 + KPT_MAX_DLOADS] = {c->p->score, c->p->dscore};
     for (int j = 0; j < c->p->num_dloads; j++)
         roots[2 + j] = c->p->dloads[j].deriv; /* the load's indices are its operands: live too */
@@ -273,6 +280,8 @@ static kpt_status run(bwd_ctx *c, kpt_diag *diag)
     kpt_ir_prog_free(&c->mask_prog);
     kpt_ir_prog_free(&c->score_prog);
     kpt_ir_prog_free(&c->grad_prog);
+    kpt_mask_analysis_free(&analysis);
+    c->analysis = NULL;
     if (!ok)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY,
                             "out of memory (reference backward, Skv = %lld)", (long long)s->Skv);

@@ -9,8 +9,12 @@
 
 #include <kpt/tensor.h>
 
+#include "compiler/analyze_mask.h"
 #include "ir/ir_eval.h"
 #include "runtime/attention_args.h"
+
+/* Keys per tile when a row's keys are classified by the mask analysis. */
+#define KPT_REF_TILE_K 32
 
 /* The element offset of [i0, i1, i2, i3] in a rank-4 tensor. */
 int64_t kpt_ref_off4(const kpt_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3);
@@ -25,9 +29,16 @@ void kpt_ref_load_rows(const kpt_tensor *t, int64_t b, int64_t h, int64_t rows, 
 typedef struct kpt_ref_scorer {
     const kpt_pattern *p;
     const kpt_ir_prog *mask_prog, *score_prog;
+    const kpt_mask_analysis *analysis; /* NULL: the mask is evaluated for every key */
+    kpt_tile_class *tiles; /* scratch: the row's key tiles (Skv / KPT_REF_TILE_K + 1) */
     double scale;
     int64_t Skv, Dqk;
 } kpt_ref_scorer;
+
+/* The exact mask analysis of p under the binding's sizes and scalars (b, h and aux data
+ * unknown), for skipping key tiles in kpt_ref_row_scores; NULL without a mask. Sound: a tile
+ * is skipped only when no key of it is kept, so results are those of evaluating every key. */
+kpt_mask_analysis *kpt_ref_analyze(const kpt_pattern *p, const kpt_attn_binding *bind);
 
 /* One row's scores (env's b, h and q set; qd the row of q, kd the keys, as doubles): kept[k],
  * raw[k] = scale * q.k before the score mod (raw may be NULL) and out[k] after it, for the kept
@@ -38,8 +49,8 @@ double kpt_ref_row_scores(const kpt_ref_scorer *sc, kpt_ir_env *env, kpt_ir_valu
                           double *out);
 
 /* Workers for a problem of this shape: $KPT_REFERENCE_THREADS, else one per online core (at
- * most 64), never more than there are (batch row, kv head) pairs; small problems get one. */
-int kpt_ref_workers(const kpt_attn_shape *s);
+ * most 64), never more than `units` (what can run in parallel); small problems get one. */
+int kpt_ref_workers(const kpt_attn_shape *s, int64_t units);
 
 /* A worker's first member: its thread. */
 typedef struct kpt_ref_worker_base {

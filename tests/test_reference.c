@@ -256,6 +256,68 @@ static void test_document_causal_explicit(void **state)
     problem_free(&pr);
 }
 
+/* The pattern's mask evaluated pair by pair with the IR interpreter: [B][Sq][Skv]. */
+static uint8_t *mask_of(const kpt_pattern *p, const problem *pr)
+{
+    uint8_t *m = malloc((size_t)(pr->B * pr->Sq * pr->Skv));
+    for (int64_t b = 0; b < pr->B; b++)
+        for (int64_t q = 0; q < pr->Sq; q++)
+            for (int64_t k = 0; k < pr->Skv; k++) {
+                kpt_ir_env e = {.b = (int32_t)b, .q = (int32_t)q, .k = (int32_t)k,
+                                .sq = (int32_t)pr->Sq, .skv = (int32_t)pr->Skv,
+                                .hq = (int32_t)pr->Hq};
+                kpt_ir_value v = {.i = 1};
+                if (p->mask)
+                    assert_true(kpt_ir_eval(&p->g, p->mask, &e, &v));
+                m[(b * pr->Sq + q) * pr->Skv + k] = v.i != 0;
+            }
+    return m;
+}
+
+/* Key tiles skipped by the mask analysis and rows split over threads give what evaluating
+ * every pair on one thread gives: against the naive attention, and bit for bit between thread
+ * counts (B = 1 with one kv head: every core gets rows of the same pair). */
+static void test_skipping_and_threads(void **state)
+{
+    (void)state;
+    static const char *const patterns[] = {"causal", "sliding_window(40)", "prefix_lm(70)",
+                                           "local(20, 90)", "chunked(64)", "causal_bottom_right"};
+    problem pr = {.B = 1, .Hq = 4, .Hkv = 1, .Sq = 300, .Skv = 333, .Dqk = 16, .Dv = 16};
+    problem_init(&pr, 77);
+    size_t no = (size_t)(pr.B * pr.Hq * pr.Sq * pr.Dv), nl = (size_t)(pr.B * pr.Hq * pr.Sq);
+    double *o = malloc(no * sizeof(double)), *lse = malloc(nl * sizeof(double));
+    double *o1 = malloc(no * sizeof(double)), *lse1 = malloc(nl * sizeof(double));
+    for (size_t i = 0; i < sizeof(patterns) / sizeof(patterns[0]); i++) {
+        kpt_pattern *p = parse(patterns[i]);
+        uint8_t *mask = mask_of(p, &pr);
+        naive(&pr, mask, o, lse);
+        kpt_attention_args a = args_of(&pr);
+        setenv("KPT_REFERENCE_THREADS", "1", 1);
+        run(p, &a);
+        memcpy(o1, pr.o, no * sizeof(double));
+        memcpy(lse1, pr.lse, nl * sizeof(double));
+        for (size_t j = 0; j < no; j++)
+            if (!(fabs(o[j] - pr.o[j]) < 1e-12))
+                fail_msg("%s: o[%zu] = %g, naive %g", patterns[i], j, pr.o[j], o[j]);
+        for (size_t j = 0; j < nl; j++)
+            assert_true(lse[j] == pr.lse[j] || fabs(lse[j] - pr.lse[j]) < 1e-12);
+        setenv("KPT_REFERENCE_THREADS", "7", 1);
+        for (size_t j = 0; j < no; j++)
+            pr.o[j] = NAN;
+        run(p, &a);
+        assert_memory_equal(o1, pr.o, no * sizeof(double));
+        assert_memory_equal(lse1, pr.lse, nl * sizeof(double));
+        free(mask);
+        kpt_pattern_destroy(&p);
+    }
+    unsetenv("KPT_REFERENCE_THREADS");
+    free(o);
+    free(lse);
+    free(o1);
+    free(lse1);
+    problem_free(&pr);
+}
+
 static void test_fully_masked_rows(void **state)
 {
     (void)state;
@@ -499,6 +561,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_checked),      cmocka_unit_test(test_rows_sum_to_one),
         cmocka_unit_test(test_gqa_equals_repeated), cmocka_unit_test(test_document_causal_explicit),
+        cmocka_unit_test(test_skipping_and_threads),
         cmocka_unit_test(test_fully_masked_rows), cmocka_unit_test(test_input_rounding),
         cmocka_unit_test(test_layouts_and_dv),    cmocka_unit_test(test_validation),
     };
