@@ -128,6 +128,22 @@ kpt_status kpt_bundle_read(const char *path, kpt_bundle *out, kpt_diag *diag)
     return st;
 }
 
+kpt_status kpt_bundle_parse(const char *name, const void *data, size_t size, kpt_bundle *out,
+                            kpt_diag *diag)
+{
+    memset(out, 0, sizeof(*out));
+    if (size > MAX_BUNDLE_BYTES)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "bundle '%s' is larger than 4 GiB", name);
+    if (!(out->file = malloc(size ? size : 1)))
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    memcpy(out->file, data, size);
+    out->file_size = size;
+    kpt_status st = parse(name, out, diag);
+    if (st)
+        kpt_bundle_free(out);
+    return st;
+}
+
 void kpt_bundle_free(kpt_bundle *b)
 {
     free(b->file);

@@ -52,6 +52,9 @@ typedef struct kpt_bundle {
 /* Reads and checks the bundle at `path` (whole file, every field, every checksum). On failure
  * nothing is kept and diag says what is wrong. */
 kpt_status kpt_bundle_read(const char *path, kpt_bundle *out, kpt_diag *diag);
+/* The same for a bundle's bytes in memory (copied), named `name` in messages. */
+kpt_status kpt_bundle_parse(const char *name, const void *data, size_t size, kpt_bundle *out,
+                            kpt_diag *diag);
 void kpt_bundle_free(kpt_bundle *b);
 
 /* Writes `count` entries (payload and size taken from each) to `path` through a temp file and a

@@ -4,6 +4,7 @@
 #ifndef KPT_TOOLS_NPY_H
 #define KPT_TOOLS_NPY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 

@@ -93,6 +93,7 @@ static int parse_args(int argc, char **argv, bundle_opts *o)
     };
     static kptc_options a;
     static char tbuf[512], dbuf[128];
+    memset(&a, 0, sizeof(a)); /* kptc_main may run more than once in a process (fuzzing) */
     int rc = kptc_parse_options(argc, argv, longopts, kptc_usage_bundle, &a);
     if (rc)
         return rc;
@@ -312,6 +313,7 @@ static int load_patterns(const bundle_opts *o, kpt_pattern **pat)
 int kptc_cmd_bundle(int argc, char **argv)
 {
     static bundle_opts o;
+    memset(&o, 0, sizeof(o));
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc;
@@ -319,7 +321,7 @@ int kptc_cmd_bundle(int argc, char **argv)
     kpt_pattern *pat[KPTC_MAX_PATTERNS] = {0};
     kpt_context *ctx[MAX_LIST] = {0};
     rc = load_patterns(&o, pat);
-    for (int t = 0; !rc && t < o.ntargets; t++) {
+    for (int t = 0; !rc && !kptc_parse_only && t < o.ntargets; t++) {
         kpt_context_params cp = {.backend = backend_of(o.targets[t]), .target = o.targets[t],
                                  .flags = KPT_CONTEXT_OFFLINE | KPT_CONTEXT_NO_DISK_CACHE};
         kpt_diag d = {0};
@@ -327,14 +329,14 @@ int kptc_cmd_bundle(int argc, char **argv)
         if (st)
             rc = kptc_report(&d, st);
     }
-    if (!rc) {
+    if (!rc && !kptc_parse_only) {
         job_set js = {.o = &o, .ctx = ctx, .pat = pat, .first_index = INT_MAX, .bar = isatty(2),
                       .total = o.ntargets * o.npatterns * o.ndtypes * o.ndims};
         pthread_mutex_init(&js.lock, NULL);
         rc = run_jobs(&js, o.jobs);
         pthread_mutex_destroy(&js.lock);
     }
-    if (!rc)
+    if (!rc && !kptc_parse_only)
         rc = write_out(&o, ctx, t0);
     for (int t = 0; t < o.ntargets; t++)
         kpt_context_destroy(&ctx[t]);

@@ -481,9 +481,9 @@ int kptc_cmd_check(int argc, char **argv)
     if ((rc = kptc_load_pattern(&c.o, &c.sc, &c.p)))
         return rc;
     kpt_status st = kpt_pipeline_run(c.p, NULL, &d);
-    if (st) {
+    if (st || kptc_parse_only) {
         free_check(&c, NULL, 0);
-        return kptc_report(&d, st);
+        return st ? kptc_report(&d, st) : 0;
     }
     void *bufs[5] = {0};
     if ((rc = make_aux(&c))) {

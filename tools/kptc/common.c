@@ -13,6 +13,8 @@
 #include "compiler/parse_pattern.h"
 #include "tools/kptc/kptc.h"
 
+bool kptc_parse_only;
+
 int kptc_usage_error(const char *fmt, ...)
 {
     va_list ap;
@@ -93,7 +95,7 @@ int kptc_parse_options(int argc, char **argv, const struct option *longopts, con
     for (int i = 0; longopts[i].name; i++)
         if (longopts[i].val == 'o' || longopts[i].val == 'j')
             strcat(shortopts, longopts[i].val == 'o' ? "o:" : "j:");
-    optind = 1;
+    optind = 0; /* 0, not 1: glibc then forgets the last parse (it may have stopped mid-argument) */
     opterr = 0;
     char name[64];
     for (;;) {

@@ -149,10 +149,6 @@ int kptc_cmd_emit(int argc, char **argv)
         rc = kptc_one_pattern(&o, "emit");
     if (rc)
         return rc;
-    if (o.output && !freopen(o.output, "wb", stdout)) {
-        fprintf(stderr, "kptc: cannot write '%s': %s\n", o.output, strerror(errno));
-        return 1;
-    }
     const char *what = o.emit ? o.emit : "ir";
     bool cuda = !strcmp(what, "cuda") || !strcmp(what, "ptx") || !strcmp(what, "cubin");
     bool spirv = !strcmp(what, "glsl") || !strcmp(what, "spirv");
@@ -179,9 +175,15 @@ int kptc_cmd_emit(int argc, char **argv)
         return rc;
     kpt_pipeline_opts popts = {.dump_after = o.dump_after, .dump = print_dump};
     kpt_status st = kpt_pipeline_run(p, &popts, &d);
-    if (st) {
+    if (st || kptc_parse_only) {
         kpt_pattern_destroy(&p);
-        return kptc_report(&d, st);
+        return st ? kptc_report(&d, st) : 0;
+    }
+    /* the output is opened once the input is known to be good: a bad pattern leaves no file */
+    if (o.output && !freopen(o.output, "wb", stdout)) {
+        kpt_pattern_destroy(&p);
+        fprintf(stderr, "kptc: cannot write '%s': %s\n", o.output, strerror(errno));
+        return 1;
     }
     if (cuda) {
         rc = emit_target(&o, p, what, KPT_BACKEND_CUDA, "cuda:sm_80");

@@ -19,6 +19,13 @@
 extern const char kptc_usage[], kptc_usage_patterns[], kptc_usage_emit[], kptc_usage_check[],
     kptc_usage_bundle[];
 
+/* The whole command line (argv[0] is the program); returns the exit status. */
+int kptc_main(int argc, char **argv);
+
+/* When set (by the argument fuzz target), each command returns 0 once its arguments and
+ * pattern are validated, before it writes a file, reads data or compiles and runs kernels. */
+extern bool kptc_parse_only;
+
 /* "kptc: <message>" and a pointer to --help on stderr; returns KPTC_EXIT_USAGE. */
 __attribute__((format(printf, 1, 2))) int kptc_usage_error(const char *fmt, ...);
 /* Prints a diag; returns the exit status for it. */
