@@ -80,6 +80,13 @@ static const char *const int_fns[KPT_IR_OP_COUNT] = {
     [KPT_IR_MOD] = "kpt_imod",
     [KPT_IR_MIN] = "kpt_imin",
     [KPT_IR_MAX] = "kpt_imax",
+    [KPT_IR_BNOT] = "kpt_ibnot",
+    [KPT_IR_BAND] = "kpt_iband",
+    [KPT_IR_BOR] = "kpt_ibor",
+    [KPT_IR_BXOR] = "kpt_ibxor",
+    [KPT_IR_SHL] = "kpt_ishl",
+    [KPT_IR_SHR] = "kpt_ishr",
+    [KPT_IR_SHRU] = "kpt_ishru",
 };
 
 static const char *const float_fns[KPT_IR_OP_COUNT] = {
@@ -87,6 +94,7 @@ static const char *const float_fns[KPT_IR_OP_COUNT] = {
     [KPT_IR_EXP] = "kpt_fexp",
     [KPT_IR_LOG] = "logf",
     [KPT_IR_TANH] = "kpt_ftanh",
+    [KPT_IR_ERF] = "kpt_ferf",
     [KPT_IR_SQRT] = "sqrtf",
     [KPT_IR_FLOOR] = "floorf",
     [KPT_IR_POW] = "powf",

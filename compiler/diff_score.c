@@ -107,6 +107,11 @@ static kpt_ir_ref derive_node(diff_state *st, kpt_ir_ref r)
         return mul(g, kpt_ir_binop(g, KPT_IR_SUB, cf(g, 1.0f), kpt_ir_binop(g, KPT_IR_MUL, r, r)),
                    da);
     case KPT_IR_SQRT: return dquot(g, da, kpt_ir_binop(g, KPT_IR_MUL, cf(g, 2.0f), r));
+    case KPT_IR_ERF: /* 2 / sqrt(pi) exp(-a^2) da */
+        return mul(g, mul(g, cf(g, 1.12837917f),
+                          kpt_ir_unop(g, KPT_IR_EXP,
+                                      kpt_ir_unop(g, KPT_IR_NEG, kpt_ir_binop(g, KPT_IR_MUL, a, a)))),
+                   da);
     case KPT_IR_ADD: return add(g, da, db);
     case KPT_IR_SUB: return sub(g, da, db);
     case KPT_IR_MUL: return add(g, mul(g, da, b), mul(g, a, db));

@@ -318,33 +318,53 @@ static int m_unm(lua_State *L)
     return 1;
 }
 
-/* ---- booleans -------------------------------------------------------------------------------- */
+/* ---- booleans and integer bits ------------------------------------------------------------ */
 
-static kpt_ir_ref boolean_operand(lua_State *L, int idx, const char *sym)
+/* An operand of & | ~ << >>: booleans (masks) or integers (i32 expressions, or numbers with an
+ * integral value, as Lua's own bitwise operators take them). */
+static operand bits_operand(lua_State *L, int idx, const char *sym)
 {
     char buf[120];
     operand o = get_operand(L, idx, sym);
-    if (o.type != KPT_IR_BOOL)
-        RAISE(L, KPT_ERR_TYPE, "%s takes boolean values (masks), got %s; integer bit operations "
-              "are not part of the pattern language", sym, operand_words(L, &o, buf, sizeof(buf)));
-    return materialize(L, &o, KPT_IR_BOOL, sym);
+    bool integral = o.type == KPT_IR_I32 || (o.kind == OP_FLOAT && o.f == floor(o.f));
+    if (o.type != KPT_IR_BOOL && !integral)
+        RAISE(L, KPT_ERR_TYPE, "%s takes booleans (masks) or integers, got %s%s", sym,
+              operand_words(L, &o, buf, sizeof(buf)),
+              o.type == KPT_IR_F32 ? " (convert with kpt.int(x))" : "");
+    return o;
 }
 
-static int push_logic(lua_State *L, kpt_ir_op op, const char *sym)
+/* a op b: the logic op on booleans, the bit op on integers (logic KPT_IR_OP_COUNT: shifts,
+ * integers only). */
+static int push_bits(lua_State *L, kpt_ir_op logic, kpt_ir_op bits, const char *sym)
 {
-    kpt_ir_ref a = boolean_operand(L, 1, sym), b = boolean_operand(L, 2, sym);
-    kpt_lua_push_expr(L, built(L, kpt_ir_binop(graph(L), op, a, b)));
+    char b1[120], b2[120];
+    operand a = bits_operand(L, 1, sym), b = bits_operand(L, 2, sym);
+    bool ab = a.type == KPT_IR_BOOL, bb = b.type == KPT_IR_BOOL;
+    if (ab != bb || (logic == KPT_IR_OP_COUNT && ab))
+        RAISE(L, KPT_ERR_TYPE, "%s takes %s, got %s and %s", sym,
+              logic == KPT_IR_OP_COUNT ? "integers" : "two booleans (masks) or two integers",
+              operand_words(L, &a, b1, sizeof(b1)), operand_words(L, &b, b2, sizeof(b2)));
+    kpt_ir_type t = ab ? KPT_IR_BOOL : KPT_IR_I32;
+    kpt_ir_ref x = materialize(L, &a, t, sym), y = materialize(L, &b, t, sym);
+    kpt_lua_push_expr(L, built(L, kpt_ir_binop(graph(L), t == KPT_IR_BOOL ? logic : bits, x, y)));
     return 1;
 }
 
-static int m_band(lua_State *L) { return push_logic(L, KPT_IR_AND, "&"); }
-static int m_bor(lua_State *L) { return push_logic(L, KPT_IR_OR, "|"); }
-static int m_bxor(lua_State *L) { return push_logic(L, KPT_IR_NE, "~ (exclusive or)"); }
+static int m_band(lua_State *L) { return push_bits(L, KPT_IR_AND, KPT_IR_BAND, "&"); }
+static int m_bor(lua_State *L) { return push_bits(L, KPT_IR_OR, KPT_IR_BOR, "|"); }
+static int m_bxor(lua_State *L) { return push_bits(L, KPT_IR_NE, KPT_IR_BXOR, "~ (exclusive or)"); }
+/* Lua's >> is logical (zeros shift in); x:ashr(n) is the arithmetic shift */
+static int m_shl(lua_State *L) { return push_bits(L, KPT_IR_OP_COUNT, KPT_IR_SHL, "<<"); }
+static int m_shr(lua_State *L) { return push_bits(L, KPT_IR_OP_COUNT, KPT_IR_SHRU, ">>"); }
+static int m_ashr(lua_State *L) { return push_bits(L, KPT_IR_OP_COUNT, KPT_IR_SHR, "ashr"); }
 
 static int m_bnot(lua_State *L)
 {
-    kpt_ir_ref a = boolean_operand(L, 1, "~ (not)");
-    kpt_lua_push_expr(L, built(L, kpt_ir_unop(graph(L), KPT_IR_NOT, a)));
+    operand a = bits_operand(L, 1, "~ (not)");
+    bool b = a.type == KPT_IR_BOOL;
+    kpt_ir_ref x = materialize(L, &a, b ? KPT_IR_BOOL : KPT_IR_I32, "~ (not)");
+    kpt_lua_push_expr(L, built(L, kpt_ir_unop(graph(L), b ? KPT_IR_NOT : KPT_IR_BNOT, x)));
     return 1;
 }
 
@@ -422,7 +442,7 @@ static int f_int(lua_State *L)
     return 1;
 }
 
-/* exp, log, tanh, sqrt: f32 functions; plain numbers are computed here (constants fold). */
+/* exp, log, tanh, erf, sqrt: f32 functions; plain numbers are computed here (constants fold). */
 static int float_fn(lua_State *L, kpt_ir_op op, const char *name, double (*fn)(double))
 {
     char what[32], buf[120];
@@ -443,6 +463,7 @@ static int f_exp(lua_State *L) { return float_fn(L, KPT_IR_EXP, "exp", exp); }
 static int f_log(lua_State *L) { return float_fn(L, KPT_IR_LOG, "log", log); }
 static int f_tanh(lua_State *L) { return float_fn(L, KPT_IR_TANH, "tanh", tanh); }
 static int f_sqrt(lua_State *L) { return float_fn(L, KPT_IR_SQRT, "sqrt", sqrt); }
+static int f_erf(lua_State *L) { return float_fn(L, KPT_IR_ERF, "erf", erf); }
 
 static int f_abs(lua_State *L)
 {
@@ -570,7 +591,7 @@ static int f_ne(lua_State *L) { return compare_fn(L, KPT_IR_NE, LUA_OPEQ, false,
 
 static const luaL_Reg expr_methods[] = {
     {"lt", m_lt}, {"le", m_le}, {"gt", m_gt}, {"ge", m_ge}, {"eq", m_eq}, {"ne", m_ne},
-    {"float", f_float}, {"int", f_int}, {NULL, NULL},
+    {"float", f_float}, {"int", f_int}, {"ashr", m_ashr}, {NULL, NULL},
 };
 
 static int m_index(lua_State *L)
@@ -583,7 +604,7 @@ static int m_index(lua_State *L)
                 return 1;
             }
         return RAISE(L, KPT_ERR_NOT_FOUND, "kpt expressions have no method '%s' (methods: lt le "
-                     "gt ge eq ne float int)", k);
+                     "gt ge eq ne float int ashr)", k);
     }
     kpt_ir_ref r = kpt_lua_to_expr(L, 1);
     const kpt_ir_node *n = kpt_ir_node_get(graph(L), r);
@@ -1007,7 +1028,7 @@ static const luaL_Reg operators[] = {
     {"__add", m_add},   {"__sub", m_sub}, {"__mul", m_mul},   {"__div", m_div},
     {"__idiv", m_idiv}, {"__mod", m_mod}, {"__pow", m_pow},   {"__unm", m_unm},
     {"__band", m_band}, {"__bor", m_bor}, {"__bxor", m_bxor}, {"__bnot", m_bnot},
-    {NULL, NULL},
+    {"__shl", m_shl},   {"__shr", m_shr}, {NULL, NULL},
 };
 
 static void new_metatable(lua_State *L, const char *name, const luaL_Reg *fns, bool with_operators)
@@ -1045,7 +1066,7 @@ void kpt_lua_open(lua_State *L)
     static const luaL_Reg fns[] = {
         {"pattern", f_pattern}, {"runtime", f_runtime}, {"builtin", f_builtin},
         {"builtin_score", f_builtin_score}, {"where", f_where}, {"exp", f_exp}, {"log", f_log},
-        {"tanh", f_tanh}, {"sqrt", f_sqrt}, {"abs", f_abs}, {"floor", f_floor}, {"min", f_min},
+        {"tanh", f_tanh}, {"erf", f_erf}, {"sqrt", f_sqrt}, {"abs", f_abs}, {"floor", f_floor}, {"min", f_min},
         {"max", f_max}, {"clamp", f_clamp}, {"float", f_float}, {"int", f_int}, {"lt", f_lt},
         {"le", f_le}, {"gt", f_gt}, {"ge", f_ge}, {"eq", f_eq}, {"ne", f_ne}, {"range", f_range},
         {"segments", f_segments}, {NULL, NULL},

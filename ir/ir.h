@@ -33,7 +33,7 @@ typedef enum kpt_ir_rule {
     RULE_VAR_I32, /* b h q k sq skv hq */
     RULE_LOAD,    /* i32 indices; type from the aux tensor's dtype */
     RULE_NUM,     /* operands i32 or f32, all the same; result that type */
-    RULE_INT,     /* i32 -> i32 */
+    RULE_INT,     /* i32 operands -> i32 */
     RULE_FLOAT,   /* f32 operands -> f32 */
     RULE_BOOL,    /* bool operands -> bool */
     RULE_ORDER,   /* two numeric operands of one type -> bool */

@@ -76,9 +76,9 @@ kpt_ir_type kpt_ir_result_type(kpt_ir_op op, int nargs, const kpt_ir_type *args,
                  nargs, args);
         return KPT_IR_VOID;
     case RULE_INT:
-        if (args[0] == KPT_IR_I32)
+        if (args[0] == KPT_IR_I32 && all_same(nargs, args))
             return KPT_IR_I32;
-        describe(msg, msg_size, op, "an i32 operand", nargs, args);
+        describe(msg, msg_size, op, nargs == 1 ? "an i32 operand" : "i32 operands", nargs, args);
         return KPT_IR_VOID;
     case RULE_FLOAT:
         if (args[0] == KPT_IR_F32 && all_same(nargs, args))

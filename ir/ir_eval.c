@@ -62,6 +62,21 @@ static int32_t ilog2(int32_t v)
     return r;
 }
 
+/* The IR's shifts: counts outside 0..31 shift every bit out. */
+static int32_t shift(kpt_ir_op op, int32_t a, int32_t n)
+{
+    uint32_t u = (uint32_t)a;
+    bool out = n < 0 || n > 31;
+    switch (op) {
+    case KPT_IR_SHL: return out ? 0 : (int32_t)(u << n);
+    case KPT_IR_SHRU: return out ? 0 : (int32_t)(u >> n);
+    default: /* SHR, arithmetic: the sign fills in (written without C's signed >>) */
+        if (a >= 0)
+            return out ? 0 : (int32_t)(u >> n);
+        return out ? -1 : (int32_t)~(~u >> n);
+    }
+}
+
 static double f32(double v)
 {
     return (double)(float)v;
@@ -96,6 +111,14 @@ kpt_ir_value kpt_ir_apply(kpt_ir_op op, kpt_ir_type type, kpt_ir_type argtype,
     case KPT_IR_ILOG2: r.i = ilog2(a[0].i); break;
     case KPT_IR_TO_F32: r.f = (double)a[0].i; break;
     case KPT_IR_TO_I32: r.i = argtype == KPT_IR_BOOL ? a[0].i : floor_to_i32(a[0].f); break;
+    case KPT_IR_BNOT: r.i = (int32_t)~(uint32_t)a[0].i; break;
+    case KPT_IR_ERF: r.f = erf(a[0].f); break;
+    case KPT_IR_BAND: r.i = (int32_t)((uint32_t)a[0].i & (uint32_t)a[1].i); break;
+    case KPT_IR_BOR: r.i = (int32_t)((uint32_t)a[0].i | (uint32_t)a[1].i); break;
+    case KPT_IR_BXOR: r.i = (int32_t)((uint32_t)a[0].i ^ (uint32_t)a[1].i); break;
+    case KPT_IR_SHL:
+    case KPT_IR_SHR:
+    case KPT_IR_SHRU: r.i = shift(op, a[0].i, a[1].i); break;
     case KPT_IR_ADD:
         if (fl) r.f = a[0].f + a[1].f; else r.i = wrap((int64_t)a[0].i + a[1].i);
         break;

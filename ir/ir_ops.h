@@ -9,8 +9,11 @@
  *   i32 arithmetic wraps (two's complement); IDIV floors and MOD takes the divisor's sign
  *   (Lua's // and %); x // 0 == 0 and x % 0 == 0 for i32; f32 IDIV is floor(a / b) and f32 MOD is
  *   a - floor(a / b) * b. TO_I32 floors an f32 and saturates to the i32 range (NaN gives 0);
- *   ILOG2 is floor(log2(x)) for x > 0 and -1 otherwise. f32 values are IEEE floats in kernels and
- *   doubles in the interpreter.
+ *   ILOG2 is floor(log2(x)) for x > 0 and -1 otherwise. BAND, BOR, BXOR and BNOT act on the
+ *   two's-complement bits of i32; SHL, SHRU (logical) and SHR (arithmetic) shift by b in 0..31,
+ *   and any other count (negative or >= 32) shifts every bit out: 0, or for SHR of a negative a,
+ *   -1. ERF is the error function. f32 values are IEEE floats in kernels and doubles rounded to
+ *   float in the interpreter.
  */
 #ifndef KPT_IR_OPS_H
 #define KPT_IR_OPS_H
@@ -40,6 +43,8 @@
     OP(ILOG2, "ilog2", 1, RULE_INT, 0)                              \
     OP(TO_F32, "to_f32", 1, RULE_TO_F32, 0)                         \
     OP(TO_I32, "to_i32", 1, RULE_TO_I32, 0)                         \
+    OP(BNOT, "bnot", 1, RULE_INT, 0)                                \
+    OP(ERF, "erf", 1, RULE_FLOAT, 0)                                \
     /* binary */                                                    \
     OP(ADD, "add", 2, RULE_NUM, KPT_IR_COMMUTATIVE)                 \
     OP(SUB, "sub", 2, RULE_NUM, 0)                                  \
@@ -58,6 +63,12 @@
     OP(NE, "ne", 2, RULE_EQUAL, KPT_IR_COMMUTATIVE)                 \
     OP(AND, "and", 2, RULE_BOOL, KPT_IR_COMMUTATIVE)                \
     OP(OR, "or", 2, RULE_BOOL, KPT_IR_COMMUTATIVE)                  \
+    OP(BAND, "band", 2, RULE_INT, KPT_IR_COMMUTATIVE)               \
+    OP(BOR, "bor", 2, RULE_INT, KPT_IR_COMMUTATIVE)                 \
+    OP(BXOR, "bxor", 2, RULE_INT, KPT_IR_COMMUTATIVE)               \
+    OP(SHL, "shl", 2, RULE_INT, 0)                                  \
+    OP(SHR, "shr", 2, RULE_INT, 0)                                  \
+    OP(SHRU, "shru", 2, RULE_INT, 0)                                \
     /* ternary */                                                   \
     OP(SELECT, "select", 3, RULE_SELECT, 0)
 

@@ -120,6 +120,15 @@ static void test_interpreter(void **state)
         {KPT_IR_ADD, INT32_MAX, 1, INT32_MIN},                 {KPT_IR_MUL, 65536, 65536, 0},
         {KPT_IR_SUB, INT32_MIN, 1, INT32_MAX},                 {KPT_IR_MIN, -3, 2, -3},
         {KPT_IR_MAX, -3, 2, 2},
+        /* bits: two's complement; shift counts outside 0..31 shift every bit out */
+        {KPT_IR_BAND, 12, 10, 8},   {KPT_IR_BOR, 12, 10, 14},  {KPT_IR_BXOR, 12, 10, 6},
+        {KPT_IR_BAND, -1, 77, 77},  {KPT_IR_BXOR, -1, 0, -1},
+        {KPT_IR_SHL, 1, 31, INT32_MIN},                        {KPT_IR_SHL, 3, 32, 0},
+        {KPT_IR_SHL, 3, -1, 0},     {KPT_IR_SHL, -1, 4, -16},
+        {KPT_IR_SHR, -16, 2, -4},   {KPT_IR_SHR, -16, 40, -1}, {KPT_IR_SHR, 16, 40, 0},
+        {KPT_IR_SHR, -1, 31, -1},   {KPT_IR_SHR, INT32_MIN, 31, -1},
+        {KPT_IR_SHRU, -16, 28, 15}, {KPT_IR_SHRU, -1, 32, 0},  {KPT_IR_SHRU, INT32_MIN, 31, 1},
+        {KPT_IR_SHRU, 40, -3, 0},
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         kpt_ir_ref r = kpt_ir_binop(g, ints[i].op, I(ints[i].a), I(ints[i].b));
@@ -129,6 +138,10 @@ static void test_interpreter(void **state)
     assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_ILOG2, I(12))).i, 3);
     assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_ILOG2, I(16))).i, 4);
     assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_ILOG2, I(0))).i, -1);
+    assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_BNOT, I(0))).i, -1);
+    assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_BNOT, I(INT32_MIN))).i, INT32_MAX);
+    assert_true(eval_i(g, kpt_ir_unop(g, KPT_IR_ERF, F(0.5f))).f == (double)(float)erf(0.5));
+    assert_true(eval_i(g, kpt_ir_unop(g, KPT_IR_ERF, F(-INFINITY))).f == -1.0);
     assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_TO_I32, F(-2.5f))).i, -3);
     assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_TO_I32, F(3e10f))).i, INT32_MAX);
     assert_int_equal(eval_i(g, kpt_ir_unop(g, KPT_IR_TO_I32, F(-3e10f))).i, INT32_MIN);

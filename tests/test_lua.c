@@ -170,6 +170,40 @@ static void test_comparisons_and_logic(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* Lua's integer bit operators on traced i32 values (Lua 5.4's own & | ~ << >>; >> is logical,
+ * x:ashr(n) arithmetic), against the same operations in C; and erf. */
+static void test_bits_and_erf(void **state)
+{
+    (void)state;
+    kpt_pattern *p = must_compile(
+        "return kpt.pattern{ mask = function(b, h, q, k)\n"
+        "  local x = ((q ~ k) & 5) | (q << 2) | (~k >> 28)\n"
+        "  local y = (q - k):ashr(1) ~ ((q - k) >> 30) ~ (q << (k - 3))\n"
+        "  return ((x + y) & 3):eq(1)\n"
+        "end, score = function(s, b, h, q, k)\n"
+        "  return kpt.erf(s) + kpt.erf(1)\n"
+        "end }");
+    for (int q = 0; q < 40; q++)
+        for (int k = 0; k < 40; k++) {
+            uint32_t uq = (uint32_t)q, uk = (uint32_t)k, d = (uint32_t)(q - k);
+            uint32_t x = ((uq ^ uk) & 5) | (uq << 2) | (~uk >> 28);
+            int32_t ashr = (q - k) < 0 ? ~(int32_t)(~d >> 1) : (int32_t)(d >> 1);
+            uint32_t shl = k - 3 >= 0 && k - 3 < 32 ? uq << (k - 3) : 0;
+            uint32_t y = (uint32_t)ashr ^ (d >> 30) ^ shl;
+            bool want = ((x + y) & 3) == 1;
+            if (mask_at(p, 0, 0, q, k) != want)
+                fail_msg("q=%d k=%d: wanted %d", q, k, want);
+        }
+    for (double s = -3; s <= 3; s += 0.37) {
+        double want = (double)(float)erf((double)(float)s) + (double)(float)erf(1.0);
+        assert_true(fabs(score_at(p, s, 0, 0, 3, 4) - want) < 1e-6);
+    }
+    kpt_pattern_destroy(&p);
+    /* on plain numbers Lua computes them itself */
+    p = must_compile("assert((6 & 3) == 2 and kpt.erf(0) == 0)\nreturn kpt.pattern{}");
+    kpt_pattern_destroy(&p);
+}
+
 static void test_builtins_compose(void **state)
 {
     (void)state;
@@ -355,8 +389,14 @@ static void test_errors(void **state)
                  KPT_ERR_TYPE, "write a:lt(b)", 3);
     expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return q == k end }",
                  KPT_ERR_TYPE, "write a:eq(b)", 3);
-    expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return q & k end }",
-                 KPT_ERR_TYPE, "& takes boolean values", 3);
+    expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return q & kpt.float(k) end }",
+                 KPT_ERR_TYPE, "& takes booleans (masks) or integers, got an f32 expression", 3);
+    expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return (q & k:lt(2)):eq(0) end }",
+                 KPT_ERR_TYPE, "& takes two booleans (masks) or two integers", 3);
+    expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return q:lt(k) << 2 end }",
+                 KPT_ERR_TYPE, "<< takes integers", 3);
+    expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return (q & 2.5):eq(0) end }",
+                 KPT_ERR_TYPE, "& takes booleans (masks) or integers, got the number 2.5", 3);
     expect_error("return kpt.pattern{ mask = function(b, h, q, k)\n  return (q + 3000000000):lt(k) end }",
                  KPT_ERR_TYPE, "does not fit in i32", 2);
     expect_error("return kpt.pattern{ mask = function(b, h, q, k)\n  return q:foo(k) end }",
@@ -645,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_arithmetic),
         cmocka_unit_test(test_functions),
         cmocka_unit_test(test_comparisons_and_logic),
+        cmocka_unit_test(test_bits_and_erf),
         cmocka_unit_test(test_builtins_compose),
         cmocka_unit_test(test_dropped_conditions), cmocka_unit_test(test_params_and_runtime),
         cmocka_unit_test(test_aux),

@@ -104,6 +104,31 @@ static bool keep_natten(const run_data *r, int64_t b, int64_t h, int64_t q, int6
     return kx >= x0 && kx < x0 + 5 && ky >= y0 && ky < y0 + 5;
 }
 
+/* natten_morton on a 16 x 16 canvas in Z order, kernel 5: x and y are a token's even and odd
+ * bits */
+static int64_t morton_coord(int64_t t, int shift)
+{
+    int64_t c = 0;
+    for (int bit = 0; bit < 16; bit++)
+        c |= ((t >> (2 * bit + shift)) & 1) << bit;
+    return c;
+}
+
+static bool keep_morton(const run_data *r, int64_t b, int64_t h, int64_t q, int64_t k)
+{
+    int64_t qx = morton_coord(q, 0), qy = morton_coord(q, 1);
+    int64_t kx = morton_coord(k, 0), ky = morton_coord(k, 1);
+    int64_t x0 = qx - 2 < 0 ? 0 : qx - 2 > 11 ? 11 : qx - 2; /* clamped to 0..16-5 */
+    int64_t y0 = qy - 2 < 0 ? 0 : qy - 2 > 11 ? 11 : qy - 2;
+    return kx >= x0 && kx < x0 + 5 && ky >= y0 && ky < y0 + 5;
+}
+
+/* gelu_scores: s * Phi(s), causal */
+static double score_gelu(const run_data *r, double s, int64_t b, int64_t h, int64_t q, int64_t k)
+{
+    return s * 0.5 * (1 + erf(s / sqrt(2.0)));
+}
+
 /* t5_buckets: T5's bidirectional bucket of k - q, 32 buckets, max distance 128 (a 1e-9 guard
  * makes exact powers land in their bucket, as the script documents) */
 static double score_t5(const run_data *r, double s, int64_t b, int64_t h, int64_t q, int64_t k)
@@ -180,6 +205,9 @@ static const example examples_list[] = {
     {"chunked_causal.lua", "1,4,2,75,75,16", {"--param", "chunk=16"}, {NULL}, keep_chunked,
      NULL},
     {"alibi.lua", "1,4,2,66,66,16", {NULL}, {NULL}, keep_causal, score_alibi},
+    {"natten_morton.lua", "1,2,1,256,256,16", {"--param", "side=16", "--param", "kernel=5"},
+     {NULL}, keep_morton, NULL},
+    {"gelu_scores.lua", "1,4,2,70,70,16", {NULL}, {NULL}, keep_causal, score_gelu},
 };
 
 /* ---- the check ------------------------------------------------------------------------------ */

@@ -69,7 +69,19 @@ static inline kpt_ir_ref gen_i32(gen *G, int depth)
         default: return kpt_ir_unop(g, KPT_IR_NEG, a);
         }
     }
-    switch (gr(G, 0, 11)) {
+    switch (gr(G, 0, 13)) {
+    case 12: {
+        static const kpt_ir_op bits[] = {KPT_IR_BAND, KPT_IR_BOR, KPT_IR_BXOR};
+        return kpt_ir_binop(g, bits[gr(G, 0, 2)], a, gen_i32(G, depth - 1));
+    }
+    case 13: {
+        static const kpt_ir_op shifts[] = {KPT_IR_SHL, KPT_IR_SHR, KPT_IR_SHRU};
+        if (gr(G, 0, 3) == 0)
+            return kpt_ir_unop(g, KPT_IR_BNOT, a);
+        kpt_ir_ref n = gr(G, 0, 1) ? gen_i32(G, depth - 1) /* counts out of 0..31 too */
+                                   : kpt_ir_const_i32(g, (int32_t)gr(G, -2, 34));
+        return kpt_ir_binop(g, shifts[gr(G, 0, 2)], a, n);
+    }
     case 0: return kpt_ir_binop(g, KPT_IR_ADD, a, gen_i32(G, depth - 1));
     case 1: return kpt_ir_binop(g, KPT_IR_SUB, a, gen_i32(G, depth - 1));
     case 2: return kpt_ir_binop(g, KPT_IR_MUL, a, gen_i32(G, depth - 1));
@@ -115,7 +127,10 @@ static inline kpt_ir_ref gen_f32(gen *G, int depth)
         if (G->continuous)
             return kpt_ir_binop(g, KPT_IR_MUL, a, gen_f32(G, depth - 1));
         return kpt_ir_binop(g, choice == 10 ? KPT_IR_IDIV : KPT_IR_MOD, a, gen_f32(G, depth - 1));
-    default: return kpt_ir_unop(g, KPT_IR_SQRT, kpt_ir_unop(g, KPT_IR_ABS, a));
+    default:
+        if (gr(G, 0, 1))
+            return kpt_ir_unop(g, KPT_IR_ERF, a);
+        return kpt_ir_unop(g, KPT_IR_SQRT, kpt_ir_unop(g, KPT_IR_ABS, a));
     }
 }
 

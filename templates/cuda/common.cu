@@ -45,6 +45,7 @@ __device__ __forceinline__ float kpt_ftanh(float x)
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float kpt_ferf(float x) { return erff(x); } // within 2 ulp
 // x / y within 2 ulp (rcp.approx, then a product): no IEEE slow path in score mods.
 __device__ __forceinline__ float kpt_fdiv(float x, float y)
 {

@@ -118,6 +118,14 @@ int kpt_imod(int a, int b)
     return a - kpt_idiv(a, b) * b;
 }
 int kpt_ilog2(int a) { return a > 0 ? findMSB(a) : -1; }
+int kpt_ibnot(int a) { return ~a; }
+int kpt_iband(int a, int b) { return a & b; }
+int kpt_ibor(int a, int b) { return a | b; }
+int kpt_ibxor(int a, int b) { return a ^ b; }
+// shift counts outside 0..31 shift every bit out (GLSL leaves them undefined)
+int kpt_ishl(int a, int n) { return uint(n) < 32u ? a << n : 0; }
+int kpt_ishru(int a, int n) { return uint(n) < 32u ? int(uint(a) >> n) : 0; }
+int kpt_ishr(int a, int n) { return uint(n) < 32u ? a >> n : (a < 0 ? -1 : 0); }
 // floor, saturating to the i32 range, NaN -> 0 (as the CPU reference and cvt.rmi do)
 int kpt_f2i(float x)
 {
@@ -140,6 +148,24 @@ float kpt_ftanh(float x)
     float e = exp2(-2.0 * KPT_LOG2E * abs(x));
     float t = (1.0 - e) / (1.0 + e);
     return x < 0.0 ? -t : t;
+}
+// erf within a few float ulp: a series near 0 (erf's relative accuracy there), elsewhere
+// 1 - erfc with erfc = t exp(-x^2 + P(t)), t = 1 / (1 + |x| / 2), P the Chebyshev fit of
+// Numerical Recipes (fractional error under 1.2e-7). GLSL has no erf.
+float kpt_ferf(float x)
+{
+    float a = abs(x);
+    if (a < 0.5) {
+        float z = x * x;
+        return x * 1.12837917 * (1.0 + z * (-0.333333333 + z * (0.1 + z * (-0.0238095238 +
+                                 z * (0.00462962963 + z * -0.000757575758)))));
+    }
+    float t = 1.0 / (1.0 + 0.5 * a);
+    float p = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+              t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+              t * (-0.82215223 + t * 0.17087277))))))));
+    float r = 1.0 - t * exp2((p - a * a) * KPT_LOG2E);
+    return x < 0.0 ? -r : r;
 }
 float kpt_ffmod(float a, float b)
 {

@@ -55,6 +55,24 @@ KPT_DEV float kpt_ftanh(float x)
     const float t = (1.0f - e) / (1.0f + e);
     return x < 0.0f ? -t : t;
 }
+// erf within a few float ulp: a series near 0 (erf's relative accuracy there), elsewhere
+// 1 - erfc with erfc = t exp(-x^2 + P(t)), t = 1 / (1 + |x| / 2), P the Chebyshev fit of
+// Numerical Recipes (fractional error under 1.2e-7).
+KPT_DEV float kpt_ferf(float x)
+{
+    const float a = __builtin_fabsf(x);
+    if (a < 0.5f) {
+        const float z = x * x;
+        return x * 1.12837917f * (1.0f + z * (-0.333333333f + z * (0.1f + z * (-0.0238095238f +
+                                  z * (0.00462962963f + z * -0.000757575758f)))));
+    }
+    const float t = 1.0f / (1.0f + 0.5f * a);
+    const float p = -1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f +
+                    t * (-0.18628806f + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f +
+                    t * (-0.82215223f + t * 0.17087277f))))))));
+    const float r = 1.0f - t * __builtin_exp2f((p - a * a) * KPT_LOG2E);
+    return x < 0.0f ? -r : r;
+}
 // C's pow for the cases score mods meet: x^0 = 1; negative x with an integral y keeps the sign
 // of an odd power; negative x with a fractional y is NaN.
 KPT_DEV float kpt_powf(float x, float y)
