@@ -39,7 +39,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import kpt  # noqa: E402
 import cases  # noqa: E402
 

@@ -13,7 +13,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import kpt  # noqa: E402
 import cases  # noqa: E402
 

@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import cases  # noqa: E402
 import kpt  # noqa: E402
 

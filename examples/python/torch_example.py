@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import kpt  # noqa: E402
 
 B, H, S, D, W = 2, 8, 2048, 128, 256

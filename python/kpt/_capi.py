@@ -1,4 +1,5 @@
-"""kpt from Python: a ctypes binding of libkpt's public API (include/kpt/*.h).
+"""The ctypes layer of the kpt package: libkpt's public C API (include/kpt/*.h), one class per
+handle. kpt.attention (kpt/__init__.py) is built on it; it stays usable on its own.
 
 It needs nothing but the standard library. Tensors are passed as anything with a device (or host)
 address, a dtype, a shape and element strides: torch tensors work as they are (see `view`), and
@@ -12,7 +13,8 @@ so kpt kernels order with the rest of your work without any synchronisation.
     ker(q, k, v, o, scalars={"w": 1024}, stream=torch.cuda.current_stream().cuda_stream)
 
 Errors raise kpt.Error with kpt's message (pattern, line and column for pattern text).
-The library is found through $KPT_LIB, else by the loader's usual search for libkpt.so.0.
+The library is found through $KPT_LIB, else beside this file (an installed wheel), else by the
+loader's usual search for libkpt.so.0.
 """
 import ctypes
 import os
@@ -96,7 +98,7 @@ class _LuaParams(ctypes.Structure):
                 ("num_params", ctypes.c_int), ("max_memory", ctypes.c_size_t),
                 ("max_instructions", ctypes.c_uint64),
                 ("print", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)),
-                ("print_user", ctypes.c_void_p)]
+                ("print_user", ctypes.c_void_p), ("max_seconds", ctypes.c_double)]
 
 
 class _AuxInfo(ctypes.Structure):
@@ -112,6 +114,8 @@ class _ScalarInfo(ctypes.Structure):
 _P, _PP, _D = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Diag)
 _SIGNATURES = {
     "kpt_pattern_parse": ([ctypes.c_char_p, _PP, _D], ctypes.c_int),
+    "kpt_pattern_from_lua": ([ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_LuaParams), _PP,
+                              _D], ctypes.c_int),
     "kpt_pattern_from_lua_file": ([ctypes.c_char_p, ctypes.POINTER(_LuaParams), _PP, _D],
                                   ctypes.c_int),
     "kpt_pattern_destroy": ([_PP], None),
@@ -144,11 +148,17 @@ _SIGNATURES = {
 _lib = None
 
 
+def _default_path():
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libkpt.so")
+    return os.environ.get("KPT_LIB") or (here if os.path.exists(here) else "libkpt.so.0")
+
+
 def library(path=None):
-    """Loads libkpt (once): `path`, else $KPT_LIB, else the loader's search for libkpt.so.0."""
+    """Loads libkpt (once): `path`, else $KPT_LIB, else the copy installed beside this package,
+    else the loader's search for libkpt.so.0."""
     global _lib
     if _lib is None:
-        lib = ctypes.CDLL(path or os.environ.get("KPT_LIB") or "libkpt.so.0")
+        lib = ctypes.CDLL(path or _default_path())
         for name, (argtypes, restype) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
@@ -234,6 +244,20 @@ class Pattern:
             diag = _Diag()
             _check(lib.kpt_pattern_parse(text.encode(), ctypes.byref(self._h), diag), diag,
                    "pattern")
+
+    @classmethod
+    def from_lua(cls, source, params=None, name=None):
+        """Runs a Lua pattern script given as text; `params` overrides its params."""
+        lib, diag, h = library(), _Diag(), ctypes.c_void_p()
+        params = params or {}
+        values = (_ParamValue * max(1, len(params)))(
+            *[_ParamValue(n.encode(), float(x)) for n, x in params.items()])
+        lp = _LuaParams(name=name.encode() if name else None, params=values,
+                        num_params=len(params))
+        text = source.encode()
+        _check(lib.kpt_pattern_from_lua(text, len(text), lp, ctypes.byref(h), diag), diag,
+               name or "script")
+        return cls(_handle=h.value)
 
     @classmethod
     def from_lua_file(cls, path, params=None, name=None):

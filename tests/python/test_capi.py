@@ -1,22 +1,18 @@
-"""The Python binding (examples/python/kpt.py) against libkpt's CPU backend.
+"""The package's C layer (kpt._capi) against libkpt's CPU backend.
 
 A plain Python attention is the oracle; if a ctypes mirror of a C struct drifted from its header,
-the arguments would arrive scrambled and these checks fail. Run by meson test:
-
-    python3 tests/test_python.py LIBKPT EXAMPLES_DIR
+the arguments would arrive scrambled and these checks fail. Run by pytest (conftest.py: $KPT_LIB,
+$KPT_EXAMPLES).
 """
 import ctypes
 import math
 import os
 import random
-import sys
 import unittest
 
-LIB, EXAMPLES = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(EXAMPLES, "python"))
-import kpt  # noqa: E402
+import kpt
 
-kpt.library(LIB)
+EXAMPLES = os.environ["KPT_EXAMPLES"]
 
 
 def buffer(values):
@@ -141,6 +137,3 @@ class Binding(unittest.TestCase):
         with self.assertRaises(kpt.Error):
             kpt.Context(backend="cuda", target="cuda:sm_1")
 
-
-if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1], verbosity=2)

@@ -1,0 +1,193 @@
+"""kpt: attention patterns compiled into fused attention kernels.
+
+    import kpt
+    o = kpt.attention(q, k, v, pattern="causal+softcap(30)")          # torch or numpy, [B, H, S, D]
+    o = kpt.attention(q, k, v, pattern="sliding_window($w)", scalars={"w": 1024})
+    o = kpt.attention(q, k, v, pattern="examples/patterns/gemma2.lua", params={"window": 512})
+
+Tensors are [B, H, S, D] (as torch's scaled_dot_product_attention): q [B, Hq, Sq, Dqk], k
+[B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv], with Hq a multiple of Hkv (GQA); any strides. The dtype
+and head dims come from the tensors. torch tensors on a CUDA device run on that device, on
+torch's current stream; CPU tensors, numpy arrays and DLPack CPU arrays run on kpt's CPU backend
+(the double-precision reference). The backend chosen is logged (logger "kpt", INFO) once per
+context.
+
+With torch, kpt.attention is a custom op (torch.ops.kpt.attention, registered when torch is
+importable): torch.compile traces it without graph breaks, CUDA graphs capture it, and autograd
+differentiates it through kpt's backward kernels: gradients for q, k, v and for float aux tensors
+that require grad (learnable score-mod parameters).
+
+The C API's handles are here too (Context, Pattern, Kernel, BlockMap: kpt._capi) for callers
+that manage kernels themselves. Errors raise kpt.Error carrying kpt's message (pattern, line and
+column, with a caret for pattern text).
+"""
+import logging
+import os
+import threading
+
+from ._capi import (BACKENDS, DTYPES, NO_DISK_CACHE, OFFLINE, BlockMap, Context, Error, Kernel,
+                    Pattern, Tensor, library, view)
+
+__all__ = ["attention", "get_pattern", "context", "Error", "Context", "Pattern", "Kernel",
+           "BlockMap", "Tensor", "library", "view", "DTYPES", "BACKENDS", "NO_DISK_CACHE",
+           "OFFLINE"]
+
+log = logging.getLogger("kpt")
+_lock = threading.Lock()
+_patterns = {}
+_contexts = {}
+
+
+# ---- patterns and contexts, made once -----------------------------------------------------
+
+def _params_key(params):
+    return tuple(sorted((str(n), float(v)) for n, v in (params or {}).items()))
+
+
+def get_pattern(spec, params=None):
+    """The compiled pattern for `spec` (cached): a Pattern; a built-in pattern string
+    ("document+causal"); a Lua script's path (ending in .lua); or a Lua script's text (anything
+    containing "kpt.pattern"). `params` overrides a script's params."""
+    if isinstance(spec, Pattern):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"kpt: a pattern is a string or a kpt.Pattern, not {type(spec).__name__}")
+    key = (spec, _params_key(params))
+    with _lock:
+        p = _patterns.get(key)
+        if p is None:
+            if spec.endswith(".lua") and "\n" not in spec:
+                p = Pattern.from_lua_file(spec, params=params)
+            elif "kpt.pattern" in spec:
+                p = Pattern.from_lua(spec, params=params, name="script")
+            elif params:
+                raise ValueError("kpt: params go with Lua scripts; a pattern string takes its "
+                                 "values in the text, e.g. sliding_window(256)")
+            else:
+                p = Pattern(spec)
+            _patterns[key] = p
+    return p
+
+
+def context(backend="auto", device=0):
+    """The shared context of a backend and device (created once; kernels cached in it and on
+    disk). backend: "cuda", "cpu", "hip", "vulkan" or "auto"."""
+    if backend not in BACKENDS:
+        raise ValueError(f"kpt: unknown backend '{backend}' ({', '.join(BACKENDS)})")
+    key = (backend, device)
+    with _lock:
+        ctx = _contexts.get(key)
+        if ctx is None:
+            ctx = Context(backend=backend, device=device)
+            _contexts[key] = ctx
+            log.info("kpt: backend %s, device %d: %s (%s)", backend, device, ctx.device_name,
+                     ctx.target)
+    return ctx
+
+
+# ---- arrays: torch, numpy, DLPack -----------------------------------------------------------
+
+_NUMPY_DTYPES = {"float16": "f16", "float32": "f32", "float64": "f64", "int32": "i32",
+                 "bool": "bool"}
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+def _as_numpy(x, what):
+    """x as a numpy array (numpy arrays as they are; DLPack CPU arrays without a copy)."""
+    import numpy as np
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        return np.from_dlpack(x)
+    raise TypeError(f"kpt: {what} is a {type(x).__name__}; give torch tensors, numpy arrays or "
+                    "DLPack arrays")
+
+
+def _numpy_view(a, what):
+    dtype = _NUMPY_DTYPES.get(str(a.dtype))
+    if dtype is None:
+        raise TypeError(f"kpt: {what} has dtype {a.dtype}; kpt takes float16, float32, int32 or "
+                        "bool arrays (bfloat16 through torch)")
+    strides = []
+    for s in a.strides:
+        if s % a.itemsize:
+            raise ValueError(f"kpt: {what} has strides that are not whole elements")
+        strides.append(s // a.itemsize)
+    return Tensor(a.__array_interface__["data"][0], dtype, a.shape, strides)
+
+
+def _check_shapes(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if len(t.shape) != 4:
+            raise ValueError(f"kpt: {name} must be [B, H, S, D], got shape {tuple(t.shape)}")
+    B, Hq, Sq, Dqk = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"kpt: batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"kpt: k {tuple(k.shape)} and v {tuple(v.shape)} differ in heads or "
+                         "length")
+    if k.shape[3] != Dqk:
+        raise ValueError(f"kpt: q's head dim {Dqk} differs from k's {k.shape[3]}")
+    if k.shape[1] == 0 or Hq % k.shape[1]:
+        raise ValueError(f"kpt: q's {Hq} heads are not a multiple of k's {k.shape[1]} (GQA)")
+
+
+def _scalars(scalars):
+    return {str(n): float(v) for n, v in (scalars or {}).items()}
+
+
+# ---- the numpy / CPU path ------------------------------------------------------------------
+
+def _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse):
+    import numpy as np
+    q, k, v = (_as_numpy(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    _check_shapes(q, k, v)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"kpt: q, k and v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; give one")
+    dtype = _numpy_view(q, "q").dtype
+    if dtype not in ("f16", "f32"):
+        raise TypeError(f"kpt: the CPU backend takes float16 or float32 arrays, not {q.dtype}")
+    B, Hq, Sq, _ = q.shape
+    o = np.empty((B, Hq, Sq, v.shape[3]), dtype=q.dtype)
+    lse = np.empty((B, Hq, Sq), dtype=np.float32)
+    aux = {n: _as_numpy(t, f"aux '{n}'") for n, t in (aux or {}).items()}
+    ker = context("cpu").kernel(pat, dtype, q.shape[3], v.shape[3])
+    views = {n: _numpy_view(t, f"aux '{n}'") for n, t in aux.items()}
+    ker(_numpy_view(q, "q"), _numpy_view(k, "k"), _numpy_view(v, "v"), _numpy_view(o, "o"),
+        _numpy_view(lse, "lse"), scale=scale or 0.0, scalars=scalars, aux=views)
+    return (o, lse) if return_lse else o
+
+
+# ---- the entry point -----------------------------------------------------------------------
+
+def attention(q, k, v, pattern="full", *, scalars=None, aux=None, scale=None, params=None,
+              return_lse=False):
+    """softmax(score(scale * q k^T) masked) v for a kpt pattern.
+
+    pattern: a built-in pattern string, a Lua script's path or text, or a kpt.Pattern.
+    scalars: {name: value} for runtime scalars ($w); aux: {name: tensor} for aux tensors;
+    scale: defaults to 1/sqrt(Dqk); params: a Lua script's params. Returns o [B, Hq, Sq, Dv]
+    in q's dtype, and with return_lse=True also lse [B, Hq, Sq] (f32, natural log)."""
+    pat = get_pattern(pattern, params)
+    scalars = _scalars(scalars)
+    aux = dict(aux or {})
+    if _is_torch(q):
+        from . import _torch
+        return _torch.attention(q, k, v, pat, scalars, aux, scale, return_lse)
+    return _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse)
+
+
+def _register_torch():
+    """Registers torch.ops.kpt.* when torch is importable (not imported otherwise)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    from . import _torch  # noqa: F401
+
+
+if os.environ.get("KPT_NO_TORCH") != "1":
+    _register_torch()

@@ -1,0 +1,183 @@
+"""kpt for torch tensors: the custom ops torch.ops.kpt.attention and kpt.attention_backward,
+their fake (meta) implementations for torch.compile, and autograd through kpt's backward.
+
+Patterns, params, scalars and aux tensors travel through the ops as strings, lists of names and
+values, and a list of tensors, which is what torch.library's schemas carry. Launches go on
+torch's current stream of the tensors' device; nothing allocates outside torch's allocator (the
+backward's workspace is a torch tensor) and nothing synchronises, so CUDA graphs capture the ops.
+Block maps of patterns that read aux tensors are built once per set of aux tensors and reused
+while those tensors are alive and unmodified (torch's version counter), so build one outside a
+capture by calling once before it.
+"""
+import threading
+import weakref
+from typing import List, Tuple
+
+import torch
+
+from . import _capi, context, get_pattern
+from . import _check_shapes
+
+_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+_lock = threading.Lock()
+_named_patterns = {}  # "kpt.Pattern#N" -> Pattern, for Pattern objects given to kpt.attention
+_blockmaps = {}
+
+
+def _pattern_key(pat, spec_params):
+    """The string that names a pattern inside the ops."""
+    key = f"kpt.Pattern#{id(pat)}"
+    with _lock:
+        _named_patterns[key] = pat
+    return key
+
+
+def _resolve(pattern, pnames, pvalues):
+    with _lock:
+        pat = _named_patterns.get(pattern)
+    return pat if pat is not None else get_pattern(pattern, dict(zip(pnames, pvalues)) or None)
+
+
+def _context_of(t):
+    if t.device.type == "cuda":
+        return context("cuda", t.device.index if t.device.index is not None else 0)
+    if t.device.type == "cpu":
+        return context("cpu")
+    raise ValueError(f"kpt: tensors on {t.device} are not supported (cuda or cpu)")
+
+
+def _stream(t):
+    return torch.cuda.current_stream(t.device).cuda_stream if t.device.type == "cuda" else None
+
+
+def _check(q, k, v, aux):
+    _check_shapes(q, k, v)
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"kpt: q is on {q.device}, {name} on {t.device}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"kpt: q is {q.dtype}, {name} is {t.dtype}; give one dtype")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"kpt: q, k and v must be float16, bfloat16 or float32, not {q.dtype}")
+    for name, t in zip(*aux):
+        if t.device != q.device:
+            raise ValueError(f"kpt: aux '{name}' is on {t.device}, q on {q.device}")
+    for name, t in [("q", q), ("k", k), ("v", v)] + list(zip(*aux)):
+        if t.layout != torch.strided:
+            raise ValueError(f"kpt: {name} must be a strided (dense) tensor, not {t.layout}")
+
+
+def _blockmap(ker, q, k, v, o, scalars, aux, stream):
+    """The kernel's block map for these aux tensors and scalars (built once, then reused while
+    the same tensors live unmodified), or None when the kernel needs none."""
+    if not ker.needs_blockmap:
+        return None
+    key = (ker._h.value, tuple(q.shape), tuple(k.shape), tuple(sorted(scalars.items())),
+           tuple(sorted((n, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t._version)
+                        for n, t in aux.items())))
+    with _lock:
+        hit = _blockmaps.get(key)
+    if hit is not None and all(ref() is aux[n] for n, ref in hit[1].items()):
+        return hit[0]
+    bm = ker.blockmap(q, k, v, o, scalars=scalars, aux=aux, stream=stream)
+    with _lock:
+        if len(_blockmaps) > 256:
+            _blockmaps.clear()
+        _blockmaps[key] = (bm, {n: weakref.ref(t) for n, t in aux.items()})
+    return bm
+
+
+@torch.library.custom_op("kpt::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
+                 param_names: List[str], param_values: List[float], scalar_names: List[str],
+                 scalar_values: List[float], aux_names: List[str], aux: List[torch.Tensor],
+                 scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """o [B, Hq, Sq, Dv] and lse [B, Hq, Sq] (f32) of a kpt pattern."""
+    _check(q, k, v, (aux_names, aux))
+    pat = _resolve(pattern, param_names, param_values)
+    B, Hq, Sq, Dqk = q.shape
+    o = torch.empty((B, Hq, Sq, v.shape[3]), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    scalars, auxd = dict(zip(scalar_names, scalar_values)), dict(zip(aux_names, aux))
+    ker = _context_of(q).kernel(pat, _DTYPES[q.dtype], Dqk, v.shape[3])
+    stream = _stream(q)
+    bm = _blockmap(ker, q, k, v, o, scalars, auxd, stream)
+    ker(q, k, v, o, lse, scale=scale, scalars=scalars, aux=auxd, blockmap=bm, stream=stream)
+    return o, lse
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, pattern, param_names, param_values, scalar_names, scalar_values,
+                    aux_names, aux, scale):
+    B, Hq, Sq, _ = q.shape
+    return (q.new_empty((B, Hq, Sq, v.shape[3])),
+            q.new_empty((B, Hq, Sq), dtype=torch.float32))
+
+
+@torch.library.custom_op("kpt::attention_backward", mutates_args=())
+def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                          lse: torch.Tensor, dout: torch.Tensor, pattern: str,
+                          param_names: List[str], param_values: List[float],
+                          scalar_names: List[str], scalar_values: List[float],
+                          aux_names: List[str], aux: List[torch.Tensor], aux_grads: List[bool],
+                          scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                 List[torch.Tensor]]:
+    """dq, dk, dv and the gradients of the aux tensors flagged in aux_grads (f32, the aux
+    tensor's shape; empty tensors for the others)."""
+    pat = _resolve(pattern, param_names, param_values)
+    dout = dout if dout.dtype == q.dtype else dout.to(q.dtype)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    daux = {n: torch.empty(t.shape, device=q.device, dtype=torch.float32)
+            for n, t, want in zip(aux_names, aux, aux_grads) if want}
+    scalars, auxd = dict(zip(scalar_names, scalar_values)), dict(zip(aux_names, aux))
+    ker = _context_of(q).kernel(pat, _DTYPES[q.dtype], q.shape[3], v.shape[3], backward=True)
+    stream = _stream(q)
+    bm = _blockmap(ker, q, k, v, o, scalars, auxd, stream)
+    nbytes = ker.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars,
+                                 aux=auxd, daux=daux)
+    ws = torch.empty(max(nbytes, 1), device=q.device, dtype=torch.uint8)
+    ker.backward(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars, aux=auxd,
+                 daux=daux, blockmap=bm, workspace=ws, stream=stream)
+    return dq, dk, dv, [daux.get(n, q.new_empty(0, dtype=torch.float32)) for n in aux_names]
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(q, k, v, o, lse, dout, pattern, param_names, param_values,
+                             scalar_names, scalar_values, aux_names, aux, aux_grads, scale):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            [q.new_empty(t.shape if want else (0,), dtype=torch.float32)
+             for t, want in zip(aux, aux_grads)])
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)  # the gradient flows through o only
+    ctx.save_for_backward(q, k, v, o, lse, *aux)
+    ctx.meta = (pattern, pn, pv, sn, sv, an, scale)
+    ctx.aux_grads = [bool(t.requires_grad and t.is_floating_point()) for t in aux]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, o, lse, *aux = ctx.saved_tensors
+    pattern, pn, pv, sn, sv, an, scale = ctx.meta
+    dq, dk, dv, daux = torch.ops.kpt.attention_backward(
+        q, k, v, o, lse, dout, pattern, pn, pv, sn, sv, an, aux, ctx.aux_grads, scale)
+    daux = [g.to(t.dtype) if want else None for g, t, want in zip(daux, aux, ctx.aux_grads)]
+    return dq, dk, dv, None, None, None, None, None, None, daux, None
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, pat, scalars, aux, scale, return_lse):
+    """kpt.attention on torch tensors, through the custom op."""
+    if isinstance(pat, _capi.Pattern):
+        key, pn, pv = _pattern_key(pat, None), [], []
+    else:
+        raise TypeError("kpt: internal: a compiled pattern is expected")
+    names = list(aux)
+    o, lse = torch.ops.kpt.attention(q, k, v, key, pn, pv, list(scalars),
+                                     [float(x) for x in scalars.values()], names,
+                                     [aux[n] for n in names], float(scale or 0.0))
+    return (o, lse) if return_lse else o
