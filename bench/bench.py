@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """kpt against PyTorch SDPA (each backend forced) and FlexAttention, in one process, on the same
-tensors. kpt is driven through its public C API (examples/python/kpt.py, ctypes) on torch
+tensors. kpt is driven through its public C API (the kpt package's C layer, python/kpt/_capi.py, ctypes) on torch
 tensors' device pointers and torch's current stream.
 
     python3 bench/bench.py --lib build-gpu/libkpt.so --json results.json [options]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The backward pass: kpt against SDPA (FLASH, cuDNN) and FlexAttention, in one process, on the
 same tensors. kpt runs its forward (with LSE) and backward kernels through the public C API
-(examples/python/kpt.py); the peers through torch.autograd.
+(the kpt package's C layer, python/kpt/_capi.py); the peers through torch.autograd.
 
     python3 bench/bench_backward.py --lib build-gpu/libkpt.so --json bwd.json [options]
 

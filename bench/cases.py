@@ -45,7 +45,7 @@ class Case:
         return (self.kpt, tuple(sorted(self.lua_params.items())))
 
     def pattern(self, kpt):
-        """The kpt pattern (`kpt` is the binding module, examples/python/kpt.py)."""
+        """The kpt pattern (`kpt` is the package python/kpt)."""
         if self.kpt.startswith("lua:"):
             path = os.path.join(SCRIPTS, self.kpt[4:] + ".lua")
             return kpt.Pattern.from_lua_file(path, params=self.lua_params)

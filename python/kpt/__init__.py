@@ -23,6 +23,7 @@ column, with a caret for pattern text).
 """
 import logging
 import os
+import sys
 import threading
 
 from ._capi import (BACKENDS, DTYPES, NO_DISK_CACHE, OFFLINE, BlockMap, Context, Error, Kernel,
@@ -171,22 +172,28 @@ def attention(q, k, v, pattern="full", *, scalars=None, aux=None, scale=None, pa
     scalars: {name: value} for runtime scalars ($w); aux: {name: tensor} for aux tensors;
     scale: defaults to 1/sqrt(Dqk); params: a Lua script's params. Returns o [B, Hq, Sq, Dv]
     in q's dtype, and with return_lse=True also lse [B, Hq, Sq] (f32, natural log)."""
+    torch = sys.modules.get("torch")
+    if _torch_impl is not None and torch is not None and isinstance(q, torch.Tensor):
+        # the pattern is compiled inside the op, so torch.compile traces this without a break
+        return _torch_impl.attention(q, k, v, pattern, dict(params or {}), _scalars(scalars),
+                                     dict(aux or {}), scale, return_lse)
     pat = get_pattern(pattern, params)
-    scalars = _scalars(scalars)
-    aux = dict(aux or {})
-    if _is_torch(q):
-        from . import _torch
-        return _torch.attention(q, k, v, pat, scalars, aux, scale, return_lse)
-    return _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse)
+    return _attention_numpy(q, k, v, pat, _scalars(scalars), dict(aux or {}), scale,
+                            return_lse)
+
+
+_torch_impl = None
 
 
 def _register_torch():
     """Registers torch.ops.kpt.* when torch is importable (not imported otherwise)."""
+    global _torch_impl
     try:
         import torch  # noqa: F401
     except ImportError:
         return
-    from . import _torch  # noqa: F401
+    from . import _torch
+    _torch_impl = _torch
 
 
 if os.environ.get("KPT_NO_TORCH") != "1":

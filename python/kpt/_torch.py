@@ -1,8 +1,9 @@
 """kpt for torch tensors: the custom ops torch.ops.kpt.attention and kpt.attention_backward,
 their fake (meta) implementations for torch.compile, and autograd through kpt's backward.
 
-Patterns, params, scalars and aux tensors travel through the ops as strings, lists of names and
-values, and a list of tensors, which is what torch.library's schemas carry. Launches go on
+Patterns, params, scalars and aux tensors travel through the ops as strings (a list of names is
+one string, names joined by newlines: schemas carry no lists of strings), lists of values and a
+list of tensors. Launches go on
 torch's current stream of the tensors' device; nothing allocates outside torch's allocator (the
 backward's workspace is a torch tensor) and nothing synchronises, so CUDA graphs capture the ops.
 Block maps of patterns that read aux tensors are built once per set of aux tensors and reused
@@ -24,18 +25,24 @@ _named_patterns = {}  # "kpt.Pattern#N" -> Pattern, for Pattern objects given to
 _blockmaps = {}
 
 
-def _pattern_key(pat, spec_params):
-    """The string that names a pattern inside the ops."""
+def _pattern_key(pat):
+    """The string that names a Pattern object inside the ops (pattern strings and scripts name
+    themselves; a Pattern object costs torch.compile a graph break here)."""
     key = f"kpt.Pattern#{id(pat)}"
     with _lock:
         _named_patterns[key] = pat
     return key
 
 
+def _names(joined):
+    return joined.split("\n") if joined else []
+
+
 def _resolve(pattern, pnames, pvalues):
     with _lock:
         pat = _named_patterns.get(pattern)
-    return pat if pat is not None else get_pattern(pattern, dict(zip(pnames, pvalues)) or None)
+    params = dict(zip(_names(pnames), pvalues))
+    return pat if pat is not None else get_pattern(pattern, params or None)
 
 
 def _context_of(t):
@@ -89,10 +96,11 @@ def _blockmap(ker, q, k, v, o, scalars, aux, stream):
 
 @torch.library.custom_op("kpt::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
-                 param_names: List[str], param_values: List[float], scalar_names: List[str],
-                 scalar_values: List[float], aux_names: List[str], aux: List[torch.Tensor],
+                 param_names: str, param_values: List[float], scalar_names: str,
+                 scalar_values: List[float], aux_names: str, aux: List[torch.Tensor],
                  scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """o [B, Hq, Sq, Dv] and lse [B, Hq, Sq] (f32) of a kpt pattern."""
+    scalar_names, aux_names = _names(scalar_names), _names(aux_names)
     _check(q, k, v, (aux_names, aux))
     pat = _resolve(pattern, param_names, param_values)
     B, Hq, Sq, Dqk = q.shape
@@ -109,6 +117,8 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str
 @attention_op.register_fake
 def _attention_fake(q, k, v, pattern, param_names, param_values, scalar_names, scalar_values,
                     aux_names, aux, scale):
+    _resolve(pattern, param_names, param_values)  # a bad pattern fails when traced, not later
+    _check_shapes(q, k, v)
     B, Hq, Sq, _ = q.shape
     return (q.new_empty((B, Hq, Sq, v.shape[3])),
             q.new_empty((B, Hq, Sq), dtype=torch.float32))
@@ -117,14 +127,14 @@ def _attention_fake(q, k, v, pattern, param_names, param_values, scalar_names, s
 @torch.library.custom_op("kpt::attention_backward", mutates_args=())
 def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse: torch.Tensor, dout: torch.Tensor, pattern: str,
-                          param_names: List[str], param_values: List[float],
-                          scalar_names: List[str], scalar_values: List[float],
-                          aux_names: List[str], aux: List[torch.Tensor], aux_grads: List[bool],
-                          scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                 List[torch.Tensor]]:
-    """dq, dk, dv and the gradients of the aux tensors flagged in aux_grads (f32, the aux
-    tensor's shape; empty tensors for the others)."""
+                          param_names: str, param_values: List[float],
+                          scalar_names: str, scalar_values: List[float],
+                          aux_names: str, aux: List[torch.Tensor], aux_grads: List[bool],
+                          scale: float) -> List[torch.Tensor]:
+    """[dq, dk, dv, then per aux tensor its gradient where aux_grads flags it (f32, the aux
+    tensor's shape) or an empty tensor]."""
     pat = _resolve(pattern, param_names, param_values)
+    scalar_names, aux_names = _names(scalar_names), _names(aux_names)
     dout = dout if dout.dtype == q.dtype else dout.to(q.dtype)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     daux = {n: torch.empty(t.shape, device=q.device, dtype=torch.float32)
@@ -138,15 +148,15 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     ws = torch.empty(max(nbytes, 1), device=q.device, dtype=torch.uint8)
     ker.backward(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars, aux=auxd,
                  daux=daux, blockmap=bm, workspace=ws, stream=stream)
-    return dq, dk, dv, [daux.get(n, q.new_empty(0, dtype=torch.float32)) for n in aux_names]
+    return [dq, dk, dv] + [daux.get(n, q.new_empty(0, dtype=torch.float32)) for n in aux_names]
 
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(q, k, v, o, lse, dout, pattern, param_names, param_values,
                              scalar_names, scalar_values, aux_names, aux, aux_grads, scale):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            [q.new_empty(t.shape if want else (0,), dtype=torch.float32)
-             for t, want in zip(aux, aux_grads)])
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)] + [
+        q.new_empty(t.shape if want else (0,), dtype=torch.float32)
+        for t, want in zip(aux, aux_grads)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -161,23 +171,26 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, o, lse, *aux = ctx.saved_tensors
     pattern, pn, pv, sn, sv, an, scale = ctx.meta
-    dq, dk, dv, daux = torch.ops.kpt.attention_backward(
+    dq, dk, dv, *daux = torch.ops.kpt.attention_backward(
         q, k, v, o, lse, dout, pattern, pn, pv, sn, sv, an, aux, ctx.aux_grads, scale)
     daux = [g.to(t.dtype) if want else None for g, t, want in zip(daux, aux, ctx.aux_grads)]
-    return dq, dk, dv, None, None, None, None, None, None, daux, None
+    # one entry per input, lists for list inputs (torch checks the structure)
+    return dq, dk, dv, None, None, [None] * len(pv), None, [None] * len(sv), None, daux, None
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, pat, scalars, aux, scale, return_lse):
+def attention(q, k, v, pattern, params, scalars, aux, scale, return_lse):
     """kpt.attention on torch tensors, through the custom op."""
-    if isinstance(pat, _capi.Pattern):
-        key, pn, pv = _pattern_key(pat, None), [], []
-    else:
-        raise TypeError("kpt: internal: a compiled pattern is expected")
+    if isinstance(pattern, _capi.Pattern):
+        pattern = _pattern_key(pattern)
+    elif not isinstance(pattern, str):
+        raise TypeError(f"kpt: a pattern is a string or a kpt.Pattern, not "
+                        f"{type(pattern).__name__}")
     names = list(aux)
-    o, lse = torch.ops.kpt.attention(q, k, v, key, pn, pv, list(scalars),
-                                     [float(x) for x in scalars.values()], names,
+    o, lse = torch.ops.kpt.attention(q, k, v, pattern, "\n".join(params),
+                                     [float(x) for x in params.values()], "\n".join(scalars),
+                                     [float(x) for x in scalars.values()], "\n".join(names),
                                      [aux[n] for n in names], float(scale or 0.0))
     return (o, lse) if return_lse else o

@@ -51,9 +51,18 @@ if [ -x "$EMBED" ]; then
     tail -4 "$OUT/embed.log"
 fi
 
-# the Python binding on torch tensors (examples/python), where PyTorch is installed
+# the Python package on torch tensors, where PyTorch is installed: kpt.attention against SDPA,
+# autograd, torch.compile, CUDA graphs, a short training run (tests/gpu/test_torch.py), the
+# CPU-side pytest suite with torch, and the C layer's example
 LIBKPT="$(dirname "$CHECK")/../../libkpt.so"
 if [ -f "$LIBKPT" ] && python3 -c "import torch" >/dev/null 2>&1; then
+    KPT_LIB="$LIBKPT" python3 tests/gpu/test_torch.py >"$OUT/test_torch.log" 2>&1 || status=1
+    grep -E "^FAIL|passed|FAILED" "$OUT/test_torch.log"
+    if python3 -c "import pytest" >/dev/null 2>&1; then
+        KPT_LIB="$LIBKPT" KPT_TORCH_TESTS=1 python3 -m pytest -q -p no:cacheprovider tests/python \
+            >"$OUT/pytest.log" 2>&1 || status=1
+        tail -1 "$OUT/pytest.log"
+    fi
     KPT_LIB="$LIBKPT" python3 examples/python/torch_example.py >"$OUT/torch_example.log" 2>&1 ||
         status=1
     tail -3 "$OUT/torch_example.log"

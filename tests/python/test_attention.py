@@ -151,7 +151,7 @@ def test_torch_cpu_forward_and_fake():
         fo = kpt.attention(fq, fk, fv, "causal")
         assert fo.shape == (2, 4, 19, 8)
     torch.library.opcheck(torch.ops.kpt.attention.default,
-                          (q, k, v, "causal", [], [], [], [], [], [], 0.0))
+                          (q, k, v, "causal", "", [], "", [], "", [], 0.0))
 
 
 @needs_torch
