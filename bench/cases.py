@@ -19,7 +19,7 @@ SCRIPTS = os.path.join(HERE, "..", "examples", "patterns")
 BUILTIN = ["full", "causal", "sliding_window", "alibi+causal", "softcap+causal", "prefix_lm",
            "document", "gqa_causal"]
 LUA = ["alibi", "chunked_causal", "dilated_window", "document_logical", "gemma2", "graphormer",
-       "longformer", "natten_2d", "prefix_lm", "t5_buckets"]
+       "longformer", "natten_2d", "natten_morton", "gelu_scores", "prefix_lm", "t5_buckets"]
 SPARSE = ["sliding_window", "document"]  # also run at S = 32k and 64k
 DENSE_MASK_MAX_S = 16384  # SDPA's materialised boolean mask: S*S bytes
 DENSE_BIAS_MAX_S = 8192   # SDPA's materialised bias: H*S*S elements
@@ -165,6 +165,28 @@ def _lua_case(script, B, S, H, dev):
             y0 = (qy - K // 2).clamp(0, Ht - K)
             return (kx >= x0) & (kx < x0 + K) & (ky >= y0) & (ky < y0 + K)
         c.mask_mod = mask
+    elif script == "natten_morton":
+        side, K = 1 << (S.bit_length() // 2), 13  # S = 4^n: a side x side canvas in Z order
+        if side * side != S:
+            raise ValueError(f"natten_morton needs S a power of 4, not {S}")
+        c.lua_params = {"side": side, "kernel": K}
+
+        def compact(v):  # the even bits of v, packed (as the script's compact)
+            v = v & 0x55555555
+            v = (v | (v >> 1)) & 0x33333333
+            v = (v | (v >> 2)) & 0x0F0F0F0F
+            v = (v | (v >> 4)) & 0x00FF00FF
+            return (v | (v >> 8)) & 0x0000FFFF
+
+        def mask(b, h, q, k):
+            qx, qy, kx, ky = compact(q), compact(q >> 1), compact(k), compact(k >> 1)
+            x0 = (qx - K // 2).clamp(0, side - K)
+            y0 = (qy - K // 2).clamp(0, side - K)
+            return (kx >= x0) & (kx < x0 + K) & (ky >= y0) & (ky < y0 + K)
+        c.mask_mod = mask
+    elif script == "gelu_scores":
+        c.score_mod = lambda s, b, h, q, k: s * 0.5 * (1 + torch.erf(s / math.sqrt(2)))
+        c.mask_mod = lambda b, h, q, k: q >= k
     elif script == "prefix_lm":
         P = S // 4
         c.scalars = {"prefix": P}

@@ -30,6 +30,7 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
     kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,
                   pl->has_score);
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
+    kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
 }
 

@@ -428,6 +428,13 @@ static const char *const iv_fns[KPT_IR_OP_COUNT] = {
     [KPT_IR_AND] = "kpt_iv_and",
     [KPT_IR_OR] = "kpt_iv_or",
     [KPT_IR_SELECT] = "kpt_iv_select",
+    [KPT_IR_BNOT] = "kpt_iv_bnot",
+    [KPT_IR_BAND] = "kpt_iv_band",
+    [KPT_IR_BOR] = "kpt_iv_bor",
+    [KPT_IR_BXOR] = "kpt_iv_bxor",
+    [KPT_IR_SHL] = "kpt_iv_shl",
+    [KPT_IR_SHR] = "kpt_iv_shr",
+    [KPT_IR_SHRU] = "kpt_iv_shru",
 };
 
 /* The interval of an i32 or bool node. f32 nodes have none: anything computed from a float is the

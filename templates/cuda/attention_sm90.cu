@@ -361,17 +361,24 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
     kpt_wgmma_commit();
 }
 
-#if KPT_HAS_BLOCKMAP
-// Which pairs of a partial tile a mask that reads aux data keeps, one bit per score of this
-// thread (bit n * 4 + e for S[n][e]; rows row0 + lane / 4 (+ 8), keys from k0). Computed before
-// the scores are waited for, so the loads' latency hides behind the product; a loop unrolled
-// only in part, so the loads' registers stay few while S, O and P hold most of them.
+#if KPT_HAS_BLOCKMAP || (KPT_HAS_MASK && KPT_MASK_ROLLED)
+// Which pairs of a partial tile the mask keeps, one bit per score of this thread (bit n * 4 + e
+// for S[n][e]; rows row0 + lane / 4 (+ 8), keys from k0), without touching S. For masks that read
+// aux data it is computed before the scores are waited for, so the loads' latency hides behind
+// the product, in a loop unrolled only in part, so the loads' registers stay few while S, O and
+// P hold most of them. A large mask (rolled, KPT_MASK_ROLLED) is evaluated here in a loop not
+// unrolled at all: indexing S in such a loop would put the wgmma accumulators in local memory,
+// and ptxas then serialises the warpgroup MMAs.
 __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_uniform &U, int b,
                                              int h, int row0, int k0, int lane, bool partial)
 {
     u64 keep = ~0ull;
     if (partial) {
+#if KPT_HAS_BLOCKMAP
 #pragma unroll 4
+#else
+#pragma unroll 1
+#endif
         for (int n = 0; n < KPT_BN / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -402,7 +409,10 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
         }
 #endif
     if (partial) {
-#if KPT_HAS_BLOCKMAP
+#if KPT_HAS_BLOCKMAP || (KPT_HAS_MASK && KPT_MASK_ROLLED)
+#if !KPT_HAS_BLOCKMAP
+        keep = kpt_tile_keep(A, U, b, h, row0, k0, lane, true);
+#endif
 #pragma unroll
         for (int n = 0; n < KPT_BN / 8; n++)
 #pragma unroll

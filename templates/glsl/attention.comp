@@ -294,6 +294,65 @@ kpt_iv kpt_iv_ne(kpt_iv a, kpt_iv b)
     kpt_iv e = kpt_iv_eq(a, b);
     return kpt_iv_mk(1 - e.h, 1 - e.l);
 }
+// Bit operations, as templates/common/expr.inc: a result's bits are known where both operands'
+// are (the bits above the highest one where an interval's ends differ), so its value lies between
+// every free bit clear and every free bit set. Ends stay within i32 (kpt_iv_mk), so the bit work
+// is done on 32-bit words, and no 64-bit value is compared directly.
+uint kpt_iv_free(kpt_iv a)
+{
+    const uint d = uint(a.l) ^ uint(a.h);
+    return d == 0u ? 0u : (0xffffffffu >> uint(31 - findMSB(d)));
+}
+kpt_iv kpt_iv_u(uint l, uint h) { return kpt_iv_mk(int64_t(int(l)), int64_t(int(h))); }
+kpt_iv kpt_iv_band(kpt_iv a, kpt_iv b)
+{
+    const bool pa = kpt_le64(0, a.l), pb = kpt_le64(0, b.l);
+    if (pa && pb) {
+        const uint ma = kpt_iv_free(a), mb = kpt_iv_free(b);
+        const uint ka = uint(a.l) & ~ma, kb = uint(b.l) & ~mb;
+        return kpt_iv_u(ka & kb, (ka | ma) & (kb | mb));
+    }
+    if (pa) return kpt_iv_mk(0, a.h);
+    if (pb) return kpt_iv_mk(0, b.h);
+    return kpt_iv_any();
+}
+kpt_iv kpt_iv_bor(kpt_iv a, kpt_iv b)
+{
+    if (kpt_lt64(a.l, 0) || kpt_lt64(b.l, 0)) return kpt_iv_any();
+    const uint ma = kpt_iv_free(a), mb = kpt_iv_free(b);
+    const uint ka = uint(a.l) & ~ma, kb = uint(b.l) & ~mb;
+    return kpt_iv_u(ka | kb, (ka | ma) | (kb | mb));
+}
+kpt_iv kpt_iv_bxor(kpt_iv a, kpt_iv b)
+{
+    if (kpt_lt64(a.l, 0) || kpt_lt64(b.l, 0)) return kpt_iv_any();
+    const uint m = kpt_iv_free(a) | kpt_iv_free(b), k = (uint(a.l) ^ uint(b.l)) & ~m;
+    return kpt_iv_u(k, k | m);
+}
+kpt_iv kpt_iv_bnot(kpt_iv a) { return kpt_iv_mk(-a.h - 1, -a.l - 1); }
+kpt_iv kpt_iv_shl(kpt_iv a, kpt_iv n)
+{
+    if (!kpt_eq64(n.l, n.h)) return kpt_iv_any();
+    if (kpt_lt64(n.l, 0) || kpt_lt64(31, n.l)) return kpt_iv_pt(0);
+    const int64_t f = int64_t(1) << int(n.l);
+    return kpt_iv_mk(a.l * f, a.h * f);
+}
+kpt_iv kpt_iv_shr(kpt_iv a, kpt_iv n)
+{
+    if (!kpt_eq64(n.l, n.h)) return kpt_le64(0, a.l) ? kpt_iv_mk(0, a.h) : kpt_iv_any();
+    if (kpt_lt64(n.l, 0) || kpt_lt64(31, n.l))
+        return kpt_iv_mk(kpt_lt64(a.l, 0) ? -1 : 0, kpt_lt64(a.h, 0) ? -1 : 0);
+    const int c = int(n.l); // an arithmetic shift of the 32-bit ends: floor division, monotone
+    return kpt_iv_mk(int64_t(int(a.l) >> c), int64_t(int(a.h) >> c));
+}
+kpt_iv kpt_iv_shru(kpt_iv a, kpt_iv n)
+{
+    if (kpt_lt64(a.l, 0)) return kpt_iv_any();
+    if (!kpt_eq64(n.l, n.h)) return kpt_iv_mk(0, a.h);
+    if (kpt_lt64(n.l, 0) || kpt_lt64(31, n.l)) return kpt_iv_pt(0);
+    const int c = int(n.l);
+    return kpt_iv_mk(int64_t(int(a.l) >> c), int64_t(int(a.h) >> c));
+}
 kpt_iv kpt_iv_and(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l & b.l, a.h & b.h); }
 kpt_iv kpt_iv_or(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l | b.l, a.h | b.h); }
 kpt_iv kpt_iv_not(kpt_iv a) { return kpt_iv_mk(1 - a.h, 1 - a.l); }

@@ -485,6 +485,10 @@ int kptc_cmd_check(int argc, char **argv)
         free_check(&c, NULL, 0);
         return st ? kptc_report(&d, st) : 0;
     }
+    if (c.backend != KPT_BACKEND_CPU && (rc = kptc_device_probe(c.backend))) {
+        free_check(&c, NULL, 0);
+        return rc;
+    }
     void *bufs[5] = {0};
     if ((rc = make_aux(&c))) {
         free_check(&c, bufs, 0);

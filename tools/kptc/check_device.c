@@ -158,6 +158,16 @@ kpt_status kptc_device_open(kptc_device_run *r, kpt_backend_kind kind, const kpt
     return st;
 }
 
+int kptc_device_probe(kpt_backend_kind kind)
+{
+    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context *ctx = NULL;
+    kpt_diag d = {0};
+    kpt_status st = kpt_context_create(&cp, &ctx, &d);
+    kpt_context_destroy(&ctx);
+    return st ? kptc_report(&d, st) : 0;
+}
+
 void kptc_device_close(kptc_device_run *r)
 {
     for (int i = 0; i < r->nbufs; i++)

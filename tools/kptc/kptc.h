@@ -112,6 +112,10 @@ int kptc_cmd_bundle(int argc, char **argv);
 /* kptc check --backend cuda|hip|vulkan (check_device.c): runs p on the device on ref's inputs
  * (q, k, v, aux, scalars; host memory) and compares with ref's o and lse (f64). Returns the exit
  * status. */
+/* Whether the backend's driver and a device are there (0), else reports why (exit status 1):
+ * checked before the reference runs, so a missing GPU is said at once. */
+int kptc_device_probe(kpt_backend_kind kind);
+
 int kptc_check_device(kpt_backend_kind backend, const kpt_pattern *p,
                       const kpt_attention_args *ref, kpt_dtype dtype);
 
