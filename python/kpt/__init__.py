@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any, Dict, Mapping, Optional, Union
 
 from ._capi import (BACKENDS, DTYPES, NO_DISK_CACHE, OFFLINE, BlockMap, Context, Error, Kernel,
                     Pattern, Tensor, library, view)
@@ -45,7 +46,8 @@ def _params_key(params):
     return tuple(sorted((str(n), float(v)) for n, v in (params or {}).items()))
 
 
-def get_pattern(spec, params=None):
+def get_pattern(spec: Union[str, Pattern],
+                params: Optional[Mapping[str, float]] = None) -> Pattern:
     """The compiled pattern for `spec` (cached): a Pattern; a built-in pattern string
     ("document+causal"); a Lua script's path (ending in .lua); or a Lua script's text (anything
     containing "kpt.pattern"). `params` overrides a script's params."""
@@ -70,7 +72,7 @@ def get_pattern(spec, params=None):
     return p
 
 
-def context(backend="auto", device=0):
+def context(backend: str = "auto", device: int = 0) -> Context:
     """The shared context of a backend and device (created once; kernels cached in it and on
     disk). backend: "cuda", "cpu", "hip", "vulkan" or "auto"."""
     if backend not in BACKENDS:
@@ -164,8 +166,10 @@ def _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse):
 
 # ---- the entry point -----------------------------------------------------------------------
 
-def attention(q, k, v, pattern="full", *, scalars=None, aux=None, scale=None, params=None,
-              return_lse=False):
+def attention(q: Any, k: Any, v: Any, pattern: Union[str, Pattern] = "full", *,
+              scalars: Optional[Mapping[str, float]] = None,
+              aux: Optional[Dict[str, Any]] = None, scale: Optional[float] = None,
+              params: Optional[Mapping[str, float]] = None, return_lse: bool = False) -> Any:
     """softmax(score(scale * q k^T) masked) v for a kpt pattern.
 
     pattern: a built-in pattern string, a Lua script's path or text, or a kpt.Pattern.
