@@ -322,12 +322,15 @@ static void test_nvrtc_matrix(void **state)
                 if (dt == 0 || wgmma_dims[dim] == F16_DIM)
                     jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = wgmma_dims[dim], .sm = 90,
                                       .wgmma = true, .script = -1};
-    /* the scripts' head dims are sm_90a's: sm_80 and sm_90a */
+    /* the scripts at sm_90a's head dims on sm_90a (its plans differ between them), and at the
+     * first on sm_80 (the scripts' mask and score code is the same at every head dim there):
+     * both dims on sm_80 took a minute more of CI's 15 */
     for (int sc = 0; sc < nscripts; sc++)
         for (int dim = 0; dim < 2; dim++)
             for (int a = 0; a < 2; a++)
-                jobs[n++] = (job){.dim = script_dims[dim], .sm = a ? 90 : 80, .wgmma = a == 1,
-                                  .script = sc};
+                if (a || dim == 0)
+                    jobs[n++] = (job){.dim = script_dims[dim], .sm = a ? 90 : 80,
+                                      .wgmma = a == 1, .script = sc};
     /* the backward kernels: every pattern and script at D = 64 in bf16 (sm_80; sm_90 devices
      * run the same code), and one at D = 128 in f16 */
     for (size_t p = 0; p < NPAT; p++)
