@@ -35,6 +35,7 @@ typedef struct check_ctx {
     void *aux_data[KPT_MAX_AUX];
     char aux_desc[KPT_MAX_AUX][96];
     int naux;
+    kpt_context *dev; /* the device backend's context; NULL for the CPU reference alone */
 } check_ctx;
 
 /* the most elements kptc check fills an aux tensor with (a script may declare any size) */
@@ -429,6 +430,7 @@ static void free_check(check_ctx *c, void **bufs, int nbufs)
     kpt_pattern_destroy(&c->p);
     free(c->sc.src);
     c->sc.src = NULL;
+    kpt_context_destroy(&c->dev);
 }
 
 /* A dtype the backend's targets cannot take is refused before the reference runs. */
@@ -485,7 +487,8 @@ int kptc_cmd_check(int argc, char **argv)
         free_check(&c, NULL, 0);
         return st ? kptc_report(&d, st) : 0;
     }
-    if (c.backend != KPT_BACKEND_CPU && (rc = kptc_device_probe(c.backend))) {
+    /* the device first: a missing driver or GPU is said before the reference runs */
+    if (c.backend != KPT_BACKEND_CPU && (rc = kptc_device_context(c.backend, &c.dev))) {
         free_check(&c, NULL, 0);
         return rc;
     }
@@ -598,10 +601,10 @@ int kptc_cmd_check(int argc, char **argv)
            bad ? "INCONSISTENT rows found" : "all rows consistent");
     printf("  time       %.3f s for the reference attention\n", t1 - t0);
     fflush(stdout);
-    if (c.backend != KPT_BACKEND_CPU && !bad && ms.agrees)
-        rc = kptc_check_device(c.backend, c.p, &args, c.dtype);
+    if (c.dev && !bad && ms.agrees)
+        rc = kptc_check_device(c.dev, c.p, &args, c.dtype);
     if (!rc && c.o.backward && !bad && ms.agrees)
-        rc = kptc_check_backward(c.backend, c.p, &args, c.dtype, c.seed);
+        rc = kptc_check_backward(c.dev, c.p, &args, c.dtype, c.seed);
     free_check(&c, bufs, 5);
     if (rc)
         return rc;

@@ -357,14 +357,14 @@ static int report_device(bwd_check *c, kptc_device_run *r, const char *backend, 
     return 0;
 }
 
-static int check_device(bwd_check *c, kpt_backend_kind kind)
+static int check_device(bwd_check *c, kpt_context *ctx)
 {
-    const char *backend = kpt_backend_name(kind);
+    const char *backend = kpt_backend_name(kpt_context_backend(ctx));
     const kpt_attention_args *ref = c->ref;
     kptc_device_run r = {0};
     kpt_diag d = {0};
     kpt_kernel *fwd = NULL, *bwd = NULL;
-    kpt_status st = kptc_device_open(&r, kind, c->p, ref, c->dtype, &fwd, &bwd, &d);
+    kpt_status st = kptc_device_open(&r, ctx, c->p, ref, c->dtype, &fwd, &bwd, &d);
     dev_grads dg = {0};
     if (!st && !dev_grads_init(c, &dg))
         st = kpt_diag_set(&d, KPT_ERR_NO_MEMORY, "out of memory");
@@ -376,8 +376,8 @@ static int check_device(bwd_check *c, kpt_backend_kind kind)
     return rc;
 }
 
-int kptc_check_backward(kpt_backend_kind backend, const kpt_pattern *p,
-                        const kpt_attention_args *ref, kpt_dtype dtype, uint64_t seed)
+int kptc_check_backward(kpt_context *ctx, const kpt_pattern *p, const kpt_attention_args *ref,
+                        kpt_dtype dtype, uint64_t seed)
 {
     bwd_check c = {.p = p, .ref = ref, .dtype = dtype};
     kpt_rng_seed(&c.rng, seed * 7919 + 17);
@@ -395,7 +395,7 @@ int kptc_check_backward(kpt_backend_kind backend, const kpt_pattern *p,
         printf("  backward   reference gradients for a standard normal dO (%s); %d aux "
                "gradient%s\n", kpt_dtype_name(dtype), c.ndaux, c.ndaux == 1 ? "" : "s");
         fflush(stdout);
-        rc = backend == KPT_BACKEND_CPU ? check_fd(&c) : check_device(&c, backend);
+        rc = ctx ? check_device(&c, ctx) : check_fd(&c);
     }
     teardown(&c);
     return rc;

@@ -74,14 +74,14 @@ static double compare(const kpt_attention_args *ref, const kpt_tensor *o, const 
     return err / scale;
 }
 
-int kptc_check_device(kpt_backend_kind kind, const kpt_pattern *p,
-                      const kpt_attention_args *ref, kpt_dtype dtype)
+int kptc_check_device(kpt_context *ctx, const kpt_pattern *p, const kpt_attention_args *ref,
+                      kpt_dtype dtype)
 {
-    const char *backend = kpt_backend_name(kind);
+    const char *backend = kpt_backend_name(kpt_context_backend(ctx));
     kptc_device_run r = {0};
     kpt_diag d = {0};
     kpt_kernel *k = NULL;
-    kpt_status st = kptc_device_open(&r, kind, p, ref, dtype, &k, NULL, &d);
+    kpt_status st = kptc_device_open(&r, ctx, p, ref, dtype, &k, NULL, &d);
     kpt_attention_args a = *ref; /* sizes the reads below even when nothing ran */
     if (!st)
         st = kptc_device_args(&r, ref, dtype, &a, &d);
@@ -142,29 +142,25 @@ kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, k
     return st;
 }
 
-kpt_status kptc_device_open(kptc_device_run *r, kpt_backend_kind kind, const kpt_pattern *p,
+kpt_status kptc_device_open(kptc_device_run *r, kpt_context *ctx, const kpt_pattern *p,
                             const kpt_attention_args *ref, kpt_dtype dtype, kpt_kernel **fwd,
                             kpt_kernel **bwd, kpt_diag *d)
 {
-    kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
     kpt_kernel_desc desc = {.dtype = dtype, .head_dim = (int)ref->q.shape[3],
                             .head_dim_v = (int)ref->v.shape[3]};
-    kpt_status st = kpt_context_create(&cp, &r->ctx, d);
-    if (!st)
-        st = kpt_kernel_get(r->ctx, p, &desc, fwd, d);
+    r->ctx = ctx;
+    kpt_status st = kpt_kernel_get(r->ctx, p, &desc, fwd, d);
     desc.options = KPT_DESC_BACKWARD;
     if (!st && bwd)
         st = kpt_kernel_get(r->ctx, p, &desc, bwd, d);
     return st;
 }
 
-int kptc_device_probe(kpt_backend_kind kind)
+int kptc_device_context(kpt_backend_kind kind, kpt_context **ctx)
 {
     kpt_context_params cp = {.backend = kind, .flags = KPT_CONTEXT_NO_DISK_CACHE};
-    kpt_context *ctx = NULL;
     kpt_diag d = {0};
-    kpt_status st = kpt_context_create(&cp, &ctx, &d);
-    kpt_context_destroy(&ctx);
+    kpt_status st = kpt_context_create(&cp, ctx, &d);
     return st ? kptc_report(&d, st) : 0;
 }
 
@@ -172,5 +168,4 @@ void kptc_device_close(kptc_device_run *r)
 {
     for (int i = 0; i < r->nbufs; i++)
         kpt_buffer_destroy(&r->bufs[i]);
-    kpt_context_destroy(&r->ctx);
 }

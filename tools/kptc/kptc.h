@@ -109,22 +109,23 @@ int kptc_cmd_emit(int argc, char **argv);
 int kptc_cmd_check(int argc, char **argv);
 int kptc_cmd_bundle(int argc, char **argv);
 
-/* kptc check --backend cuda|hip|vulkan (check_device.c): runs p on the device on ref's inputs
+/* The context of a device backend for kptc check's device runs: 0, or the exit status of why
+ * there is none (reported: no driver, no device). Opened before the reference runs, so a missing
+ * GPU is said at once; the forward and backward checks share it. */
+int kptc_device_context(kpt_backend_kind kind, kpt_context **ctx);
+
+/* kptc check --backend cuda|hip|vulkan (check_device.c): runs p on ctx's device on ref's inputs
  * (q, k, v, aux, scalars; host memory) and compares with ref's o and lse (f64). Returns the exit
  * status. */
-/* Whether the backend's driver and a device are there (0), else reports why (exit status 1):
- * checked before the reference runs, so a missing GPU is said at once. */
-int kptc_device_probe(kpt_backend_kind kind);
-
-int kptc_check_device(kpt_backend_kind backend, const kpt_pattern *p,
-                      const kpt_attention_args *ref, kpt_dtype dtype);
+int kptc_check_device(kpt_context *ctx, const kpt_pattern *p, const kpt_attention_args *ref,
+                      kpt_dtype dtype);
 
 /* kptc check --backward (check_backward.c): the gradients of the reference (double precision)
- * for a random dO, checked on the CPU backend against central finite differences of the
- * reference forward along random directions, on a device backend against that backend's
- * backward kernels (outputs poisoned, run twice to check the bits repeat). */
-int kptc_check_backward(kpt_backend_kind backend, const kpt_pattern *p,
-                        const kpt_attention_args *ref, kpt_dtype dtype, uint64_t seed);
+ * for a random dO, checked (ctx NULL) against central finite differences of the reference
+ * forward along random directions, or against the backward kernels of ctx's device (outputs
+ * poisoned, run twice to check the bits repeat). */
+int kptc_check_backward(kpt_context *ctx, const kpt_pattern *p, const kpt_attention_args *ref,
+                        kpt_dtype dtype, uint64_t seed);
 
 /* ---- shared by the device checks (check_device.c) ---- */
 
@@ -135,7 +136,7 @@ double kptc_element(const kpt_tensor *t, const void *data, int64_t i0, int64_t i
                     int64_t i3);
 
 typedef struct kptc_device_run {
-    kpt_context *ctx;
+    kpt_context *ctx; /* borrowed from the caller */
     kpt_buffer *bufs[16 + 2 * KPT_MAX_AUX];
     int nbufs;
     kpt_aux_tensor aux[KPT_MAX_AUX];
@@ -148,12 +149,12 @@ kpt_status kptc_upload(kptc_device_run *r, kpt_tensor *t, bool copy, kpt_diag *d
  * ref's strides) and lse (f32 [B, Hq, Sq]) poisoned, o and lse the last buffers made. */
 kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, kpt_dtype dtype,
                             kpt_attention_args *a, kpt_diag *d);
-/* The run's context on backend `kind` (no disk cache) and the kernels of p for ref's head dims
- * and dtype: the forward in *fwd and, where bwd is not NULL, the backward in *bwd. */
-kpt_status kptc_device_open(kptc_device_run *r, kpt_backend_kind kind, const kpt_pattern *p,
+/* A run on ctx (kptc_device_context) with the kernels of p for ref's head dims and dtype: the
+ * forward in *fwd and, where bwd is not NULL, the backward in *bwd. */
+kpt_status kptc_device_open(kptc_device_run *r, kpt_context *ctx, const kpt_pattern *p,
                             const kpt_attention_args *ref, kpt_dtype dtype, kpt_kernel **fwd,
                             kpt_kernel **bwd, kpt_diag *d);
-/* Frees the run's buffers and its context. */
+/* Frees the run's buffers (the context stays the caller's). */
 void kptc_device_close(kptc_device_run *r);
 
 #endif
