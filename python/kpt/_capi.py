@@ -245,31 +245,32 @@ class Pattern:
             _check(lib.kpt_pattern_parse(text.encode(), ctypes.byref(self._h), diag), diag,
                    "pattern")
 
-    @classmethod
-    def from_lua(cls, source, params=None, name=None):
-        """Runs a Lua pattern script given as text; `params` overrides its params."""
-        lib, diag, h = library(), _Diag(), ctypes.c_void_p()
+    @staticmethod
+    def _lua_params(params, name):
+        """kpt_lua_params for `params` ({"window": 256}) and `name` (ctypes keeps the params
+        array alive with the struct)."""
         params = params or {}
         values = (_ParamValue * max(1, len(params)))(
             *[_ParamValue(n.encode(), float(x)) for n, x in params.items()])
         lp = _LuaParams(name=name.encode() if name else None, params=values,
                         num_params=len(params))
+        return lp
+
+    @classmethod
+    def from_lua(cls, source, params=None, name=None):
+        """Runs a Lua pattern script given as text; `params` overrides its params."""
+        lib, diag, h = library(), _Diag(), ctypes.c_void_p()
         text = source.encode()
-        _check(lib.kpt_pattern_from_lua(text, len(text), lp, ctypes.byref(h), diag), diag,
-               name or "script")
+        _check(lib.kpt_pattern_from_lua(text, len(text), cls._lua_params(params, name),
+                                        ctypes.byref(h), diag), diag, name or "script")
         return cls(_handle=h.value)
 
     @classmethod
     def from_lua_file(cls, path, params=None, name=None):
         """Runs a Lua pattern script; `params` overrides its params ({"window": 256})."""
         lib, diag, h = library(), _Diag(), ctypes.c_void_p()
-        params = params or {}
-        values = (_ParamValue * max(1, len(params)))(
-            *[_ParamValue(n.encode(), float(x)) for n, x in params.items()])
-        lp = _LuaParams(name=name.encode() if name else None, params=values,
-                        num_params=len(params))
-        _check(lib.kpt_pattern_from_lua_file(os.fsencode(path), lp, ctypes.byref(h), diag), diag,
-               os.fspath(path))
+        _check(lib.kpt_pattern_from_lua_file(os.fsencode(path), cls._lua_params(params, name),
+                                             ctypes.byref(h), diag), diag, os.fspath(path))
         return cls(_handle=h.value)
 
     @property
