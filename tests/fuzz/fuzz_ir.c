@@ -12,6 +12,7 @@
 #include "compiler/pipeline.h"
 #include "ir/pattern.h"
 #include "target/target.h"
+#include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -36,23 +37,13 @@ static void generate(kpt_pattern *p)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char *text = malloc(size + 1);
+    char *text = kpt_fuzz_text(data, size);
     if (!text)
         return 0;
-    memcpy(text, data, size);
-    text[size] = 0;
     kpt_diag d = {0};
     kpt_pattern *p = kpt_pattern_read(text, &d);
     if (p) {
-        char *ir = kpt_pattern_print(p);
-        kpt_diag rd = {0};
-        kpt_pattern *back = ir ? kpt_pattern_read(ir, &rd) : NULL;
-        char *again = back ? kpt_pattern_print(back) : NULL;
-        if (ir && (!again || strcmp(ir, again) != 0))
-            abort(); /* the IR text round trip is broken */
-        free(again);
-        free(ir);
-        kpt_pattern_destroy(&back);
+        kpt_fuzz_round_trip(p);
         generate(p);
         kpt_pattern_destroy(&p);
     } else if (d.message[0] == 0) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/fuzz/fuzz_util.h"
 #include "tools/kptc/kptc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -17,11 +18,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size > 4096)
         return 0;
-    char *text = malloc(size + 1);
+    char *text = kpt_fuzz_text(data, size);
     if (!text)
         return 0;
-    memcpy(text, data, size);
-    text[size] = 0;
     char *argv[MAX_ARGS + 2] = {"kptc"};
     int argc = 1;
     for (char *s = text; argc <= MAX_ARGS; argc++) {
