@@ -45,6 +45,37 @@ kpt_sandbox *kpt_sandbox_of(lua_State *L)
     return *(kpt_sandbox **)lua_getextraspace(L);
 }
 
+/* Pushes "x.lua:3: message" (the place when `level`, as luaL_where, names a line of the script)
+ * and records it as the last error kpt raised. */
+static void push_raised(lua_State *L, int level, kpt_status status, const char *fmt, va_list ap)
+{
+    char msg[800];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (level >= 0)
+        luaL_where(L, level);
+    else
+        lua_pushliteral(L, "");
+    lua_pushstring(L, msg);
+    lua_concat(L, 2);
+    kpt_sandbox *sb = kpt_sandbox_of(L);
+    sb->raised_status = status;
+    snprintf(sb->raised_text, sizeof(sb->raised_text), "%s", lua_tostring(L, -1));
+}
+
+/* Raises the first end of the budget or the time: its message is the one reported, whatever the
+ * script does with the error (from here on every check fails again). */
+static int raise_limit(lua_State *L, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    push_raised(L, level, KPT_ERR_LIMIT, fmt, ap);
+    va_end(ap);
+    kpt_sandbox *sb = kpt_sandbox_of(L);
+    sb->budget_hit = true;
+    snprintf(sb->budget_text, sizeof(sb->budget_text), "%s", sb->raised_text);
+    return lua_error(L);
+}
+
 /* Adds `steps` to the budget's count; raises once it is exhausted or the deadline has passed.
  * `level` names the script's line (as luaL_where). */
 static void charge(lua_State *L, uint64_t steps, int level)
@@ -53,18 +84,16 @@ static void charge(lua_State *L, uint64_t steps, int level)
     sb->steps = steps > UINT64_MAX - sb->steps ? UINT64_MAX : sb->steps + steps;
     if (sb->budget_hit) /* reported already: budget_text is the message that counts */
         kpt_sandbox_raise(L, level, KPT_ERR_LIMIT, "%s", "the script's limits were exhausted");
-    sb->hitting_limit = true; /* until a raise below: the first end of budget or time */
     if (sb->steps > sb->budget)
-        kpt_sandbox_raise(L, level, KPT_ERR_LIMIT,
-                          "instruction budget exhausted (%llu instructions): the script runs too "
-                          "long or loops forever",
-                          (unsigned long long)sb->budget);
+        raise_limit(L, level,
+                    "instruction budget exhausted (%llu instructions): the script runs too long "
+                    "or loops forever",
+                    (unsigned long long)sb->budget);
     if (kpt_now_ms() > sb->deadline_ms)
-        kpt_sandbox_raise(L, level, KPT_ERR_LIMIT,
-                          "time limit exhausted (%g s of wall-clock time): the script runs too "
-                          "long or loops forever",
-                          sb->seconds);
-    sb->hitting_limit = false;
+        raise_limit(L, level,
+                    "time limit exhausted (%g s of wall-clock time): the script runs too long or "
+                    "loops forever",
+                    sb->seconds);
 }
 
 void kpt_sandbox_charge(lua_State *L, uint64_t steps)
@@ -241,27 +270,10 @@ void kpt_sandbox_close(kpt_sandbox *sb)
 
 int kpt_sandbox_raise(lua_State *L, int level, kpt_status status, const char *fmt, ...)
 {
-    char msg[800];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    push_raised(L, level, status, fmt, ap);
     va_end(ap);
-    if (level >= 0)
-        luaL_where(L, level);
-    else
-        lua_pushliteral(L, "");
-    lua_pushstring(L, msg);
-    lua_concat(L, 2);
-    kpt_sandbox *sb = kpt_sandbox_of(L);
-    sb->raised_status = status;
-    snprintf(sb->raised_text, sizeof(sb->raised_text), "%s", lua_tostring(L, -1));
-    if (status == KPT_ERR_LIMIT && sb->hitting_limit) {
-        /* the first time the budget or the time runs out: this message is the one reported,
-         * whatever the script does with the error (from here on every check fails again) */
-        sb->hitting_limit = false;
-        sb->budget_hit = true;
-        snprintf(sb->budget_text, sizeof(sb->budget_text), "%s", sb->raised_text);
-    }
     return lua_error(L);
 }
 

@@ -39,7 +39,6 @@ typedef struct kpt_sandbox {
     uint64_t steps, budget; /* instructions, allocated bytes / 32, C library work */
     double seconds, deadline_ms; /* the wall-clock limit, and when it ends (kpt_now_ms) */
     bool budget_hit;   /* the budget or the time ran out: every later check fails too */
-    bool hitting_limit; /* set while the check raises the budget's or the time's end */
     bool memory_error; /* a memory error was seen (and re-raised) by pcall */
     int last_line; /* the line the hook last saw: where a memory error happened, roughly */
     void (*print)(void *ud, const char *text);
