@@ -13,13 +13,16 @@ extern const char kpt_tmpl_cuda_common[];
 extern const char kpt_tmpl_cuda_attention[];
 extern const char kpt_tmpl_cuda_attention_sm90[];
 extern const char kpt_tmpl_cuda_attention_bwd[];
+extern const char kpt_tmpl_cuda_paged[];
 
 static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
 {
     kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, sm_%d%s%s\n",
                   kpt_dtype_name(pl->cfg.dtype), pl->cfg.dqk, pl->cfg.dv, pl->cfg.sm,
                   pl->cfg.wgmma ? "a" : "",
-                  pl->cfg.kind == KPT_KERNEL_BACKWARD ? ", backward" : "");
+                  pl->cfg.kind == KPT_KERNEL_BACKWARD ? ", backward"
+                  : pl->cfg.kind == KPT_KERNEL_PAGED  ? ", paged"
+                                                      : "");
     kpt_sb_printf(sb, "#define KPT_WGMMA %d\n", pl->cfg.wgmma);
     kpt_sb_printf(sb, "#define KPT_BF16 %d\n", pl->cfg.dtype == KPT_DTYPE_BF16);
     kpt_sb_printf(sb, "#define KPT_DQK %d\n#define KPT_DV %d\n", pl->cfg.dqk, pl->cfg.dv);
@@ -32,6 +35,8 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
     kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
+    if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
+        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d", pl->bm_per_h);
 }
 
 /* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient. */
@@ -66,9 +71,10 @@ kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
     kpt_status st = KPT_OK;
     if (plan->cfg.kind == KPT_KERNEL_BACKWARD)
         st = backward_kernel(p, d, &bwd, diag);
-    const char *kernel = bwd                ? bwd
-                         : plan->cfg.wgmma ? kpt_tmpl_cuda_attention_sm90
-                                           : kpt_tmpl_cuda_attention;
+    const char *kernel = bwd                                   ? bwd
+                         : plan->cfg.kind == KPT_KERNEL_PAGED ? kpt_tmpl_cuda_paged
+                         : plan->cfg.wgmma                    ? kpt_tmpl_cuda_attention_sm90
+                                                              : kpt_tmpl_cuda_attention;
     if (!st)
         st = kpt_cpp_kernel_source(p, d, kpt_tmpl_cuda_common, kernel, &cfg, out, diag);
     free(bwd);

@@ -13,6 +13,8 @@
 /* The kernels' entry points. */
 #define KPT_CUDA_ATTENTION_ENTRY "kpt_attention"
 #define KPT_CUDA_BLOCKMAP_ENTRY "kpt_blockmap"
+#define KPT_CUDA_PAGED_ENTRIES {"kpt_paged_r1", "kpt_paged_r2", "kpt_paged_r4"}
+#define KPT_CUDA_PAGED_COMBINE_ENTRY "kpt_paged_combine"
 /* the backward kernels (kind "backward") */
 #define KPT_CUDA_BWD_PREP_ENTRY "kpt_bwd_prep"
 #define KPT_CUDA_BWD_DKDV_ENTRY "kpt_bwd_dkdv"

@@ -56,6 +56,45 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     return KPT_OK;
 }
 
+/* The serving kernels (templates/cuda/paged.cu): a CTA of four warps holds up to 64 query rows
+ * (the query tokens of one sequence times the query heads of one kv head, so each K/V byte is
+ * read once) and streams 64-key tiles through a ring of cp.async stages; the warps split the
+ * rows (16 each) and, where rows are fewer, the keys of each tile. Decoding is bound by memory,
+ * so the ring is as deep as shared memory allows (four stages: about 100 KB in flight per SM
+ * at D = 128). Tiles are classified by interval analysis only: masks that read aux data are
+ * evaluated per element in every tile a sequence's length leaves (no block map: the lengths
+ * live on the device). */
+static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
+                             kpt_kernel_plan *out, kpt_diag *diag)
+{
+    if (cfg->dqk > 128 || cfg->dv > 128)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the CUDA serving kernels support 32, 64, "
+                            "96 and 128", cfg->dqk, cfg->dv);
+    kpt_kernel_plan pl = {0};
+    pl.cfg = *cfg;
+    pl.cfg.wgmma = false;
+    pl.warps = 4;
+    pl.mt = 1;
+    pl.bm = 64;
+    pl.bn = 64;
+    pl.q_in_regs = true;
+    kpt_status st = kpt_plan_mask(p, &pl, diag);
+    if (st)
+        return st;
+    pl.has_blockmap = false;
+    pl.bm_per_b = false;
+    size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8);
+    size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
+    size_t limit = smem_limit > 0 ? (size_t)smem_limit : 163840;
+    pl.stages = 4;
+    while (pl.stages > 2 && q + (size_t)pl.stages * stage > limit)
+        pl.stages--;
+    pl.smem_bytes = q + (size_t)pl.stages * stage;
+    *out = pl;
+    return KPT_OK;
+}
+
 kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -72,6 +111,8 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
                             "sm_%d: the CUDA backend needs sm_80 or newer (mma.sync bf16)", cfg->sm);
     if (cfg->kind == KPT_KERNEL_BACKWARD)
         return plan_backward(p, cfg, out, diag);
+    if (cfg->kind == KPT_KERNEL_PAGED)
+        return plan_paged(p, cfg, smem_limit, out, diag);
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
     int dmax = cfg->dqk > cfg->dv ? cfg->dqk : cfg->dv;

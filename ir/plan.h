@@ -16,10 +16,12 @@
 typedef enum kpt_kernel_kind {
     KPT_KERNEL_FORWARD = 0, /* O and LSE of attention (and the block map it needs) */
     KPT_KERNEL_BACKWARD,    /* dQ, dK, dV from dO, O and LSE (and the block map it needs) */
+    KPT_KERNEL_PAGED,       /* serving: ragged queries over a paged (or contiguous) KV cache,
+                               split over the keys, and the combine of the splits */
     KPT_KERNEL_NUM_KINDS
 } kpt_kernel_kind;
 
-/* The kind's name in messages and keys: "forward", "backward". */
+/* The kind's name in messages and keys: "forward", "backward", "paged". */
 const char *kpt_kernel_kind_name(kpt_kernel_kind kind);
 
 /* A shape class: what a kernel is specialised for (sequence lengths, batch and head counts are

@@ -232,9 +232,18 @@ kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
     if (!p || !args || !out)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "pattern or args is NULL");
     memset(out, 0, sizeof(*out));
-    kpt_status st = check_shapes(args, &out->shape, diag);
-    if (st)
-        return st;
+    kpt_attn_shape shape;
+    kpt_status st = check_shapes(args, &shape, diag);
+    return st ? st : kpt_attn_bind_shaped(p, args, &shape, out, diag);
+}
+
+kpt_status kpt_attn_bind_shaped(const kpt_pattern *p, const kpt_attention_args *args,
+                                const kpt_attn_shape *shape, kpt_attn_binding *out,
+                                kpt_diag *diag)
+{
+    memset(out, 0, sizeof(*out));
+    out->shape = *shape;
+    kpt_status st;
     if (!isfinite(args->scale))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "scale is not finite");
     /* GPU kernels fold the scale into the exponent in float; a magnitude outside this range

@@ -28,6 +28,12 @@ int64_t kpt_attn_dim_size(int64_t dim, const kpt_attn_shape *s);
 kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
                          kpt_attn_binding *out, kpt_diag *diag);
 
+/* The scale, runtime scalars and aux tensors of args bound for a shape checked elsewhere (the
+ * serving calls'); args' tensors are not read. */
+kpt_status kpt_attn_bind_shaped(const kpt_pattern *p, const kpt_attention_args *args,
+                                const kpt_attn_shape *shape, kpt_attn_binding *out,
+                                kpt_diag *diag);
+
 /* The gradient tensors of a backward call, checked against the bound forward arguments. */
 typedef struct kpt_grad_binding {
     kpt_ir_auxview daux[KPT_MAX_AUX]; /* by aux index; data NULL: no gradient wanted */

@@ -7,6 +7,7 @@
 
 #include "base/diag.h"
 #include "runtime/backend.h"
+#include "runtime/paged_args.h"
 
 typedef struct cpu_kernel {
     const kpt_pattern *pattern;
@@ -78,7 +79,9 @@ static kpt_status cpu_launch(kpt_backend *b, void *kernel, const kpt_attention_a
     const cpu_kernel *k = kernel;
     if (k->cfg.kind != KPT_KERNEL_FORWARD)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "this is a backward kernel: launch it with the backward");
+                            "this is a %s kernel: launch it with %s",
+                            k->cfg.kind == KPT_KERNEL_PAGED ? "serving" : "backward",
+                            k->cfg.kind == KPT_KERNEL_PAGED ? "kpt_paged_run" : "the backward");
     kpt_status st = check_inputs(k, a, diag);
     return st ? st : kpt_reference_attention(k->pattern, a, diag);
 }
@@ -102,6 +105,33 @@ static kpt_status cpu_launch_backward(kpt_backend *b, void *kernel, const kpt_at
     if (!st && g && g->dout.data)
         st = check(&g->dout, "dout", k->cfg.dtype, k->cfg.dv, diag);
     return st ? st : kpt_reference_attention_backward(k->pattern, a, g, diag);
+}
+
+static kpt_status cpu_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_shape *shape,
+                                 kpt_paged_plan *out, kpt_diag *diag)
+{
+    return kpt_paged_plan_compute(shape, 0, 0, ((cpu_kernel *)kernel)->cfg.dv, out, diag);
+}
+
+static kpt_status cpu_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
+                                   const kpt_paged_args *a, uint64_t workspace,
+                                   size_t workspace_bytes, void *stream, kpt_diag *diag)
+{
+    const cpu_kernel *k = kernel;
+    kpt_paged_binding pb;
+    kpt_status st = kpt_paged_bind(k->pattern, a, -1, &pb, diag);
+    if (!st)
+        st = kpt_paged_check_plan(plan, &pb, diag);
+    if (!st && (a->q.dtype != k->cfg.dtype || a->k.dtype != k->cfg.dtype ||
+                a->v.dtype != k->cfg.dtype))
+        st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                          "tensors q, k and v must be %s: this kernel was made for it",
+                          kpt_dtype_name(k->cfg.dtype));
+    if (!st && (pb.Dqk != k->cfg.dqk || pb.Dv != k->cfg.dv))
+        st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                          "head dims %lld, %lld; this kernel was made for %d, %d",
+                          (long long)pb.Dqk, (long long)pb.Dv, k->cfg.dqk, k->cfg.dv);
+    return st ? st : kpt_reference_paged_attention(k->pattern, a, diag);
 }
 
 static kpt_status cpu_mem_alloc(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag)
@@ -149,6 +179,8 @@ static const kpt_backend_ops cpu_ops = {
     .launch = cpu_launch,
     .backward_workspace = cpu_backward_workspace,
     .launch_backward = cpu_launch_backward,
+    .paged_plan = cpu_paged_plan,
+    .launch_paged = cpu_launch_paged,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .mem_write = cpu_mem_write,

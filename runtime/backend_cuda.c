@@ -67,6 +67,19 @@ static kpt_status cuda_launch_backward(kpt_backend *b, void *kernel,
                                        stream, diag);
 }
 
+static kpt_status cuda_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_shape *shape,
+                                  kpt_paged_plan *out, kpt_diag *diag)
+{
+    return kpt_cuda_paged_plan(kernel, shape, out, diag);
+}
+
+static kpt_status cuda_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
+                                    const kpt_paged_args *args, uint64_t workspace,
+                                    size_t workspace_bytes, void *stream, kpt_diag *diag)
+{
+    return kpt_cuda_paged(kernel, plan, args, workspace, workspace_bytes, stream, diag);
+}
+
 static kpt_status cuda_blockmap_size(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                                      size_t *bytes, kpt_diag *diag)
 {
@@ -145,6 +158,8 @@ static const kpt_backend_ops cuda_ops = {
     .launch = cuda_launch,
     .backward_workspace = cuda_backward_workspace,
     .launch_backward = cuda_launch_backward,
+    .paged_plan = cuda_paged_plan,
+    .launch_paged = cuda_launch_paged,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .mem_write = cuda_mem_write,

@@ -311,7 +311,9 @@ static kpt_status obtain_binary(request *rq, module *m, const char *src, bool us
 /* The kernel kind a desc asks for. */
 static kpt_kernel_kind desc_kind(const kpt_kernel_desc *d)
 {
-    return d->options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD;
+    return d->options & KPT_DESC_BACKWARD ? KPT_KERNEL_BACKWARD
+           : d->options & KPT_DESC_PAGED  ? KPT_KERNEL_PAGED
+                                          : KPT_KERNEL_FORWARD;
 }
 
 /* The plan and source of a kernel (no source for the CPU backend, which runs the reference). */
@@ -455,10 +457,15 @@ static kpt_status check_desc(const kpt_kernel_desc *d, kpt_diag *diag)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "kernel desc: %d query heads are not a multiple of %d kv heads",
                             d->num_heads_q, d->num_heads_kv);
-    if (d->options & ~(unsigned)KPT_DESC_BACKWARD)
+    if (d->options & ~(unsigned)(KPT_DESC_BACKWARD | KPT_DESC_PAGED))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "kernel desc: unknown options 0x%x (KPT_DESC_BACKWARD is 0x%x)",
-                            d->options, (unsigned)KPT_DESC_BACKWARD);
+                            "kernel desc: unknown options 0x%x (KPT_DESC_BACKWARD is 0x%x, "
+                            "KPT_DESC_PAGED 0x%x)", d->options, (unsigned)KPT_DESC_BACKWARD,
+                            (unsigned)KPT_DESC_PAGED);
+    if ((d->options & KPT_DESC_BACKWARD) && (d->options & KPT_DESC_PAGED))
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "kernel desc: KPT_DESC_BACKWARD and KPT_DESC_PAGED together: the "
+                            "serving kernels have no backward");
     return KPT_OK;
 }
 
@@ -599,9 +606,11 @@ kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_args *args
     if (st)
         return st;
     kpt_backend *b = k->mod->ctx->backend;
-    if (is_backward(k))
+    if (desc_kind(&k->desc) != KPT_KERNEL_FORWARD)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "this is a backward kernel: launch it with kpt_kernel_launch_backward");
+                            is_backward(k)
+                                ? "this is a backward kernel: launch it with kpt_kernel_launch_backward"
+                                : "this is a serving kernel: run it with kpt_paged_run");
     if (map && (st = check_map(k, args, map, diag)))
         return st;
     return b->ops->launch(b, k->mod->impl, args, map ? map->mem : 0, stream, diag);
@@ -642,6 +651,57 @@ kpt_status kpt_kernel_launch_backward(const kpt_kernel *k, const kpt_attention_a
         return st;
     return b->ops->launch_backward(b, k->mod->impl, args, grads, map ? map->mem : 0,
                                    (uint64_t)(uintptr_t)workspace, workspace_bytes, stream, diag);
+}
+
+/* ---- serving ------------------------------------------------------------------------------- */
+
+static kpt_status check_paged(const kpt_kernel *k, kpt_diag *diag)
+{
+    if (!k)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel is NULL");
+    kpt_backend *b = k->mod->ctx->backend;
+    if (desc_kind(&k->desc) != KPT_KERNEL_PAGED || !b->ops->launch_paged)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "not a serving kernel (get it with KPT_DESC_PAGED)");
+    if (!k->mod->impl)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "this kernel was compiled offline for %s and cannot run",
+                            b->target);
+    return KPT_OK;
+}
+
+kpt_status kpt_paged_plan_make(const kpt_kernel *k, const kpt_paged_shape *shape,
+                               kpt_paged_plan *out, kpt_diag *diag)
+{
+    kpt_status st = check_paged(k, diag);
+    if (st)
+        return st;
+    if (!shape || !out)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "%s is NULL",
+                            !shape ? "shape" : "out");
+    const kpt_kernel_desc *d = &k->desc;
+    if ((d->num_heads_q && shape->num_heads_q != d->num_heads_q) ||
+        (d->num_heads_kv && shape->num_heads_kv != d->num_heads_kv))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the shape has %d:%d heads; this kernel was made for %d:%d",
+                            shape->num_heads_q, shape->num_heads_kv, d->num_heads_q,
+                            d->num_heads_kv);
+    kpt_backend *b = k->mod->ctx->backend;
+    return b->ops->paged_plan(b, k->mod->impl, shape, out, diag);
+}
+
+kpt_status kpt_paged_run(const kpt_kernel *k, const kpt_paged_plan *plan,
+                         const kpt_paged_args *args, void *workspace, size_t workspace_bytes,
+                         void *stream, kpt_diag *diag)
+{
+    kpt_status st = check_paged(k, diag);
+    if (st)
+        return st;
+    if (!plan || !args)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "%s is NULL", !plan ? "plan" : "args");
+    kpt_backend *b = k->mod->ctx->backend;
+    return b->ops->launch_paged(b, k->mod->impl, plan, args, (uint64_t)(uintptr_t)workspace,
+                                workspace_bytes, stream, diag);
 }
 
 kpt_status kpt_blockmap_create(const kpt_kernel *k, const kpt_attention_args *args, void *stream,

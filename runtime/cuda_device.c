@@ -10,6 +10,7 @@
 #include "base/clock.h"
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
+#include "runtime/paged_args.h"
 #include "runtime/cuda_device.h"
 #include "runtime/cuda_tma.h"
 
@@ -36,6 +37,8 @@ kpt_status kpt_cuda_device_open(int ordinal, kpt_cuda_device *dev, kpt_diag *dia
     KPT_CU_TRY(diag, cu->DeviceGetAttribute(&minor, KPT_CU_ATTR_CC_MINOR, dev->dev));
     KPT_CU_TRY(diag, cu->DeviceGetAttribute(&dev->sm_count, KPT_CU_ATTR_SM_COUNT, dev->dev));
     KPT_CU_TRY(diag, cu->DeviceGetAttribute(&dev->smem_optin, KPT_CU_ATTR_SMEM_OPTIN, dev->dev));
+    KPT_CU_TRY(diag,
+               cu->DeviceGetAttribute(&dev->smem_per_sm, KPT_CU_ATTR_SMEM_PER_SM, dev->dev));
     KPT_CU_TRY(diag, cu->DeviceGetName(dev->name, (int)sizeof(dev->name) - 1, dev->dev));
     dev->sm = major * 10 + minor;
     if (dev->sm < 80)
@@ -114,6 +117,19 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
     return st ? st : get_big_function(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, diag);
 }
 
+static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
+{
+    static const char *const names[] = KPT_CUDA_PAGED_ENTRIES;
+    for (int i = 0; i < 3; i++) {
+        kpt_status st = get_big_function(k, &k->paged[i], names[i], diag);
+        if (st)
+            return st;
+    }
+    CUresult r = k->dev->cu->ModuleGetFunction(&k->paged_combine, k->module,
+                                               KPT_CUDA_PAGED_COMBINE_ENTRY);
+    return r ? kpt_cu_fail(diag, KPT_CUDA_PAGED_COMBINE_ENTRY, r) : KPT_OK;
+}
+
 kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p,
                                 const kpt_kernel_plan *plan, const void *cubin,
                                 kpt_cuda_kernel **out, kpt_diag *diag)
@@ -135,6 +151,7 @@ kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p
         st = kpt_cu_fail(diag, "cuModuleLoadData", r);
     if (!st)
         st = plan->cfg.kind == KPT_KERNEL_BACKWARD ? load_backward(k, diag)
+             : plan->cfg.kind == KPT_KERNEL_PAGED  ? load_paged(k, diag)
                                                    : load_attention(k, diag);
     if (!st && plan->has_blockmap &&
         (r = cu->ModuleGetFunction(&k->blockmap, k->module, KPT_CUDA_BLOCKMAP_ENTRY)))
@@ -259,8 +276,8 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
     if (!k)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel is NULL");
     if (k->plan.cfg.kind != KPT_KERNEL_FORWARD)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "this is a backward kernel: launch it with the backward");
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "this is a %s kernel, not a forward one",
+                            k->plan.cfg.kind == KPT_KERNEL_PAGED ? "serving" : "backward");
     kpt_kernel_args a;
     kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (st)
@@ -403,4 +420,75 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
     if (tmp_ws)
         cu->MemFreeAsync(tmp_ws, stream);
     return st;
+}
+
+/* ---- serving ----------------------------------------------------------------------------- */
+
+kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *shape,
+                               kpt_paged_plan *out, kpt_diag *diag)
+{
+    if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "not a serving kernel (get it with KPT_DESC_PAGED)");
+    /* CTAs resident per SM: shared memory bounds them (the static part and the 1 KB the
+     * driver reserves per CTA included), as do the 2048 threads of an SM */
+    size_t per_cta = k->plan.smem_bytes + sizeof(kpt_kernel_args) + KPT_CLS_CAP_BYTES + 1024;
+    int per_sm = k->dev->smem_per_sm > 0 ? (int)((size_t)k->dev->smem_per_sm / per_cta) : 1;
+    int max_threads = 2048 / (k->plan.warps * 32);
+    per_sm = per_sm < 1 ? 1 : per_sm > max_threads ? max_threads : per_sm;
+    return kpt_paged_plan_compute(shape, k->dev->sm_count * per_sm, KPT_PAGED_ROWS,
+                                  k->plan.cfg.dv, out, diag);
+}
+
+kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
+                          const kpt_paged_args *args, CUdeviceptr workspace,
+                          size_t workspace_bytes, CUstream stream, kpt_diag *diag)
+{
+    if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "not a serving kernel (get it with KPT_DESC_PAGED)");
+    kpt_kernel_args a;
+    kpt_kernel_pargs pa;
+    kpt_status st = kpt_kernel_paged_pack(k->pattern, &k->plan, "CUDA", plan, args, &a, &pa, diag);
+    if (st)
+        return st;
+    if (plan->rows > KPT_PAGED_ROWS || plan->rows < 1 || plan->splits < 1 ||
+        plan->splits > KPT_PAGED_MAX_SPLITS || plan->q_per_block < 1)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the plan was not made by kpt_paged_plan_make for this kernel");
+    if (workspace && workspace_bytes < plan->workspace_bytes)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "workspace of %zu bytes; the plan needs %zu", workspace_bytes,
+                            plan->workspace_bytes);
+    if (workspace % 256)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "workspace must be 256-byte aligned");
+    int64_t blocks = (int64_t)plan->batch * plan->q_blocks;
+    if (blocks == 0)
+        return KPT_OK;
+    if ((st = kpt_cuda_make_current(k->dev, diag)))
+        return st;
+    const kpt_cu_api *cu = k->dev->cu;
+    CUdeviceptr tmp = 0;
+    if (plan->workspace_bytes && !workspace) {
+        KPT_CU_TRY(diag, cu->MemAllocAsync(&tmp, plan->workspace_bytes, stream));
+        workspace = tmp;
+    }
+    if (plan->splits > 1) {
+        pa.part_o = workspace;
+        pa.part_lse = workspace + kpt_paged_part_lse_offset(plan, k->plan.cfg.dv);
+    }
+    int wr = (plan->rows + 15) / 16; /* 1, 2 or 4 row blocks of 16 */
+    CUfunction f = k->paged[wr <= 1 ? 0 : wr <= 2 ? 1 : 2];
+    void *params[] = {&a, &pa};
+    CUresult r = cu->LaunchKernel(f, (unsigned)(blocks * plan->splits), (unsigned)a.Hkv, 1,
+                                  (unsigned)(k->plan.warps * 32), 1, 1,
+                                  (unsigned)k->plan.smem_bytes, stream, params, NULL);
+    if (!r && plan->splits > 1)
+        r = cu->LaunchKernel(k->paged_combine, (unsigned)blocks, (unsigned)a.Hkv, 1, 128, 1, 1, 0,
+                             stream, params, NULL);
+    if (tmp)
+        cu->MemFreeAsync(tmp, stream);
+    if (r)
+        return kpt_cu_fail(diag, "cuLaunchKernel(paged)", r);
+    return KPT_OK;
 }

@@ -9,6 +9,7 @@
 #define KPT_RUNTIME_CUDA_DEVICE_H
 
 #include <kpt/reference.h>
+#include <kpt/serving.h>
 
 #include "compiler/plan_tiles.h"
 #include "vendor/api_cuda.h"
@@ -21,6 +22,7 @@ typedef struct kpt_cuda_device {
     int sm;        /* compute capability x 10 */
     int sm_count;
     int smem_optin;
+    int smem_per_sm;
     char name[128];
 } kpt_cuda_device;
 
@@ -31,6 +33,7 @@ typedef struct kpt_cuda_kernel {
     CUmodule module;
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
     CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux; /* backward kernels (no attention) */
+    CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
 } kpt_cuda_kernel;
@@ -73,6 +76,14 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
  * needs it. Asynchronous: errors of the kernel itself surface at the next synchronisation. */
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                               CUdeviceptr map, CUstream stream, kpt_diag *diag);
+
+/* The plan of a serving batch on this device (include/kpt/serving.h). */
+kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *shape,
+                               kpt_paged_plan *out, kpt_diag *diag);
+/* A serving run under `plan` on `stream` (workspace 0: a temporary one, stream-ordered). */
+kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
+                          const kpt_paged_args *args, CUdeviceptr workspace,
+                          size_t workspace_bytes, CUstream stream, kpt_diag *diag);
 
 /* Bytes of workspace kpt_cuda_attention_backward needs for these arguments and gradients
  * (grads NULL: without aux gradients; otherwise validated as the launch does). */

@@ -38,6 +38,32 @@ static uint32_t float_bits(float f)
     return u;
 }
 
+kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_binding *bind,
+                                       kpt_kernel_args *out, kpt_diag *diag)
+{
+    out->scale = (float)bind->scale;
+    out->scale_log2 = (float)(bind->scale * 1.4426950408889634);
+    for (int i = 0; i < p->num_scalars; i++)
+        out->scalars[i] = p->scalars[i].type == KPT_IR_F32 ? float_bits((float)bind->scalars[i].f)
+                                                           : (uint32_t)bind->scalars[i].i;
+    for (int i = 0; i < p->num_aux; i++) {
+        const kpt_ir_auxview *v = &bind->aux[i];
+        if ((uintptr_t)v->data % (uintptr_t)kpt_dtype_size(v->dtype))
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "aux tensor '%s': data pointer not aligned to its element size",
+                                p->aux[i].name);
+        out->aux[i].ptr = (uint64_t)(uintptr_t)v->data;
+        for (int d = 0; d < 3; d++) {
+            if (d < v->rank && v->shape[d] > INT32_MAX)
+                return kpt_diag_set(diag, KPT_ERR_LIMIT, "aux tensor '%s' is too large",
+                                    p->aux[i].name);
+            out->aux[i].dim[d] = d < v->rank ? (int32_t)v->shape[d] : 1;
+            out->aux[i].stride[d] = d < v->rank ? v->stride[d] : 0;
+        }
+    }
+    return KPT_OK;
+}
+
 /* kpt_kernel_args_pack for arguments kpt_attn_bind accepted as `bind`. */
 static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, const char *backend,
                              const kpt_attention_args *a, const kpt_attn_binding *bind,
@@ -80,26 +106,8 @@ static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, co
     out->group = (int32_t)(s->Hq / s->Hkv);
     out->n_qt = (int32_t)((s->Sq + pl->bm - 1) / pl->bm);
     out->n_kt = (int32_t)((s->Skv + pl->bn - 1) / pl->bn);
-    out->scale = (float)bind->scale;
-    out->scale_log2 = (float)(bind->scale * 1.4426950408889634);
-    for (int i = 0; i < p->num_scalars; i++)
-        out->scalars[i] = p->scalars[i].type == KPT_IR_F32 ? float_bits((float)bind->scalars[i].f)
-                                                           : (uint32_t)bind->scalars[i].i;
-    for (int i = 0; i < p->num_aux; i++) {
-        const kpt_ir_auxview *v = &bind->aux[i];
-        if ((uintptr_t)v->data % (uintptr_t)kpt_dtype_size(v->dtype))
-            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                                "aux tensor '%s': data pointer not aligned to its element size",
-                                p->aux[i].name);
-        out->aux[i].ptr = (uint64_t)(uintptr_t)v->data;
-        for (int d = 0; d < 3; d++) {
-            if (d < v->rank && v->shape[d] > INT32_MAX)
-                return kpt_diag_set(diag, KPT_ERR_LIMIT, "aux tensor '%s' is too large",
-                                    p->aux[i].name);
-            out->aux[i].dim[d] = d < v->rank ? (int32_t)v->shape[d] : 1;
-            out->aux[i].stride[d] = d < v->rank ? v->stride[d] : 0;
-        }
-    }
+    if ((st = kpt_kernel_args_pack_extras(p, bind, out, diag)))
+        return st;
     /* block map layout [b?][h?][q tile][kv tile] */
     int64_t per_q = out->n_kt, per_h = per_q * out->n_qt;
     int64_t per_b = per_h * (pl->bm_per_h ? s->Hq : 1);

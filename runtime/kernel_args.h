@@ -11,6 +11,7 @@
 #include <kpt/reference.h>
 
 #include "compiler/plan_tiles.h"
+#include "runtime/attention_args.h"
 
 typedef struct kpt_kernel_aux_arg {
     uint64_t ptr;
@@ -44,6 +45,21 @@ typedef struct kpt_kernel_gargs {
 } kpt_kernel_gargs;
 
 _Static_assert(sizeof(kpt_kernel_gargs) == 432, "kpt_kernel_gargs layout");
+
+/* The scale, runtime scalars and aux tensors of a binding into `out` (the rest untouched). */
+kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_binding *bind,
+                                       kpt_kernel_args *out, kpt_diag *diag);
+
+/* The serving arguments of the paged kernels: the host twin of `struct kpt_pargs` in
+ * templates/cuda/paged.cu. */
+typedef struct kpt_kernel_pargs {
+    uint64_t page_table, cu_q, kv_lens, sinks, part_o, part_lse;
+    int64_t pt_stride, sink_stride;
+    int32_t page_size, page_shift, num_pages, max_pages;
+    int32_t T, splits, q_blocks, q_per_block, rows, paged;
+} kpt_kernel_pargs;
+
+_Static_assert(sizeof(kpt_kernel_pargs) == 104, "kpt_kernel_pargs layout");
 
 /* Validates `a` against the pattern and plan of a kernel (dtypes, head dims, strides, alignment,
  * sizes; `backend` names the backend in messages) and fills `out`; out->blockmap stays 0. */

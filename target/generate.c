@@ -16,6 +16,7 @@ const char *kpt_kernel_kind_name(kpt_kernel_kind kind)
     switch (kind) {
     case KPT_KERNEL_FORWARD: return "forward";
     case KPT_KERNEL_BACKWARD: return "backward";
+    case KPT_KERNEL_PAGED: return "paged";
     default: return "?";
     }
 }

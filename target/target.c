@@ -14,7 +14,7 @@ extern const kpt_rtc kpt_rtc_nvrtc, kpt_rtc_hip, kpt_rtc_glslang; /* generate.c 
 #define CUDA_DIMS "32, 64, 96, 128 and 256"
 #define CUDA(nm, sm_, wg) \
     {nm, KPT_BACKEND_CUDA, &kpt_dialect_cuda, {.sm = sm_, .wgmma = wg}, kpt_plan_tiles_cuda, \
-     kpt_cuda_source, &kpt_rtc_nvrtc, KIND(FORWARD) | KIND(BACKWARD), DT(F16) | DT(BF16), \
+     kpt_cuda_source, &kpt_rtc_nvrtc, KIND(FORWARD) | KIND(BACKWARD) | KIND(PAGED), DT(F16) | DT(BF16), \
      KPT_DTYPE_BF16, 0, CUDA_DIMS, "CUBIN"}
 #define HIP(nm, gfx_) \
     {nm, KPT_BACKEND_HIP, &kpt_dialect_hip, {.gfx = gfx_}, kpt_plan_tiles_hip, kpt_hip_source, \

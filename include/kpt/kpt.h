@@ -7,6 +7,7 @@
 #include <kpt/pattern.h>
 #include <kpt/reference.h>
 #include <kpt/runtime.h>
+#include <kpt/serving.h>
 
 #ifdef __cplusplus
 extern "C" {

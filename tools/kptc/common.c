@@ -64,6 +64,7 @@ static const char **slot(kptc_options *o, int code)
     case KPTC_OPT_SMEM: return &o->smem;
     case KPTC_OPT_BLOCKMAP: return &o->blockmap;
     case KPTC_OPT_BACKWARD: return &o->backward;
+    case KPTC_OPT_PAGED: return &o->paged;
     case 'o': return &o->output;
     case 'j': return &o->jobs;
     default: return NULL;

@@ -63,7 +63,9 @@ static int emit_target(const kptc_options *o, kpt_pattern *p, const char *what, 
     if (!t || t->backend != be)
         return kptc_usage_error("--target '%s': --emit %s takes %s", name, what,
                                 kpt_target_list(be, list, sizeof(list)));
-    kpt_kernel_request rq = {.kind = o->backward ? KPT_KERNEL_BACKWARD : KPT_KERNEL_FORWARD,
+    kpt_kernel_request rq = {.kind = o->backward ? KPT_KERNEL_BACKWARD
+                                     : o->paged  ? KPT_KERNEL_PAGED
+                                                 : KPT_KERNEL_FORWARD,
                              .dtype = t->default_dtype};
     if (parse_head_dims(o->head_dim, &rq.dqk, &rq.dv))
         return kptc_usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
@@ -139,6 +141,7 @@ int kptc_cmd_emit(int argc, char **argv)
         {"smem", required_argument, NULL, KPTC_OPT_SMEM},
         {"blockmap", no_argument, NULL, KPTC_OPT_BLOCKMAP},
         {"backward", no_argument, NULL, KPTC_OPT_BACKWARD},
+        {"paged", no_argument, NULL, KPTC_OPT_PAGED},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {0},

@@ -58,6 +58,7 @@ enum {
     KPTC_OPT_SCALAR,
     KPTC_OPT_AUX,
     KPTC_OPT_BACKWARD,
+    KPTC_OPT_PAGED,
 };
 
 typedef struct kptc_options {
@@ -66,6 +67,7 @@ typedef struct kptc_options {
     int npatterns;
     const char *emit, *dump_after, *target, *head_dim, *verbose, *backend, *shape, *dtype;
     const char *layout, *seed, *tile, *save, *smem, *blockmap, *backward, *output, *jobs;
+    const char *paged;
     const char *params[KPTC_MAX_KV];
     int nparams;
     const char *scalars[KPTC_MAX_KV];

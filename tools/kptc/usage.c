@@ -35,6 +35,8 @@
     "      --smem BYTES              spirv: the device's shared memory (default 32768; 49152\n" \
     "                                for spirv:coopmat); portable kernels use at most 32768\n" \
     "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n" \
+    "      --paged                   the serving kernels (paged KV, ragged batches, split-KV\n" \
+    "                                decode; CUDA targets, head dims up to 128)\n" \
     "      --backward                the backward kernels (gradients; CUDA targets, head dims\n" \
     "                                up to 128)\n" \
     "      --verbose                 print the compiler's time and log (ptxas's register/spill\n" \

@@ -1,0 +1,57 @@
+/* Serving calls (include/kpt/serving.h): validation of kpt_paged_args against a pattern, the
+ * plan (how a batch's lengths become a launch grid) and the argument blocks of the CUDA paged
+ * kernels. Shared by the CPU reference and every backend, so they accept and refuse the same
+ * calls with the same messages. */
+#ifndef KPT_RUNTIME_PAGED_ARGS_H
+#define KPT_RUNTIME_PAGED_ARGS_H
+
+#include <stdbool.h>
+
+#include <kpt/serving.h>
+
+#include "runtime/attention_args.h"
+#include "runtime/kernel_args.h"
+
+/* Keys per tile of the paged kernels and the most rows (query tokens times a kv head's query
+ * heads) of one CTA: the twins of KPT_BN in the paged plan and KPT_PG_ROWS in paged.cu. */
+#define KPT_PAGED_TILE 64
+#define KPT_PAGED_ROWS 64
+#define KPT_PAGED_MAX_PAGE 256
+#define KPT_CLS_CAP_BYTES 2048 /* the kernels' static tile-class cache: KPT_CLS_CAP in common.cu */
+#define KPT_PAGED_MAX_SPLITS 256
+
+typedef struct kpt_paged_binding {
+    int64_t B, T, Hq, Hkv, Dqk, Dv;
+    int64_t num_pages, page_size, max_pages; /* max_pages: page-table columns (0: not paged) */
+    bool paged;
+    kpt_attn_binding bind; /* scale, scalars, aux; shape Sq = Skv = the longest kv length */
+} kpt_paged_binding;
+
+/* Checks what the host can see of a serving call (ranks, shapes, strides, dtypes; not the
+ * contents of the length arrays) and binds its scale, scalars and aux tensors for sequences of
+ * at most max_kv keys (max_kv < 0: the tensors only, nothing bound). */
+kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t max_kv,
+                          kpt_paged_binding *out, kpt_diag *diag);
+
+/* A plan for shape `s`: `slots` is how many CTAs of the kernel the device runs at once (0: no
+ * device, as on the CPU backend: never split), `group_max` the largest GQA ratio the kernel
+ * takes (0: any), `dv` its value head dim (for the workspace). */
+kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group_max, int dv,
+                                  kpt_paged_plan *out, kpt_diag *diag);
+
+/* Whether a call bound as `pb` fits `plan` (batch and head counts). */
+kpt_status kpt_paged_check_plan(const kpt_paged_plan *plan, const kpt_paged_binding *pb,
+                                kpt_diag *diag);
+
+/* The CUDA paged kernels' argument blocks for a call that fits `plan`: `out` takes q, k, v, o
+ * and lse with their strides (q, o, lse per token and head; k and v per page, row and head),
+ * the scale, scalars and aux tensors; `pout` the rest. Workspace pointers stay 0. */
+kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                                 const char *backend, const kpt_paged_plan *plan,
+                                 const kpt_paged_args *a, kpt_kernel_args *out,
+                                 kpt_kernel_pargs *pout, kpt_diag *diag);
+
+/* Offsets of the partial results in the workspace (O, then LSE, 256-byte aligned). */
+size_t kpt_paged_part_lse_offset(const kpt_paged_plan *plan, int dv);
+
+#endif

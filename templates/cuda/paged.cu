@@ -1,0 +1,533 @@
+// The serving kernels (kind "paged"), inserted into templates/cuda/common.cu by
+// codegen/cuda_source.c: ragged queries (cu_seqlens) against a paged or contiguous KV cache,
+// split over the keys (flash-decoding), and the combine that merges the splits by their LSE.
+//
+// Positions are logical (docs/serving.md): sequence b has kv_len keys and q_len new queries, its
+// query i sits at position kv_len - q_len + i, and the pattern sees Sq = Skv = kv_len, so a
+// causal mask is bottom-right. A CTA owns one (sequence, block of its queries, kv head, split):
+// its rows are the block's query tokens times the kv head's query heads (row r is token r / group,
+// head hk * group + r % group), so each K/V byte is read once for the whole GQA group. Its four
+// warps split the rows (WR blocks of 16) and the keys of each 64-key tile (WK = 4 / WR slices),
+// and merge their softmax states through shared memory at the end.
+
+// The serving arguments; runtime/kernel_args.h holds the host twin (kpt_kernel_pargs).
+struct kpt_pargs {
+    u64 page_table, cu_q, kv_lens, sinks, part_o, part_lse;
+    i64 pt_stride, sink_stride; // elements between page-table rows / sink values
+    int page_size, page_shift;  // rows per page; log2 of it, or -1 when not a power of two
+    int num_pages, max_pages;   // pages in the cache; page-table columns
+    int T;                      // query rows of q and o
+    int splits, q_blocks, q_per_block; // grid x: B * q_blocks * splits; y: kv heads
+    int rows;                   // q_per_block * group
+    int paged;                  // 0: no page table, sequence b's keys are the cache's row b
+};
+static_assert(sizeof(kpt_pargs) == 104, "kpt_pargs layout");
+
+#define KPT_PG_ROWS 64 // rows of a CTA at most (and of each partial result in the workspace)
+#define KPT_PG_NAN __int_as_float(0x7fc00000)
+
+// The page holding key `pos` of the sequence whose page-table row is `ptrow` (and `off`, the
+// key's row in it), or -1 when the table does not hold it: past its columns, or a page id
+// outside the cache. Such keys read as zeros (never out of bounds).
+__device__ __forceinline__ int kpt_pg_page(const kpt_pargs &P, const int *ptrow, int b, int pos,
+                                           int &off)
+{
+    if (!P.paged) {
+        off = pos;
+        return pos < P.page_size ? b : -1;
+    }
+    int pi;
+    if (P.page_shift >= 0) {
+        pi = pos >> P.page_shift;
+        off = pos & (P.page_size - 1);
+    } else {
+        pi = pos / P.page_size;
+        off = pos - pi * P.page_size;
+    }
+    if (pi >= P.max_pages) return -1;
+    const int page = ptrow[pi];
+    return (u32)page < (u32)P.num_pages ? page : -1;
+}
+
+// Keys [k0, k0 + KPT_BN) of one sequence and kv head (D elements a row, `base` the head's first
+// element, sp and sr the page and row strides) into shared memory with row stride STR; rows past
+// the length, or not in the table, are zero-filled so they contribute nothing.
+template <int D, int STR>
+__device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i64 sr,
+                                            const kpt_pargs &P, const int *ptrow, int b, int k0,
+                                            int kv_len)
+{
+    constexpr int CH = D / 8, N = KPT_BN * CH, ITERS = (N + KPT_THREADS - 1) / KPT_THREADS;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int i = (int)threadIdx.x + it * KPT_THREADS;
+        if (N % KPT_THREADS != 0 && i >= N) break;
+        const int r = i / CH, c = i % CH, pos = k0 + r;
+        int off = 0;
+        const int page = pos < kv_len ? kpt_pg_page(P, ptrow, b, pos, off) : -1;
+        const bool ok = page >= 0;
+        const u16 *g = base + (ok ? (i64)page * sp + (i64)off * sr : 0) + c * 8;
+        kpt_cp16(dst + (u32)(r * STR + c * 8) * 2u, g, ok);
+    }
+}
+
+#if KPT_HAS_MASK
+// The class of keys [k0, k1] against query positions [qa, qz] for every head of kv head hk
+// (0 nothing kept, 2 everything, 1 mixed or unknown).
+__device__ __forceinline__ int kpt_pg_class(const kpt_args &A, int b, int hk, int qa, int qz,
+                                            int k0, int k1)
+{
+    int c = kpt_tile_interval(A, b, hk * A.group, qa, qz, k0, k1);
+#if KPT_MASK_PER_H
+    for (int g = 1; g < A.group && c != 1; g++)
+        if (kpt_tile_interval(A, b, hk * A.group + g, qa, qz, k0, k1) != c) c = 1;
+#endif
+    return c;
+}
+#endif
+
+// The online softmax over one m16 row block of N * 8 scores in log2 units (this thread's rows
+// lane / 4 and lane / 4 + 8): the scores become probabilities, O and l are rescaled to the new
+// row maxima m.
+template <int N>
+__device__ __forceinline__ void kpt_pg_softmax(float (&S)[N][4], float *m, float *l,
+                                               float (&O)[KPT_DV / 8][4])
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = KPT_NINF;
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            mx = fmaxf(mx, fmaxf(S[n][2 * r], S[n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[r], mx);
+        const float muse = mnew == KPT_NINF ? 0.0f : mnew; // no -inf - -inf
+        const float alpha = kpt_ex2(m[r] - muse);
+        m[r] = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            S[n][2 * r] = kpt_ex2(S[n][2 * r] - muse);
+            S[n][2 * r + 1] = kpt_ex2(S[n][2 * r + 1] - muse);
+            sum += S[n][2 * r] + S[n][2 * r + 1];
+        }
+        l[r] = l[r] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < KPT_DV / 8; n++) {
+            O[n][2 * r] *= alpha;
+            O[n][2 * r + 1] *= alpha;
+        }
+    }
+}
+
+// What a CTA works on.
+struct kpt_pg_work {
+    int b, qb, split, hk;
+    int t0, q_len, kv_len; // the sequence's first row in q and o, its queries and keys
+    int i0, n_tok;         // the block's first query (within the sequence) and its count
+};
+
+__device__ __forceinline__ kpt_pg_work kpt_pg_work_of(const kpt_args &A, const kpt_pargs &P,
+                                                      int x, int hk, int splits)
+{
+    kpt_pg_work w;
+    w.split = x % splits;
+    x /= splits;
+    w.qb = x % P.q_blocks;
+    w.b = x / P.q_blocks;
+    w.hk = hk;
+    const int *cu = (const int *)P.cu_q;
+    w.t0 = cu[w.b];
+    w.q_len = max(cu[w.b + 1] - w.t0, 0);
+    w.kv_len = max(((const int *)P.kv_lens)[w.b], 0);
+    w.i0 = w.qb * P.q_per_block;
+    w.n_tok = max(min(P.q_per_block, w.q_len - w.i0), 0);
+    return w;
+}
+
+// The element of o (or of lse, d < 0) for query row t and head h.
+__device__ __forceinline__ void kpt_pg_store(const kpt_args &A, int t, int h, int d, float x)
+{
+    if (d < 0) {
+        if (A.lse) ((float *)A.lse)[(i64)t * A.lses[0] + (i64)h * A.lses[1]] = x;
+        return;
+    }
+    u16 *go = (u16 *)A.o + (i64)t * A.os[0] + (i64)h * A.os[1];
+    go[d] = (u16)(kpt_pack(x, 0.0f) & 0xffffu);
+}
+
+// A sequence with more queries than the plan's blocks cover gets NaN in those rows (a plan made
+// for other lengths must not give a silent wrong answer); one CTA per sequence writes them.
+__device__ __forceinline__ void kpt_pg_overflow(const kpt_args &A, const kpt_pargs &P,
+                                                const kpt_pg_work &w)
+{
+    const int cap = P.q_blocks * P.q_per_block;
+    if (w.qb != P.q_blocks - 1 || w.split != 0 || w.hk != 0 || w.q_len <= cap) return;
+    for (i64 e = threadIdx.x; e < (i64)(w.q_len - cap) * A.Hq * (KPT_DV + 1); e += KPT_THREADS) {
+        const int d = (int)(e % (KPT_DV + 1)) - 1;
+        const i64 rh = e / (KPT_DV + 1);
+        const int t = w.t0 + cap + (int)(rh / A.Hq), h = (int)(rh % A.Hq);
+        if ((u32)t < (u32)P.T) kpt_pg_store(A, t, h, d, KPT_PG_NAN);
+    }
+}
+
+// One row of the CTA: its head, logical position and row of q and o (t = -1: a padding row).
+struct kpt_pg_row {
+    int h, qpos, t;
+};
+
+__device__ __forceinline__ kpt_pg_row kpt_pg_row_of(const kpt_args &A, const kpt_pargs &P,
+                                                    const kpt_pg_work &w, int r)
+{
+    kpt_pg_row x;
+    const int tok = r / A.group;
+    x.h = w.hk * A.group + r % A.group;
+    x.qpos = w.kv_len - w.q_len + w.i0 + tok;
+    x.t = w.t0 + w.i0 + tok;
+    if (r >= P.rows || tok >= w.n_tok || (u32)x.t >= (u32)P.T) x.t = -1;
+    return x;
+}
+
+// The end of a CTA: one row's merged softmax state (M in log2 units, L, o = O / L) written as
+// the result (a single split, the sink joining the denominator here) or as a partial result.
+__device__ __forceinline__ void kpt_pg_finish(const kpt_args &A, const kpt_pargs &P,
+                                              const kpt_pg_work &w, int r, const kpt_pg_row &x,
+                                              int d, float M, float L, float o)
+{
+    const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
+    if (P.splits > 1) {
+        const i64 slot = (((i64)(w.b * P.q_blocks + w.qb) * P.splits + w.split) * A.Hkv + w.hk) *
+                             KPT_PG_ROWS + r;
+        if (d < 0)
+            ((float *)P.part_lse)[slot] = lse2;
+        else
+            ((float *)P.part_o)[slot * KPT_DV + d] = o;
+        return;
+    }
+    float tot = lse2;
+    if (P.sinks) {
+        const float s2 = ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E;
+        const float mm = fmaxf(lse2, s2);
+        tot = mm == KPT_NINF ? KPT_NINF : mm + __log2f(kpt_ex2(lse2 - mm) + kpt_ex2(s2 - mm));
+        o *= L > 0.0f ? kpt_ex2(lse2 - tot) : 0.0f;
+    }
+    kpt_pg_store(A, x.t, x.h, d, d < 0 ? tot * KPT_LN2 : o);
+}
+
+template <int WR>
+__device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
+{
+    constexpr int WK = KPT_WARPS / WR, KW = KPT_BN / WK; // key slices a tile, keys a slice
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    __shared__ kpt_args A; // the launch's, with Sq = Skv = the sequence's kv length
+    const u32 sQ = kpt_smem_addr(kpt_smem);
+    const u32 sK = sQ + KPT_PG_ROWS * KPT_QSTR * 2;
+    const u32 sV = sK + KPT_STAGES * KPT_BN * KPT_KSTR * 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wr = warp / WK, wk = warp % WK;
+
+    const kpt_pg_work w = kpt_pg_work_of(Ag, P, (int)blockIdx.x, (int)blockIdx.y, P.splits);
+    kpt_pg_overflow(Ag, P, w);
+    if (w.n_tok == 0) return; // a block past the sequence's queries: the combine skips it too
+    const int b = w.b, hk = w.hk, kv_len = w.kv_len;
+    const int n_kt = (kv_len + KPT_BN - 1) / KPT_BN;
+    for (int i = tid; i < (int)(sizeof(kpt_args) / 4); i += KPT_THREADS)
+        ((u32 *)&A)[i] = ((const u32 *)&Ag)[i];
+    __syncthreads();
+    if (tid == 0) {
+        A.Sq = A.Skv = kv_len;
+        A.n_kt = n_kt;
+    }
+
+    // Q: the block's rows, gathered from their tokens and heads.
+    {
+        constexpr int CH = KPT_DQK / 8;
+        for (int i = tid; i < KPT_PG_ROWS * CH; i += KPT_THREADS) {
+            const int r = i / CH, c = i % CH;
+            const kpt_pg_row x = kpt_pg_row_of(Ag, P, w, r);
+            const bool ok = x.t >= 0;
+            const u16 *g = (const u16 *)Ag.q + (ok ? (i64)x.t * Ag.qs[0] + (i64)x.h * Ag.qs[1] : 0);
+            kpt_cp16(sQ + (u32)(r * KPT_QSTR + c * 8) * 2u, g + c * 8, ok);
+        }
+        kpt_cp_commit();
+    }
+    __syncthreads();
+
+    // This thread's two rows.
+    kpt_pg_row rw[2];
+    kpt_uniform U[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        rw[rr] = kpt_pg_row_of(A, P, w, wr * 16 + (lane >> 2) + rr * 8);
+        kpt_uniform_init(A, b, rw[rr].h, U[rr]);
+    }
+
+    // The live key tiles [lo, hi] of the block's rows, then this split's share of them.
+    int lo = 0, hi = n_kt - 1;
+#if KPT_HAS_MASK
+    __shared__ int s_lo, s_hi;
+    __shared__ unsigned char s_cls[KPT_CLS_CAP];
+    const int qa = kv_len - w.q_len + w.i0, qz = qa + w.n_tok - 1;
+    {
+        if (tid == 0) {
+            s_lo = n_kt;
+            s_hi = -1;
+        }
+        __syncthreads();
+        // Each thread classifies a run of tiles as one box first: most runs of a window or a
+        // causal mask are settled by that one test.
+        const int ta = (int)((i64)n_kt * tid / KPT_THREADS);
+        const int tz = (int)((i64)n_kt * (tid + 1) / KPT_THREADS);
+        int my_lo = n_kt, my_hi = -1;
+        if (ta < tz) {
+            const int cb = kpt_pg_class(A, b, hk, qa, qz, ta * KPT_BN, min(tz * KPT_BN, kv_len) - 1);
+            for (int t = ta; t < tz; t++) {
+                const int c = cb != 1 ? cb
+                                      : kpt_pg_class(A, b, hk, qa, qz, t * KPT_BN,
+                                                     min(t * KPT_BN + KPT_BN, kv_len) - 1);
+                if (t < KPT_CLS_CAP) s_cls[t] = (unsigned char)c;
+                if (c != 0) {
+                    my_lo = min(my_lo, t);
+                    my_hi = t;
+                }
+            }
+        }
+        if (my_hi >= 0) {
+            atomicMin(&s_lo, my_lo);
+            atomicMax(&s_hi, my_hi);
+        }
+        __syncthreads();
+        lo = s_lo;
+        hi = s_hi;
+    }
+#define KPT_PG_CLASS(t) ((t) < KPT_CLS_CAP ? (int)s_cls[t] \
+        : kpt_pg_class(A, b, hk, qa, qz, (t) * KPT_BN, min((t) * KPT_BN + KPT_BN, kv_len) - 1))
+#else
+    __syncthreads();
+#define KPT_PG_CLASS(t) 2
+#endif
+    {
+        const i64 n = hi >= lo ? hi - lo + 1 : 0;
+        const int beg = lo + (int)(n * w.split / P.splits);
+        hi = lo + (int)(n * (w.split + 1) / P.splits) - 1;
+        lo = beg;
+    }
+
+    float O[KPT_DV / 8][4];
+    float m[2] = {KPT_NINF, KPT_NINF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < KPT_DV / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) O[n][e] = 0.0f;
+
+    const int *ptrow = P.paged ? (const int *)P.page_table + (i64)b * P.pt_stride : nullptr;
+    const u16 *gK = (const u16 *)A.k + (i64)hk * A.ks[2];
+    const u16 *gV = (const u16 *)A.v + (i64)hk * A.vs[2];
+    auto next_live = [&](int t) {
+        while (t <= hi && KPT_PG_CLASS(t) == 0) t++;
+        return t;
+    };
+    auto load = [&](int t, int stage) {
+        kpt_pg_load<KPT_DQK, KPT_KSTR>(sK + stage * KPT_BN * KPT_KSTR * 2, gK, A.ks[0], A.ks[1],
+                                       P, ptrow, b, t * KPT_BN, kv_len);
+        kpt_pg_load<KPT_DV, KPT_VSTR>(sV + stage * KPT_BN * KPT_VSTR * 2, gV, A.vs[0], A.vs[1],
+                                      P, ptrow, b, t * KPT_BN, kv_len);
+    };
+
+    // The ring: KPT_STAGES - 1 tiles in flight ahead of the one computed.
+    int jl = next_live(lo);
+#pragma unroll 1
+    for (int s = 0; s < KPT_STAGES - 1; s++) {
+        if (jl <= hi) {
+            load(jl, s);
+            jl = next_live(jl + 1);
+        }
+        kpt_cp_commit();
+    }
+    kpt_cp_wait<KPT_STAGES - 1>(); // Q has arrived
+    __syncthreads();
+    u32 qf[KPT_DQK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < KPT_DQK / 16; kk++)
+        kpt_ldsm4(qf[kk], sQ + ((wr * 16 + (lane & 15)) * KPT_QSTR + kk * 16 + (lane >> 4) * 8) * 2);
+
+    int stage = 0;
+    for (int j = next_live(lo); j <= hi; j = next_live(j + 1)) {
+        if (jl <= hi) {
+            load(jl, (stage + KPT_STAGES - 1) % KPT_STAGES);
+            jl = next_live(jl + 1);
+        }
+        kpt_cp_commit();
+        kpt_cp_wait<KPT_STAGES - 1>();
+        __syncthreads();
+        const u32 tK = sK + stage * KPT_BN * KPT_KSTR * 2;
+        const u32 tV = sV + stage * KPT_BN * KPT_VSTR * 2;
+        const int kb = j * KPT_BN + wk * KW; // this warp's first key
+        const bool partial = KPT_PG_CLASS(j) != 2 || j * KPT_BN + KPT_BN > kv_len;
+
+        // Which pairs of a partial tile are kept, one bit each, decided before the scores hold
+        // registers (a mask that loads aux data runs in a rolled loop: KPT_MASK_UNROLL).
+        u32 keep = ~0u;
+        if (partial) {
+            KPT_MASK_UNROLL
+            for (int n = 0; n < KW / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int rr = e >> 1, kpos = kb + n * 8 + (lane & 3) * 2 + (e & 1);
+                    bool kp = kpos < kv_len;
+#if KPT_HAS_MASK
+                    kp = kp & kpt_mask(A, U[rr], b, rw[rr].h, rw[rr].qpos, kpos);
+#endif
+                    if (!kp) keep &= ~(1u << (n * 4 + e));
+                }
+        }
+        float S[KW / 8][4];
+#pragma unroll
+        for (int kk = 0; kk < KPT_DQK / 16; kk++)
+#pragma unroll
+            for (int np = 0; np < KW / 16; np++) {
+                u32 bk[4];
+                kpt_ldsm4(bk, tK + ((wk * KW + np * 16 + (lane & 7) + (lane >> 4) * 8) * KPT_KSTR +
+                                   kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+                if (kk == 0) {
+                    kpt_mma_z(S[2 * np], qf[kk], bk[0], bk[1]);
+                    kpt_mma_z(S[2 * np + 1], qf[kk], bk[2], bk[3]);
+                } else {
+                    kpt_mma(S[2 * np], qf[kk], bk[0], bk[1]);
+                    kpt_mma(S[2 * np + 1], qf[kk], bk[2], bk[3]);
+                }
+            }
+#pragma unroll
+        for (int n = 0; n < KW / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = S[n][e] * A.scale;
+#if KPT_HAS_SCORE
+                const int rr = e >> 1, kpos = kb + n * 8 + (lane & 3) * 2 + (e & 1);
+                x = kpt_score(A, U[rr], x, b, rw[rr].h, rw[rr].qpos, kpos);
+#endif
+                S[n][e] = (keep >> (n * 4 + e)) & 1 ? x * KPT_LOG2E : KPT_NINF;
+            }
+        kpt_pg_softmax<KW / 8>(S, m, l, O);
+#pragma unroll
+        for (int kk = 0; kk < KW / 16; kk++) {
+            u32 pa[4];
+            pa[0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
+            pa[1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
+            pa[2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
+            pa[3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < KPT_DV / 16; dp++) {
+                u32 bv[4];
+                kpt_ldsm4t(bv, tV + ((wk * KW + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
+                                         KPT_VSTR + dp * 16 + (lane >> 4) * 8) * 2);
+                kpt_mma(O[2 * dp], pa, bv[0], bv[1]);
+                kpt_mma(O[2 * dp + 1], pa, bv[2], bv[3]);
+            }
+        }
+        __syncthreads(); // the stage is refilled next
+        stage = (stage + 1) % KPT_STAGES;
+    }
+#undef KPT_PG_CLASS
+    kpt_cp_wait<0>();
+    __syncthreads();
+
+    // Merge the warps' states (the ring is free now): per warp 16 rows of O, then m and l.
+    float *scr = (float *)(kpt_smem + KPT_PG_ROWS * KPT_QSTR * 2);
+    constexpr int WSZ = 16 * KPT_DV + 32;
+    {
+        float *mine = scr + warp * WSZ;
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float sum = l[rr];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int row = (lane >> 2) + rr * 8;
+            if ((lane & 3) == 0) {
+                mine[16 * KPT_DV + row] = m[rr];
+                mine[16 * KPT_DV + 16 + row] = sum;
+            }
+#pragma unroll
+            for (int n = 0; n < KPT_DV / 8; n++) {
+                const int d = n * 8 + (lane & 3) * 2;
+                mine[row * KPT_DV + d] = O[n][2 * rr];
+                mine[row * KPT_DV + d + 1] = O[n][2 * rr + 1];
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < 16 * WR * (KPT_DV + 1); e += KPT_THREADS) {
+        const int r = e / (KPT_DV + 1), d = e % (KPT_DV + 1) - 1; // d = -1: the row's LSE
+        const kpt_pg_row x = kpt_pg_row_of(A, P, w, r);
+        if (x.t < 0) continue;
+        const float *base = scr + (r / 16) * WK * WSZ;
+        const int rl = r % 16;
+        float M = KPT_NINF;
+#pragma unroll
+        for (int s = 0; s < WK; s++) M = fmaxf(M, base[s * WSZ + 16 * KPT_DV + rl]);
+        const float Mu = M == KPT_NINF ? 0.0f : M;
+        float L = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int s = 0; s < WK; s++) {
+            const float a = kpt_ex2(base[s * WSZ + 16 * KPT_DV + rl] - Mu);
+            L += a * base[s * WSZ + 16 * KPT_DV + 16 + rl];
+            if (d >= 0) o += a * base[s * WSZ + rl * KPT_DV + d];
+        }
+        kpt_pg_finish(A, P, w, r, x, d, M, L, L > 0.0f ? o / L : 0.0f);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r1(const kpt_args A, const kpt_pargs P)
+{
+    kpt_paged_body<1>(A, P);
+}
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r2(const kpt_args A, const kpt_pargs P)
+{
+    kpt_paged_body<2>(A, P);
+}
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r4(const kpt_args A, const kpt_pargs P)
+{
+    kpt_paged_body<4>(A, P);
+}
+
+// The combine of P.splits partial results per (sequence, query block, kv head): one CTA each,
+// a warp per row, lanes over the head dim. The sink joins the denominator here.
+extern "C" __global__ void __launch_bounds__(128) kpt_paged_combine(const kpt_args A, const kpt_pargs P)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const kpt_pg_work w = kpt_pg_work_of(A, P, (int)blockIdx.x * P.splits, (int)blockIdx.y, P.splits);
+    const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
+    const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
+    for (int r = warp; r < w.n_tok * A.group; r += 4) {
+        const kpt_pg_row x = kpt_pg_row_of(A, P, w, r);
+        if (x.t < 0) continue;
+        float M = KPT_NINF;
+        for (int s = lane; s < P.splits; s += 32)
+            M = fmaxf(M, pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float s2 = P.sinks ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
+                                 : KPT_NINF;
+        M = fmaxf(M, s2);
+        const float Mu = M == KPT_NINF ? 0.0f : M;
+        float den = 0.0f;
+        for (int s = lane; s < P.splits; s += 32)
+            den += kpt_ex2(pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r] - Mu);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+        den += kpt_ex2(s2 - Mu);
+        const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+        for (int d = lane; d < KPT_DV; d += 32) {
+            float acc = 0.0f;
+            for (int s = 0; s < P.splits; s++) {
+                const i64 slot = (first + (i64)s * A.Hkv) * KPT_PG_ROWS + r;
+                const float ls = pl[slot];
+                if (ls != KPT_NINF) acc += kpt_ex2(ls - Mu) * po[slot * KPT_DV + d];
+            }
+            kpt_pg_store(A, x.t, x.h, d, acc * inv);
+        }
+        if (lane == 0)
+            kpt_pg_store(A, x.t, x.h, -1, den > 0.0f ? (M + __log2f(den)) * KPT_LN2 : KPT_NINF);
+    }
+}

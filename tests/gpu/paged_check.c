@@ -1,0 +1,419 @@
+/* paged_check: the serving kernels (include/kpt/serving.h) through the public API against the
+ * CPU reference, on fresh random inputs with poisoned outputs: patterns x page sizes (1, 16, 64,
+ * 256, no paging; token-major and head-major caches) x GQA ratios (1, 4, 8) x queries per
+ * sequence (1, 4, 16, ragged with 0 and 1) x kv lengths (short to 20k, split and unsplit), with
+ * and without sinks, and a plan made from bounds reused for shorter lengths.
+ *
+ *   paged_check [--backend cuda|cpu] [--quick] [--filter TEXT] [--seed N]
+ *
+ * Prints a line per failing case and a summary; exits 0 when every case passes, 1 when one
+ * fails, 77 (skip) when the backend has no device. On the CPU backend the kernels are the
+ * reference itself: that run checks the API's plumbing only. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kpt/kpt.h>
+
+#include "base/numeric.h"
+#include "tools/rng.h"
+
+typedef struct pcase {
+    const char *pattern;
+    kpt_dtype dtype;
+    int d, hq, hkv;
+    int page;        /* rows per page; 0: no page table */
+    bool head_major; /* cache [pages, Hkv, page, D] */
+    bool sinks;
+    int B;
+    int q[8], kv[8]; /* per sequence (the first B) */
+    bool bounds;     /* plan from bounds (max_q, max_kv) above the real lengths */
+} pcase;
+
+static kpt_context *ctx;
+
+static kpt_buffer *upload(const void *src, size_t n)
+{
+    kpt_buffer *b = NULL;
+    if (kpt_buffer_create(ctx, n ? n : 16, &b, NULL) || (n && kpt_buffer_write(b, 0, src, n, NULL)))
+        kpt_buffer_destroy(&b);
+    return b;
+}
+
+static void *normal(size_t n, kpt_dtype dt, kpt_rng *r)
+{
+    void *p = malloc((n ? n : 1) * (size_t)kpt_dtype_size(dt));
+    for (size_t i = 0; p && i < n; i++)
+        kpt_store_double(p, dt, (int64_t)i, kpt_rng_normal(r));
+    return p;
+}
+
+typedef struct host {
+    int T, P, maxp, maxkv;
+    int32_t cu[9], kv[8], *pt;
+    void *q, *k, *v, *doc_q, *doc_kv;
+    float sinks[64];
+    int32_t *docs;
+} host;
+
+/* The kernel's view of a cache of P pages. */
+static kpt_tensor cache_view(void *data, const pcase *c, int P, int rows, int d)
+{
+    kpt_tensor t = {.data = data, .dtype = c->dtype, .rank = 4,
+                    .shape = {P, rows, c->hkv, d}};
+    if (c->head_major) {
+        t.stride[3] = 1;
+        t.stride[2] = (int64_t)rows * d;
+        t.stride[1] = d;
+        t.stride[0] = (int64_t)c->hkv * rows * d;
+    } else {
+        t.stride[3] = 1;
+        t.stride[2] = d;
+        t.stride[1] = (int64_t)c->hkv * d;
+        t.stride[0] = (int64_t)rows * c->hkv * d;
+    }
+    return t;
+}
+
+static bool make_host(const pcase *c, kpt_rng *r, host *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->cu[0] = 0;
+    for (int b = 0; b < c->B; b++) {
+        h->cu[b + 1] = h->cu[b] + c->q[b];
+        h->kv[b] = c->kv[b];
+        h->maxkv = c->kv[b] > h->maxkv ? c->kv[b] : h->maxkv;
+    }
+    h->T = h->cu[c->B] + 3; /* rows no sequence owns stay untouched */
+    int rows = c->page ? c->page : h->maxkv;
+    if (c->page) {
+        h->maxp = (h->maxkv + c->page - 1) / c->page + 1;
+        for (int b = 0; b < c->B; b++)
+            h->P += (c->kv[b] + c->page - 1) / c->page;
+        h->P += 3;
+        h->pt = malloc(sizeof(int32_t) * (size_t)c->B * h->maxp);
+        int *perm = malloc(sizeof(int) * h->P);
+        for (int i = 0; i < h->P; i++)
+            perm[i] = i;
+        for (int i = h->P - 1; i > 0; i--) {
+            int j = (int)kpt_rng_range(r, 0, i), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        int next = 0;
+        for (int b = 0; b < c->B; b++)
+            for (int i = 0; i < h->maxp; i++)
+                h->pt[b * h->maxp + i] = i < (c->kv[b] + c->page - 1) / c->page ? perm[next++] : -1;
+        free(perm);
+    } else {
+        h->P = c->B;
+    }
+    size_t kvn = (size_t)h->P * rows * c->hkv * c->d;
+    h->q = normal((size_t)h->T * c->hq * c->d, c->dtype, r);
+    h->k = normal(kvn, c->dtype, r);
+    h->v = normal(kvn, c->dtype, r);
+    for (int i = 0; i < c->hq; i++)
+        h->sinks[i] = (float)kpt_rng_normal(r);
+    /* document ids: sorted segments over max_kv positions (the aux tensors' Sq = Skv) */
+    h->docs = malloc(sizeof(int32_t) * (size_t)c->B * (h->maxkv ? h->maxkv : 1));
+    for (int b = 0; b < c->B; b++) {
+        int id = 0;
+        for (int s = 0; s < h->maxkv; s++) {
+            if (kpt_rng_uniform(r) < 0.004)
+                id++;
+            h->docs[(size_t)b * h->maxkv + s] = id;
+        }
+    }
+    return h->q && h->k && h->v && h->docs;
+}
+
+static void free_host(host *h)
+{
+    free(h->q);
+    free(h->k);
+    free(h->v);
+    free(h->pt);
+    free(h->docs);
+}
+
+/* The args over `h`'s arrays (host) or device buffers with the same layout. */
+static kpt_paged_args args_of(const pcase *c, const host *h, void *q, void *k, void *v, void *o,
+                              void *lse, kpt_dtype o_dt, kpt_dtype lse_dt, void *pt, void *cu,
+                              void *kvl, void *sinks, kpt_aux_tensor *aux, int naux)
+{
+    int rows = c->page ? c->page : h->maxkv;
+    kpt_paged_args a = {0};
+    int64_t qs[3] = {h->T, c->hq, c->d}, os[3] = {h->T, c->hq, c->d}, ls[2] = {h->T, c->hq};
+    a.q = kpt_tensor_contiguous(q, c->dtype, 3, qs);
+    a.o = kpt_tensor_contiguous(o, o_dt, 3, os);
+    a.lse = kpt_tensor_contiguous(lse, lse_dt, 2, ls);
+    a.k = cache_view(k, c, h->P, rows, c->d);
+    a.v = cache_view(v, c, h->P, rows, c->d);
+    int64_t pts[2] = {c->B, h->maxp}, cus[1] = {c->B + 1}, kvs[1] = {c->B}, ss[1] = {c->hq};
+    if (c->page)
+        a.page_table = kpt_tensor_contiguous(pt, KPT_DTYPE_I32, 2, pts);
+    a.cu_seqlens_q = kpt_tensor_contiguous(cu, KPT_DTYPE_I32, 1, cus);
+    a.kv_lens = kpt_tensor_contiguous(kvl, KPT_DTYPE_I32, 1, kvs);
+    if (c->sinks)
+        a.sinks = kpt_tensor_contiguous(sinks, KPT_DTYPE_F32, 1, ss);
+    a.aux = aux;
+    a.num_aux = naux;
+    return a;
+}
+
+static int naux_of(const kpt_pattern *p, const pcase *c, const host *h, void *docs,
+                   kpt_aux_tensor *aux)
+{
+    int n = kpt_pattern_aux_count(p);
+    int64_t shape[2] = {c->B, h->maxkv};
+    for (int i = 0; i < n; i++) {
+        kpt_aux_info info;
+        kpt_pattern_aux_info(p, i, &info);
+        aux[i].name = info.name;
+        aux[i].tensor = kpt_tensor_contiguous(docs, KPT_DTYPE_I32, 2, shape);
+    }
+    return n;
+}
+
+typedef struct outcome {
+    double rel, lse_err;
+    long nan, touched;
+    char why[200];
+} outcome;
+
+static bool run_case(const pcase *c, uint64_t seed, outcome *res)
+{
+    memset(res, 0, sizeof(*res));
+    kpt_rng r;
+    kpt_rng_seed(&r, seed);
+    host h;
+    kpt_diag d = {0};
+    kpt_pattern *p = NULL;
+    kpt_kernel *k = NULL;
+    bool ok = make_host(c, &r, &h);
+    if (ok && kpt_pattern_parse(c->pattern, &p, &d)) {
+        snprintf(res->why, sizeof(res->why), "pattern: %.150s", d.message);
+        ok = false;
+    }
+    kpt_aux_tensor aux[4];
+    int naux = ok ? naux_of(p, c, &h, h.docs, aux) : 0;
+    /* the reference, in double precision */
+    size_t orows = (size_t)h.T * c->hq;
+    double *ref_o = calloc(orows * c->d + 1, sizeof(double)), *ref_l = calloc(orows + 1, 8);
+    if (ok) {
+        kpt_paged_args ra = args_of(c, &h, h.q, h.k, h.v, ref_o, ref_l, KPT_DTYPE_F64,
+                                    KPT_DTYPE_F64, h.pt, h.cu, h.kv, h.sinks, aux, naux);
+        if (kpt_reference_paged_attention(p, &ra, &d)) {
+            snprintf(res->why, sizeof(res->why), "reference: %.150s", d.message);
+            ok = false;
+        }
+    }
+    /* the device, outputs poisoned */
+    int rows = c->page ? c->page : h.maxkv;
+    size_t es = (size_t)kpt_dtype_size(c->dtype), kvbytes = (size_t)h.P * rows * c->hkv * c->d * es;
+    size_t obytes = orows * c->d * es;
+    void *o = malloc(obytes), *lse = malloc(orows * 4 + 4);
+    memset(o, 0xff, obytes);
+    memset(lse, 0xff, orows * 4);
+    kpt_buffer *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dl = NULL, *dpt = NULL,
+               *dcu = NULL, *dkv = NULL, *ds = NULL, *ddoc = NULL, *ws = NULL;
+    if (ok) {
+        dq = upload(h.q, (size_t)h.T * c->hq * c->d * es);
+        dk = upload(h.k, kvbytes);
+        dv = upload(h.v, kvbytes);
+        dout = upload(o, obytes);
+        dl = upload(lse, orows * 4);
+        dpt = upload(h.pt, h.pt ? sizeof(int32_t) * (size_t)c->B * h.maxp : 0);
+        dcu = upload(h.cu, sizeof(int32_t) * (size_t)(c->B + 1));
+        dkv = upload(h.kv, sizeof(int32_t) * (size_t)c->B);
+        ds = upload(h.sinks, sizeof(float) * (size_t)c->hq);
+        ddoc = upload(h.docs, sizeof(int32_t) * (size_t)c->B * (h.maxkv ? h.maxkv : 1));
+        ok = dq && dk && dv && dout && dl && dpt && dcu && dkv && ds && ddoc;
+        if (!ok)
+            snprintf(res->why, sizeof(res->why), "device memory");
+    }
+    kpt_kernel_desc desc = {.dtype = c->dtype, .head_dim = c->d, .options = KPT_DESC_PAGED};
+    if (ok && kpt_kernel_get(ctx, p, &desc, &k, &d)) {
+        snprintf(res->why, sizeof(res->why), "kernel: %.150s", d.message);
+        ok = false;
+    }
+    kpt_paged_shape shape = {.batch = c->B, .cu_seqlens_q = h.cu, .kv_lens = h.kv,
+                             .num_heads_q = c->hq, .num_heads_kv = c->hkv};
+    if (c->bounds) {
+        shape.cu_seqlens_q = NULL;
+        shape.kv_lens = NULL;
+        shape.max_q = 16;
+        shape.max_kv = h.maxkv;
+        for (int b = 0; b < c->B; b++)
+            shape.max_q = c->q[b] > shape.max_q ? c->q[b] : shape.max_q;
+    }
+    kpt_paged_plan plan;
+    if (ok && kpt_paged_plan_make(k, &shape, &plan, &d)) {
+        snprintf(res->why, sizeof(res->why), "plan: %.150s", d.message);
+        ok = false;
+    }
+    if (ok && plan.workspace_bytes && kpt_buffer_create(ctx, plan.workspace_bytes, &ws, &d)) {
+        snprintf(res->why, sizeof(res->why), "workspace: %.150s", d.message);
+        ok = false;
+    }
+    if (ok) {
+        kpt_aux_tensor daux[4];
+        int nd = naux_of(p, c, &h, kpt_buffer_data(ddoc), daux);
+        kpt_paged_args da = args_of(c, &h, kpt_buffer_data(dq), kpt_buffer_data(dk),
+                                    kpt_buffer_data(dv), kpt_buffer_data(dout),
+                                    kpt_buffer_data(dl), c->dtype, KPT_DTYPE_F32,
+                                    kpt_buffer_data(dpt), kpt_buffer_data(dcu),
+                                    kpt_buffer_data(dkv), kpt_buffer_data(ds), daux, nd);
+        if (kpt_paged_run(k, &plan, &da, ws ? kpt_buffer_data(ws) : NULL,
+                          ws ? plan.workspace_bytes : 0, NULL, &d) ||
+            kpt_context_synchronize(ctx, &d) || kpt_buffer_read(dout, 0, o, obytes, &d) ||
+            kpt_buffer_read(dl, 0, lse, orows * 4, &d)) {
+            snprintf(res->why, sizeof(res->why), "run: %.150s", d.message);
+            ok = false;
+        }
+    }
+    if (ok) { /* compare the sequences' rows; the rest must be untouched */
+        double num = 0, den = 0;
+        for (size_t row = 0; row < orows; row++) {
+            bool owned = (int)(row / c->hq) < h.cu[c->B];
+            float gl = ((float *)lse)[row];
+            if (!owned) {
+                res->touched += !isnan(gl);
+                continue;
+            }
+            double rl = ref_l[row];
+            if (isnan(gl))
+                res->nan++;
+            else if (rl == -INFINITY)
+                res->lse_err = gl != -INFINITY ? INFINITY : res->lse_err;
+            else
+                res->lse_err = fmax(res->lse_err, fabs(gl - rl) / fmax(1.0, fabs(rl)));
+            for (int e = 0; e < c->d; e++) {
+                double x = kpt_load_as_double(o, c->dtype, (int64_t)(row * c->d + e));
+                double y = ref_o[row * c->d + e];
+                if (isnan(x)) {
+                    res->nan++;
+                    continue;
+                }
+                num += (x - y) * (x - y);
+                den += y * y;
+            }
+        }
+        res->rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : 5e-3;
+        ok = res->nan == 0 && res->touched == 0 && res->rel <= tol && res->lse_err <= 1e-3;
+        if (!ok)
+            snprintf(res->why, sizeof(res->why),
+                     "rel %.3g (tol %.0e), lse %.3g, NaN/unwritten %ld, foreign rows written %ld",
+                     res->rel, tol, res->lse_err, res->nan, res->touched);
+    }
+    kpt_buffer *all[] = {dq, dk, dv, dout, dl, dpt, dcu, dkv, ds, ddoc, ws};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        kpt_buffer_destroy(&all[i]);
+    free(o);
+    free(lse);
+    free(ref_o);
+    free(ref_l);
+    kpt_pattern_destroy(&p);
+    free_host(&h);
+    return ok;
+}
+
+static pcase cases[2048];
+static int ncases;
+
+static void add(const char *pat, kpt_dtype dt, int d, int hq, int hkv, int page, bool hm,
+                bool sinks, int B, const int *q, const int *kv, bool bounds)
+{
+    if (ncases >= (int)(sizeof(cases) / sizeof(cases[0])))
+        return;
+    pcase *c = &cases[ncases++];
+    *c = (pcase){pat, dt, d, hq, hkv, page, hm, sinks, B, {0}, {0}, bounds};
+    for (int b = 0; b < B; b++) {
+        c->q[b] = q[b];
+        c->kv[b] = kv[b];
+    }
+}
+
+static void build(bool quick)
+{
+    static const char *const pats[] = {
+        "full", "causal", "sliding_window(100)", "sliding_window($w=700)", "alibi+causal",
+        "softcap(30)+causal", "document+causal", "prefix_lm(300)", "causal_bottom_right+softcap(20)",
+    };
+    const int npat = quick ? 3 : (int)(sizeof(pats) / sizeof(pats[0]));
+    static const int q1[8] = {1, 1, 1, 1, 1, 1, 1, 1}, q4[8] = {4, 4, 4, 4, 4, 4, 4, 4};
+    static const int q16[8] = {16, 16, 16, 16}, qr[8] = {0, 1, 5, 16, 33, 1, 0, 3};
+    static const int kvr[8] = {700, 1, 2048, 5000, 33, 900, 0, 64}, kvs[8] = {3000, 1500, 250, 4000,
+                                                                            64, 5, 777, 2049};
+    static const int kvlong[1] = {20000}, ql[1] = {1}, ql4[1] = {7};
+    for (int i = 0; i < npat; i++) {
+        const char *p = pats[i];
+        add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, q1, kvs, false);
+        add(p, KPT_DTYPE_BF16, 128, 16, 2, 1, false, true, 4, q4, kvs, false);
+        add(p, KPT_DTYPE_BF16, 128, 8, 8, 64, true, false, 4, q16, kvs, false);
+        add(p, KPT_DTYPE_BF16, 128, 32, 8, 256, false, true, 8, qr, kvr, false);
+        add(p, KPT_DTYPE_BF16, 128, 32, 8, 0, false, false, 1, ql, kvlong, false);
+        if (quick)
+            continue;
+        add(p, KPT_DTYPE_F16, 64, 32, 4, 16, true, true, 1, ql4, kvlong, false);
+        add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, qr, kvr, true);
+        add(p, KPT_DTYPE_F16, 64, 8, 1, 7, false, false, 8, q4, kvs, false);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *filter = NULL, *backend = "cuda";
+    uint64_t seed = 1;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
+            filter = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+            backend = argv[++i];
+        else {
+            fprintf(stderr, "usage: paged_check [--backend cuda|cpu] [--quick] [--filter TEXT] "
+                            "[--seed N]\n");
+            return 2;
+        }
+    }
+    kpt_context_params cp = {.backend = strcmp(backend, "cpu") ? KPT_BACKEND_CUDA : KPT_BACKEND_CPU,
+                             .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_diag d = {0};
+    if (kpt_context_create(&cp, &ctx, &d)) {
+        printf("SKIP: %s\n", d.message);
+        return 77;
+    }
+    printf("device: %s (%s)\n", kpt_context_device_name(ctx), kpt_context_target(ctx));
+    build(quick);
+    int pass = 0, fail = 0;
+    for (int i = 0; i < ncases; i++) {
+        const pcase *c = &cases[i];
+        char name[200];
+        snprintf(name, sizeof(name), "%s %s D%d %d:%d page %d%s%s B%d q0 %d kv0 %d%s", c->pattern,
+                 kpt_dtype_name(c->dtype), c->d, c->hq, c->hkv, c->page,
+                 c->head_major ? " head-major" : "", c->sinks ? " sinks" : "", c->B, c->q[0],
+                 c->kv[0], c->bounds ? " bounds-plan" : "");
+        if (filter && !strstr(name, filter))
+            continue;
+        outcome res;
+        if (run_case(c, seed + (uint64_t)i, &res)) {
+            pass++;
+            printf("  ok   %-80s rel %.2e lse %.2e\n", name, res.rel, res.lse_err);
+        } else {
+            fail++;
+            printf("  FAIL %-80s %s\n", name, res.why);
+        }
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed\n", pass, fail);
+    kpt_context_destroy(&ctx);
+    return fail ? 1 : 0;
+}
