@@ -86,7 +86,8 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     pl.bm_per_b = false;
     size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8);
     size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
-    size_t limit = smem_limit > 0 ? (size_t)smem_limit : 163840;
+    /* the static part: the argument block, tile classes and staged page ids (paged.cu) */
+    size_t limit = (smem_limit > 0 ? (size_t)smem_limit : 163840) - 12288;
     pl.stages = 4;
     while (pl.stages > 2 && q + (size_t)pl.stages * stage > limit)
         pl.stages--;

@@ -17,7 +17,7 @@
 #define KPT_PAGED_TILE 64
 #define KPT_PAGED_ROWS 64
 #define KPT_PAGED_MAX_PAGE 256
-#define KPT_CLS_CAP_BYTES 2048 /* the kernels' static tile-class cache: KPT_CLS_CAP in common.cu */
+#define KPT_CLS_CAP_BYTES (2048 + 8192) /* the kernels' static tile classes and page ids */
 #define KPT_PAGED_MAX_SPLITS 256
 
 typedef struct kpt_paged_binding {

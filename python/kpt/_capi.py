@@ -62,6 +62,29 @@ class _Grads(ctypes.Structure):
                 ("daux", ctypes.POINTER(_AuxTensor)), ("num_daux", ctypes.c_int)]
 
 
+class _PagedArgs(ctypes.Structure):
+    _fields_ = [("q", _Tensor), ("o", _Tensor), ("lse", _Tensor), ("k", _Tensor), ("v", _Tensor),
+                ("page_table", _Tensor), ("cu_seqlens_q", _Tensor), ("kv_lens", _Tensor),
+                ("sinks", _Tensor), ("scale", ctypes.c_double),
+                ("scalars", ctypes.POINTER(_ScalarValue)), ("num_scalars", ctypes.c_int),
+                ("aux", ctypes.POINTER(_AuxTensor)), ("num_aux", ctypes.c_int)]
+
+
+class _PagedShape(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int), ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)),
+                ("kv_lens", ctypes.POINTER(ctypes.c_int32)), ("max_q", ctypes.c_int),
+                ("max_kv", ctypes.c_int), ("num_heads_q", ctypes.c_int),
+                ("num_heads_kv", ctypes.c_int)]
+
+
+class _PagedPlan(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int), ("num_heads_q", ctypes.c_int),
+                ("num_heads_kv", ctypes.c_int), ("max_q", ctypes.c_int), ("max_kv", ctypes.c_int),
+                ("splits", ctypes.c_int), ("q_per_block", ctypes.c_int),
+                ("q_blocks", ctypes.c_int), ("rows", ctypes.c_int),
+                ("workspace_bytes", ctypes.c_size_t)]
+
+
 class _ContextParams(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int), ("device", ctypes.c_int),
                 ("target", ctypes.c_char_p), ("cache_dir", ctypes.c_char_p),
@@ -143,7 +166,12 @@ _SIGNATURES = {
     "kpt_blockmap_create": ([_P, ctypes.POINTER(_Args), _P, _PP, _D], ctypes.c_int),
     "kpt_blockmap_update": ([_P, ctypes.POINTER(_Args), _P, _D], ctypes.c_int),
     "kpt_blockmap_destroy": ([_PP], None),
+    "kpt_paged_plan_make": ([_P, ctypes.POINTER(_PagedShape), ctypes.POINTER(_PagedPlan), _D],
+                            ctypes.c_int),
+    "kpt_paged_run": ([_P, ctypes.POINTER(_PagedPlan), ctypes.POINTER(_PagedArgs), _P,
+                       ctypes.c_size_t, _P, _D], ctypes.c_int),
 }
+PAGED = 2  # kpt_kernel_desc option KPT_DESC_PAGED
 
 _lib = None
 
@@ -327,12 +355,13 @@ class Context:
         return library().kpt_context_device_name(self._h).decode()
 
     def kernel(self, pattern, dtype, head_dim, head_dim_v=0, num_heads_q=0, num_heads_kv=0,
-               backward=False):
+               backward=False, paged=False):
         """The kernel of `pattern` for one shape class (compiled now, or found in a cache);
-        backward=True: the backward kernels (Kernel.backward)."""
+        backward=True: the backward kernels (Kernel.backward); paged=True: the serving kernels
+        (Kernel.paged_plan, Kernel.paged)."""
         diag, h = _Diag(), ctypes.c_void_p()
         desc = _KernelDesc(DTYPES[dtype], head_dim, head_dim_v, num_heads_q, num_heads_kv,
-                           1 if backward else 0)
+                           (1 if backward else 0) | (PAGED if paged else 0))
         _check(library().kpt_kernel_get(self._h, pattern._h, desc, ctypes.byref(h), diag), diag,
                pattern.name)
         return Kernel(self, h.value)
@@ -427,10 +456,58 @@ class Kernel:
                                                     nbytes, stream, diag), diag, "backward")
         return dq, dk, dv
 
+    def paged_plan(self, num_heads_q, num_heads_kv, cu_seqlens_q=None, kv_lens=None, batch=None,
+                   max_q=0, max_kv=0):
+        """A serving plan (include/kpt/serving.h) from the batch's lengths (host sequences of
+        ints), or from bounds: batch, max_q and max_kv. Returns a PagedPlan."""
+        if cu_seqlens_q is not None:
+            batch = len(cu_seqlens_q) - 1
+        cu = (ctypes.c_int32 * (batch + 1))(*cu_seqlens_q) if cu_seqlens_q is not None else None
+        kv = (ctypes.c_int32 * max(1, batch))(*kv_lens) if kv_lens is not None else None
+        shape = _PagedShape(batch, cu, kv, max_q, max_kv, num_heads_q, num_heads_kv)
+        plan, diag = _PagedPlan(), _Diag()
+        _check(library().kpt_paged_plan_make(self._h, shape, plan, diag), diag, "paged plan")
+        return PagedPlan(plan)
+
+    def paged(self, plan, q, k, v, o, cu_seqlens_q, kv_lens, page_table=None, lse=None,
+              sinks=None, scale=0.0, scalars=None, aux=None, workspace=None, stream=None):
+        """A serving run: q [T, Hq, D], k and v caches [pages, page_size, Hkv, D] (any strides),
+        o [T, Hq, Dv], i32 cu_seqlens_q [B + 1], kv_lens [B] and page_table [B, max_pages] on the
+        device; lse [T, Hq] and sinks [Hq] f32, optional. workspace: a tensor of at least
+        plan.workspace_bytes bytes, or None for a temporary one."""
+        scalars, aux = scalars or {}, aux or {}
+        names = [n.encode() for n in list(scalars) + list(aux)]
+        sv = (_ScalarValue * max(1, len(scalars)))(
+            *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
+        av = (_AuxTensor * max(1, len(aux)))(
+            *[_AuxTensor(n.encode(), _tensor(t)) for n, t in aux.items()])
+        a = _PagedArgs(_tensor(q), _tensor(o), _tensor(lse), _tensor(k), _tensor(v),
+                       _tensor(page_table), _tensor(cu_seqlens_q), _tensor(kv_lens),
+                       _tensor(sinks), float(scale), sv, len(scalars), av, len(aux))
+        ws = workspace.data_ptr() if workspace is not None else None
+        nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
+        diag = _Diag()
+        _check(library().kpt_paged_run(self._h, plan._plan, a, ws, nbytes, stream, diag), diag,
+               "paged")
+        del names
+        return o
+
     def blockmap(self, q, k, v, o, scalars=None, aux=None, stream=None):
         """A block map for these aux tensors, scalars and lengths, built on `stream`."""
         return BlockMap(self, _ArgsHolder(q, k, v, o, None, 0.0, scalars or {}, aux or {}),
                         stream)
+
+
+class PagedPlan:
+    """A serving plan: how a batch's lengths are scheduled (splits, blocks, workspace)."""
+
+    def __init__(self, plan):
+        self._plan = plan
+
+    def __getattr__(self, name):
+        if name in dict(_PagedPlan._fields_):
+            return getattr(self._plan, name)
+        raise AttributeError(name)
 
 
 class BlockMap:

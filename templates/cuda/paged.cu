@@ -26,11 +26,14 @@ static_assert(sizeof(kpt_pargs) == 104, "kpt_pargs layout");
 #define KPT_PG_ROWS 64 // rows of a CTA at most (and of each partial result in the workspace)
 #define KPT_PG_NAN __int_as_float(0x7fc00000)
 
-// The page holding key `pos` of the sequence whose page-table row is `ptrow` (and `off`, the
-// key's row in it), or -1 when the table does not hold it: past its columns, or a page id
-// outside the cache. Such keys read as zeros (never out of bounds).
-__device__ __forceinline__ int kpt_pg_page(const kpt_pargs &P, const int *ptrow, int b, int pos,
-                                           int &off)
+#define KPT_PG_PT_CAP 2048 // page ids of a CTA's key range staged in shared memory
+
+// The page holding key `pos` of sequence b (and `off`, the key's row in it), or -1 when the
+// table does not hold it: past its columns, or a page id outside the cache. Such keys read as
+// zeros (never out of bounds). The ids of the CTA's key range are staged in shared memory
+// (spt, from page spa on) when they fit; else each is read from the table in global memory.
+__device__ __forceinline__ int kpt_pg_page(const kpt_pargs &P, const int *ptrow, const int *spt,
+                                           int spa, int b, int pos, int &off)
 {
     if (!P.paged) {
         off = pos;
@@ -45,6 +48,7 @@ __device__ __forceinline__ int kpt_pg_page(const kpt_pargs &P, const int *ptrow,
         off = pos - pi * P.page_size;
     }
     if (pi >= P.max_pages) return -1;
+    if (spt) return spt[pi - spa];
     const int page = ptrow[pi];
     return (u32)page < (u32)P.num_pages ? page : -1;
 }
@@ -54,8 +58,8 @@ __device__ __forceinline__ int kpt_pg_page(const kpt_pargs &P, const int *ptrow,
 // the length, or not in the table, are zero-filled so they contribute nothing.
 template <int D, int STR>
 __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i64 sr,
-                                            const kpt_pargs &P, const int *ptrow, int b, int k0,
-                                            int kv_len)
+                                            const kpt_pargs &P, const int *ptrow, const int *spt,
+                                            int spa, int b, int k0, int kv_len)
 {
     constexpr int CH = D / 8, N = KPT_BN * CH, ITERS = (N + KPT_THREADS - 1) / KPT_THREADS;
 #pragma unroll
@@ -64,7 +68,7 @@ __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i6
         if (N % KPT_THREADS != 0 && i >= N) break;
         const int r = i / CH, c = i % CH, pos = k0 + r;
         int off = 0;
-        const int page = pos < kv_len ? kpt_pg_page(P, ptrow, b, pos, off) : -1;
+        const int page = pos < kv_len ? kpt_pg_page(P, ptrow, spt, spa, b, pos, off) : -1;
         const bool ok = page >= 0;
         const u16 *g = base + (ok ? (i64)page * sp + (i64)off * sr : 0) + c * 8;
         kpt_cp16(dst + (u32)(r * STR + c * 8) * 2u, g, ok);
@@ -322,6 +326,23 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         for (int e = 0; e < 4; e++) O[n][e] = 0.0f;
 
     const int *ptrow = P.paged ? (const int *)P.page_table + (i64)b * P.pt_stride : nullptr;
+    // The page ids of this split's keys, checked once, into shared memory where they fit: the
+    // loads of a tile then wait on no global read before their copies issue.
+    __shared__ int s_pt[KPT_PG_PT_CAP];
+    const int *spt = nullptr;
+    int spa = 0;
+    if (P.paged && lo <= hi) {
+        spa = lo * KPT_BN / P.page_size;
+        const int spz = min((min(hi * KPT_BN + KPT_BN, kv_len) - 1) / P.page_size, P.max_pages - 1);
+        if (spz - spa < KPT_PG_PT_CAP) {
+            for (int i = tid; i <= spz - spa; i += KPT_THREADS) {
+                const int page = ptrow[spa + i];
+                s_pt[i] = (u32)page < (u32)P.num_pages ? page : -1;
+            }
+            spt = s_pt;
+            __syncthreads();
+        }
+    }
     const u16 *gK = (const u16 *)A.k + (i64)hk * A.ks[2];
     const u16 *gV = (const u16 *)A.v + (i64)hk * A.vs[2];
     auto next_live = [&](int t) {
@@ -330,9 +351,9 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     };
     auto load = [&](int t, int stage) {
         kpt_pg_load<KPT_DQK, KPT_KSTR>(sK + stage * KPT_BN * KPT_KSTR * 2, gK, A.ks[0], A.ks[1],
-                                       P, ptrow, b, t * KPT_BN, kv_len);
+                                       P, ptrow, spt, spa, b, t * KPT_BN, kv_len);
         kpt_pg_load<KPT_DV, KPT_VSTR>(sV + stage * KPT_BN * KPT_VSTR * 2, gV, A.vs[0], A.vs[1],
-                                      P, ptrow, b, t * KPT_BN, kv_len);
+                                      P, ptrow, spt, spa, b, t * KPT_BN, kv_len);
     };
 
     // The ring: KPT_STAGES - 1 tiles in flight ahead of the one computed.
