@@ -154,6 +154,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
+    ap.add_argument("--pages", default="16", help="page sizes of the paged variants (comma list)")
     args = ap.parse_args()
     capi = load_kpt(args.lib)
     ctx = capi.Context("cuda")
@@ -169,22 +170,25 @@ def main():
     Sqs = [1, 4] if args.quick else [1, 4, 16]
     Skvs = [4096, 32768]
     peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
-    print(f"{'B':>3} {'Sq':>3} {'Skv':>6} | {'kpt':>14} {'kpt p16':>14} | "
+    pages = [int(x) for x in args.pages.split(",")]
+    print(f"{'B':>3} {'Sq':>3} {'Skv':>6} | {'kpt':>14} " + " ".join(f"{'kpt p%d' % p:>14}" for p in pages) + " | "
           + " ".join(f"{n:>14}" for n in peers) + " | ratio  frac  (GB/s burst/sustained)")
     for B in Bs:
         for Sq in Sqs:
             for Skv in Skvs:
                 c = Case(capi, ctx, kern, B, Sq, Skv)
                 # the paged variant over the same data
-                torch.manual_seed(B * 1000 + Sq * 10 + Skv)
-                c16 = Case(capi, ctx, kern, B, Sq, Skv, page=16)
-                c16.q.copy_(c.q)
-                c16.kp[c16.pt.view(-1).long()] = c.kd.view(-1, 16, 8, 128)
-                c16.vp[c16.pt.view(-1).long()] = c.vd.view(-1, 16, 8, 128)
+                paged = {}
+                for ps in pages:
+                    cp = Case(capi, ctx, kern, B, Sq, Skv, page=ps)
+                    cp.q.copy_(c.q)
+                    cp.kp[cp.pt.view(-1).long()] = c.kd.view(-1, ps, 8, 128)
+                    cp.vp[cp.pt.view(-1).long()] = c.vd.view(-1, ps, 8, 128)
+                    paged[f"kpt_p{ps}"] = cp
                 row = {"B": B, "Sq": Sq, "Skv": Skv}
                 ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
                 res = {}
-                for name, fn in [("kpt", c.kpt), ("kpt_p16", c16.kpt)] + \
+                for name, fn in [("kpt", c.kpt)] + [(n, x.kpt) for n, x in paged.items()] + \
                         [(n, (lambda b=b: c.sdpa(b))) for n, b in peers.items()]:
                     try:
                         o = fn()
@@ -204,14 +208,15 @@ def main():
                 ratio = res["kpt"][0] / best if best and res.get("kpt") else float("nan")
                 frac = res["kpt"][0] / bw if res.get("kpt") else float("nan")
                 row["ratio_best_peer"], row["frac_copy"] = ratio, frac
-                print(f"{B:>3} {Sq:>3} {Skv:>6} | {fmt(res.get('kpt'))} {fmt(res.get('kpt_p16'))} | "
+                print(f"{B:>3} {Sq:>3} {Skv:>6} | {fmt(res.get('kpt'))} "
+                      + " ".join(fmt(res.get(n)) for n in paged) + " | "
                       + " ".join(fmt(res.get(n)) for n in peers)
                       + f" | {ratio:5.2f} {frac:5.2f}", flush=True)
                 errs = {k: round(v, 4) for k, v in row.items() if k.endswith("_err")}
                 if errs:
                     print("      agreement (rel to SDPA math):", errs, flush=True)
                 out["rows"].append(row)
-                del c, c16
+                del c, paged, cp
                 torch.cuda.empty_cache()
     # a sliding window decode: time follows the window, not the cache
     win = ctx.kernel(capi.Pattern("sliding_window(1024)"), "bf16", 128, paged=True)

@@ -60,8 +60,8 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
  * (the query tokens of one sequence times the query heads of one kv head, so each K/V byte is
  * read once) and streams 64-key tiles through a ring of cp.async stages; the warps split the
  * rows (16 each) and, where rows are fewer, the keys of each tile. Decoding is bound by memory,
- * so the ring is as deep as shared memory allows (four stages: about 100 KB in flight per SM
- * at D = 128). Tiles are classified by interval analysis only: masks that read aux data are
+ * so the ring is as deep as shared memory allows (five stages on the H100 at D = 128: about
+ * 140 KB in flight per SM). Tiles are classified by interval analysis only: masks that read aux data are
  * evaluated per element in every tile a sequence's length leaves (no block map: the lengths
  * live on the device). */
 static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
@@ -88,7 +88,7 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     /* the static part: the argument block, tile classes and staged page ids (paged.cu) */
     size_t limit = (smem_limit > 0 ? (size_t)smem_limit : 163840) - 12288;
-    pl.stages = 4;
+    pl.stages = 5;
     while (pl.stages > 2 && q + (size_t)pl.stages * stage > limit)
         pl.stages--;
     pl.smem_bytes = q + (size_t)pl.stages * stage;

@@ -484,8 +484,8 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                                   (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);
     if (!r && plan->splits > 1)
-        r = cu->LaunchKernel(k->paged_combine, (unsigned)blocks, (unsigned)a.Hkv, 1, 128, 1, 1, 0,
-                             stream, params, NULL);
+        r = cu->LaunchKernel(k->paged_combine, (unsigned)(blocks * (KPT_PAGED_ROWS / 4)),
+                             (unsigned)a.Hkv, 1, 128, 1, 1, 0, stream, params, NULL);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);
     if (r)

@@ -25,6 +25,7 @@ static_assert(sizeof(kpt_pargs) == 104, "kpt_pargs layout");
 
 #define KPT_PG_ROWS 64 // rows of a CTA at most (and of each partial result in the workspace)
 #define KPT_PG_NAN __int_as_float(0x7fc00000)
+#define KPT_PAGED_MAX_SPLITS_DEV 256 // twin of KPT_PAGED_MAX_SPLITS (runtime/paged_args.h)
 
 #define KPT_PG_PT_CAP 2048 // page ids of a CTA's key range staged in shared memory
 
@@ -512,43 +513,65 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r4(const kpt
     kpt_paged_body<4>(A, P);
 }
 
-// The combine of P.splits partial results per (sequence, query block, kv head): one CTA each,
-// a warp per row, lanes over the head dim. The sink joins the denominator here.
+// The combine of P.splits partial results: a warp per row of a (sequence, query block, kv
+// head), four rows a CTA (grid x: blocks * KPT_PG_ROWS / 4, y: kv heads). The lanes first turn
+// the splits' LSEs into weights (the sink joins the denominator here), kept in shared memory;
+// then each lane sums its head-dim elements over the splits, the loads of several splits in
+// flight at once: a combine bound by latency would cost more than the attention it completes.
+#define KPT_PG_VEC ((KPT_DV % 128 == 0) ? 4 : (KPT_DV % 64 == 0) ? 2 : 1)
 extern "C" __global__ void __launch_bounds__(128) kpt_paged_combine(const kpt_args A, const kpt_pargs P)
 {
+    __shared__ float s_w[4][KPT_PAGED_MAX_SPLITS_DEV];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const kpt_pg_work w = kpt_pg_work_of(A, P, (int)blockIdx.x * P.splits, (int)blockIdx.y, P.splits);
+    const int blk = (int)blockIdx.x / (KPT_PG_ROWS / 4), r = (int)blockIdx.x % (KPT_PG_ROWS / 4) * 4 + warp;
+    const kpt_pg_work w = kpt_pg_work_of(A, P, blk * P.splits, (int)blockIdx.y, P.splits);
+    if (r >= w.n_tok * A.group) return;
+    const kpt_pg_row x = kpt_pg_row_of(A, P, w, r);
+    if (x.t < 0) return;
     const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
     const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
-    for (int r = warp; r < w.n_tok * A.group; r += 4) {
-        const kpt_pg_row x = kpt_pg_row_of(A, P, w, r);
-        if (x.t < 0) continue;
-        float M = KPT_NINF;
-        for (int s = lane; s < P.splits; s += 32)
-            M = fmaxf(M, pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r]);
+    float M = KPT_NINF;
+    for (int s = lane; s < P.splits; s += 32)
+        M = fmaxf(M, pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r]);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float s2 = P.sinks ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
-                                 : KPT_NINF;
-        M = fmaxf(M, s2);
-        const float Mu = M == KPT_NINF ? 0.0f : M;
-        float den = 0.0f;
-        for (int s = lane; s < P.splits; s += 32)
-            den += kpt_ex2(pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r] - Mu);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-        den += kpt_ex2(s2 - Mu);
-        const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-        for (int d = lane; d < KPT_DV; d += 32) {
-            float acc = 0.0f;
-            for (int s = 0; s < P.splits; s++) {
-                const i64 slot = (first + (i64)s * A.Hkv) * KPT_PG_ROWS + r;
-                const float ls = pl[slot];
-                if (ls != KPT_NINF) acc += kpt_ex2(ls - Mu) * po[slot * KPT_DV + d];
-            }
-            kpt_pg_store(A, x.t, x.h, d, acc * inv);
-        }
-        if (lane == 0)
-            kpt_pg_store(A, x.t, x.h, -1, den > 0.0f ? (M + __log2f(den)) * KPT_LN2 : KPT_NINF);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float s2 = P.sinks ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
+                             : KPT_NINF;
+    M = fmaxf(M, s2);
+    const float Mu = M == KPT_NINF ? 0.0f : M;
+    float den = 0.0f;
+    for (int s = lane; s < P.splits; s += 32) {
+        const float e = kpt_ex2(pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r] - Mu);
+        s_w[warp][s] = e;
+        den += e;
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    den += kpt_ex2(s2 - Mu);
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    __syncwarp();
+    for (int d0 = lane * KPT_PG_VEC; d0 < KPT_DV; d0 += 32 * KPT_PG_VEC) {
+        float acc[KPT_PG_VEC] = {};
+#pragma unroll 4
+        for (int s = 0; s < P.splits; s++) {
+            const float ws = s_w[warp][s];
+            const float *src = po + ((first + (i64)s * A.Hkv) * KPT_PG_ROWS + r) * KPT_DV + d0;
+            float v[KPT_PG_VEC];
+            if (KPT_PG_VEC == 4) {
+                const float4 f = *(const float4 *)src;
+                v[0] = f.x, v[KPT_PG_VEC > 1 ? 1 : 0] = f.y, v[KPT_PG_VEC > 2 ? 2 : 0] = f.z,
+                v[KPT_PG_VEC > 3 ? 3 : 0] = f.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < KPT_PG_VEC; e++) v[e] = src[e];
+            }
+            // an empty split has weight 0 and O 0; never 0 * NaN
+#pragma unroll
+            for (int e = 0; e < KPT_PG_VEC; e++) acc[e] += ws > 0.0f ? ws * v[e] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < KPT_PG_VEC; e++) kpt_pg_store(A, x.t, x.h, d0 + e, acc[e] * inv);
+    }
+    if (lane == 0)
+        kpt_pg_store(A, x.t, x.h, -1, den > 0.0f ? (M + __log2f(den)) * KPT_LN2 : KPT_NINF);
 }
