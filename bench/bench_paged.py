@@ -23,6 +23,7 @@ def load_kpt(lib):
 
 
 FLUSH = None
+FLEX = []
 
 
 def flush_l2():
@@ -103,6 +104,11 @@ class Case:
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2)
 
+    def flex(self):
+        q = self.q.view(self.B, self.Sq, self.hq, self.d).transpose(1, 2)
+        return FLEX[0](q, self.kd.transpose(1, 2), self.vd.transpose(1, 2),
+                       enable_gqa=True).transpose(1, 2)
+
     def kv_bytes(self):
         return 2 * self.B * self.Skv * self.hkv * self.d * self.q.element_size()
 
@@ -155,6 +161,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--pages", default="16", help="page sizes of the paged variants (comma list)")
+    ap.add_argument("--flex", action="store_true", help="FlexAttention too (compiled per shape)")
+    ap.add_argument("--only", help="B,Sq,Skv cases only, e.g. 8,1,32768;8,4,32768")
     args = ap.parse_args()
     capi = load_kpt(args.lib)
     ctx = capi.Context("cuda")
@@ -170,12 +178,19 @@ def main():
     Sqs = [1, 4] if args.quick else [1, 4, 16]
     Skvs = [4096, 32768]
     peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    if args.flex:
+        from torch.nn.attention.flex_attention import flex_attention
+        FLEX.append(torch.compile(flex_attention, dynamic=False))
+        peers["flex"] = None
+    only = {tuple(int(x) for x in c.split(",")) for c in args.only.split(";")} if args.only else None
     pages = [int(x) for x in args.pages.split(",")]
     print(f"{'B':>3} {'Sq':>3} {'Skv':>6} | {'kpt':>14} " + " ".join(f"{'kpt p%d' % p:>14}" for p in pages) + " | "
           + " ".join(f"{n:>14}" for n in peers) + " | ratio  frac  (GB/s burst/sustained)")
     for B in Bs:
         for Sq in Sqs:
             for Skv in Skvs:
+                if only and (B, Sq, Skv) not in only:
+                    continue
                 c = Case(capi, ctx, kern, B, Sq, Skv)
                 # the paged variant over the same data
                 paged = {}
@@ -189,7 +204,8 @@ def main():
                 ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
                 res = {}
                 for name, fn in [("kpt", c.kpt)] + [(n, x.kpt) for n, x in paged.items()] + \
-                        [(n, (lambda b=b: c.sdpa(b))) for n, b in peers.items()]:
+                        [(n, (lambda b=b: c.sdpa(b)) if b is not None else c.flex)
+                         for n, b in peers.items()]:
                     try:
                         o = fn()
                         torch.cuda.synchronize()
