@@ -36,7 +36,8 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
     kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
     if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
-        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d", pl->bm_per_h);
+        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_MASK_AUX %d", pl->bm_per_h,
+                      pl->mask_loads);
 }
 
 /* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient. */

@@ -43,6 +43,7 @@ kpt_status kpt_plan_mask(const kpt_pattern *p, kpt_kernel_plan *pl, kpt_diag *di
         uint16_t d = deps[p->mask];
         free(deps);
         pl->has_blockmap = (d & KPT_DEP_AUX) != 0;
+        pl->mask_loads = pl->has_blockmap;
         pl->bm_per_b = (d & KPT_DEP_B) != 0;
         pl->bm_per_h = (d & KPT_DEP_H) != 0;
         bool loads = false;

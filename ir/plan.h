@@ -47,6 +47,8 @@ typedef struct kpt_kernel_plan {
     bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
     bool has_mask, has_score;
     bool has_blockmap; /* the mask reads aux tensors: tiles are classified by a block-map kernel */
+    bool mask_loads;   /* the mask reads aux tensors (the paged kernels classify tiles without a
+                          block map, a warp at a time: kpt_iv_load is a warp's collective) */
     bool bm_per_b, bm_per_h; /* the block map differs per batch row / per head */
     /* Partial tiles evaluate the mask in a loop rather than unrolled per element: for masks that
      * load aux data or are long, unrolling buys little and costs seconds of NVRTC time. */

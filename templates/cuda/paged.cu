@@ -280,11 +280,23 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             s_hi = -1;
         }
         __syncthreads();
+        int my_lo = n_kt, my_hi = -1;
+#if KPT_MASK_AUX
+        // The mask reads aux data, whose ranges over a tile a warp reads together
+        // (kpt_iv_load is a warp's collective): a warp per tile, its lanes in step.
+        for (int t = warp; t < n_kt; t += KPT_WARPS) {
+            const int c = kpt_pg_class(A, b, hk, qa, qz, t * KPT_BN, min(t * KPT_BN + KPT_BN, kv_len) - 1);
+            if (t < KPT_CLS_CAP && lane == 0) s_cls[t] = (unsigned char)c;
+            if (c != 0) {
+                my_lo = min(my_lo, t);
+                my_hi = t;
+            }
+        }
+#else
         // Each thread classifies a run of tiles as one box first: most runs of a window or a
         // causal mask are settled by that one test.
         const int ta = (int)((i64)n_kt * tid / KPT_THREADS);
         const int tz = (int)((i64)n_kt * (tid + 1) / KPT_THREADS);
-        int my_lo = n_kt, my_hi = -1;
         if (ta < tz) {
             const int cb = kpt_pg_class(A, b, hk, qa, qz, ta * KPT_BN, min(tz * KPT_BN, kv_len) - 1);
             for (int t = ta; t < tz; t++) {
@@ -298,6 +310,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
                 }
             }
         }
+#endif
         if (my_hi >= 0) {
             atomicMin(&s_lo, my_lo);
             atomicMax(&s_hi, my_hi);

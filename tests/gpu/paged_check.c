@@ -193,7 +193,11 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
     kpt_pattern *p = NULL;
     kpt_kernel *k = NULL;
     bool ok = make_host(c, &r, &h);
-    if (ok && kpt_pattern_parse(c->pattern, &p, &d)) {
+    size_t plen = strlen(c->pattern);
+    kpt_status pst = plen > 4 && !strcmp(c->pattern + plen - 4, ".lua")
+                         ? kpt_pattern_from_lua_file(c->pattern, NULL, &p, &d)
+                         : kpt_pattern_parse(c->pattern, &p, &d);
+    if (ok && pst) {
         snprintf(res->why, sizeof(res->why), "pattern: %.150s", d.message);
         ok = false;
     }
@@ -342,6 +346,7 @@ static void build(bool quick)
     static const char *const pats[] = {
         "full", "causal", "sliding_window(100)", "sliding_window($w=700)", "alibi+causal",
         "softcap(30)+causal", "document+causal", "prefix_lm(300)", "causal_bottom_right+softcap(20)",
+        "examples/patterns/gemma2.lua", "examples/patterns/dilated_window.lua",
     };
     const int npat = quick ? 3 : (int)(sizeof(pats) / sizeof(pats[0]));
     static const int q1[8] = {1, 1, 1, 1, 1, 1, 1, 1}, q4[8] = {4, 4, 4, 4, 4, 4, 4, 4};
