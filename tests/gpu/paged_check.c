@@ -18,6 +18,7 @@
 #include <kpt/kpt.h>
 
 #include "base/numeric.h"
+#include "tools/paged_batch.h"
 #include "tools/rng.h"
 
 typedef struct pcase {
@@ -42,139 +43,18 @@ static kpt_buffer *upload(const void *src, size_t n)
     return b;
 }
 
-static void *normal(size_t n, kpt_dtype dt, kpt_rng *r)
-{
-    void *p = malloc((n ? n : 1) * (size_t)kpt_dtype_size(dt));
-    for (size_t i = 0; p && i < n; i++)
-        kpt_store_double(p, dt, (int64_t)i, kpt_rng_normal(r));
-    return p;
-}
-
-typedef struct host {
-    int T, P, maxp, maxkv;
-    int32_t cu[9], kv[8], *pt;
-    void *q, *k, *v, *doc_q, *doc_kv;
-    float sinks[64];
-    int32_t *docs;
-} host;
-
-/* The kernel's view of a cache of P pages. */
-static kpt_tensor cache_view(void *data, const pcase *c, int P, int rows, int d)
-{
-    kpt_tensor t = {.data = data, .dtype = c->dtype, .rank = 4,
-                    .shape = {P, rows, c->hkv, d}};
-    if (c->head_major) {
-        t.stride[3] = 1;
-        t.stride[2] = (int64_t)rows * d;
-        t.stride[1] = d;
-        t.stride[0] = (int64_t)c->hkv * rows * d;
-    } else {
-        t.stride[3] = 1;
-        t.stride[2] = d;
-        t.stride[1] = (int64_t)c->hkv * d;
-        t.stride[0] = (int64_t)rows * c->hkv * d;
-    }
-    return t;
-}
-
-static bool make_host(const pcase *c, kpt_rng *r, host *h)
-{
-    memset(h, 0, sizeof(*h));
-    h->cu[0] = 0;
-    for (int b = 0; b < c->B; b++) {
-        h->cu[b + 1] = h->cu[b] + c->q[b];
-        h->kv[b] = c->kv[b];
-        h->maxkv = c->kv[b] > h->maxkv ? c->kv[b] : h->maxkv;
-    }
-    h->T = h->cu[c->B] + 3; /* rows no sequence owns stay untouched */
-    int rows = c->page ? c->page : h->maxkv;
-    if (c->page) {
-        h->maxp = (h->maxkv + c->page - 1) / c->page + 1;
-        for (int b = 0; b < c->B; b++)
-            h->P += (c->kv[b] + c->page - 1) / c->page;
-        h->P += 3;
-        h->pt = malloc(sizeof(int32_t) * (size_t)c->B * h->maxp);
-        int *perm = malloc(sizeof(int) * h->P);
-        for (int i = 0; i < h->P; i++)
-            perm[i] = i;
-        for (int i = h->P - 1; i > 0; i--) {
-            int j = (int)kpt_rng_range(r, 0, i), t = perm[i];
-            perm[i] = perm[j];
-            perm[j] = t;
-        }
-        int next = 0;
-        for (int b = 0; b < c->B; b++)
-            for (int i = 0; i < h->maxp; i++)
-                h->pt[b * h->maxp + i] = i < (c->kv[b] + c->page - 1) / c->page ? perm[next++] : -1;
-        free(perm);
-    } else {
-        h->P = c->B;
-    }
-    size_t kvn = (size_t)h->P * rows * c->hkv * c->d;
-    h->q = normal((size_t)h->T * c->hq * c->d, c->dtype, r);
-    h->k = normal(kvn, c->dtype, r);
-    h->v = normal(kvn, c->dtype, r);
-    for (int i = 0; i < c->hq; i++)
-        h->sinks[i] = (float)kpt_rng_normal(r);
-    /* document ids: sorted segments over max_kv positions (the aux tensors' Sq = Skv) */
-    h->docs = malloc(sizeof(int32_t) * (size_t)c->B * (h->maxkv ? h->maxkv : 1));
-    for (int b = 0; b < c->B; b++) {
-        int id = 0;
-        for (int s = 0; s < h->maxkv; s++) {
-            if (kpt_rng_uniform(r) < 0.004)
-                id++;
-            h->docs[(size_t)b * h->maxkv + s] = id;
-        }
-    }
-    return h->q && h->k && h->v && h->docs;
-}
-
-static void free_host(host *h)
-{
-    free(h->q);
-    free(h->k);
-    free(h->v);
-    free(h->pt);
-    free(h->docs);
-}
-
-/* The args over `h`'s arrays (host) or device buffers with the same layout. */
-static kpt_paged_args args_of(const pcase *c, const host *h, void *q, void *k, void *v, void *o,
-                              void *lse, kpt_dtype o_dt, kpt_dtype lse_dt, void *pt, void *cu,
-                              void *kvl, void *sinks, kpt_aux_tensor *aux, int naux)
-{
-    int rows = c->page ? c->page : h->maxkv;
-    kpt_paged_args a = {0};
-    int64_t qs[3] = {h->T, c->hq, c->d}, os[3] = {h->T, c->hq, c->d}, ls[2] = {h->T, c->hq};
-    a.q = kpt_tensor_contiguous(q, c->dtype, 3, qs);
-    a.o = kpt_tensor_contiguous(o, o_dt, 3, os);
-    a.lse = kpt_tensor_contiguous(lse, lse_dt, 2, ls);
-    a.k = cache_view(k, c, h->P, rows, c->d);
-    a.v = cache_view(v, c, h->P, rows, c->d);
-    int64_t pts[2] = {c->B, h->maxp}, cus[1] = {c->B + 1}, kvs[1] = {c->B}, ss[1] = {c->hq};
-    if (c->page)
-        a.page_table = kpt_tensor_contiguous(pt, KPT_DTYPE_I32, 2, pts);
-    a.cu_seqlens_q = kpt_tensor_contiguous(cu, KPT_DTYPE_I32, 1, cus);
-    a.kv_lens = kpt_tensor_contiguous(kvl, KPT_DTYPE_I32, 1, kvs);
-    if (c->sinks)
-        a.sinks = kpt_tensor_contiguous(sinks, KPT_DTYPE_F32, 1, ss);
-    a.aux = aux;
-    a.num_aux = naux;
-    return a;
-}
-
-static int naux_of(const kpt_pattern *p, const pcase *c, const host *h, void *docs,
+static int naux_of(const kpt_pattern *p, const kpt_paged_batch *pb, void *docs,
                    kpt_aux_tensor *aux)
 {
     int n = kpt_pattern_aux_count(p);
-    int64_t shape[2] = {c->B, h->maxkv};
-    for (int i = 0; i < n; i++) {
+    int64_t shape[2] = {pb->B, pb->maxkv};
+    for (int i = 0; i < n && i < 4; i++) {
         kpt_aux_info info;
         kpt_pattern_aux_info(p, i, &info);
         aux[i].name = info.name;
         aux[i].tensor = kpt_tensor_contiguous(docs, KPT_DTYPE_I32, 2, shape);
     }
-    return n;
+    return n < 4 ? n : 4;
 }
 
 typedef struct outcome {
@@ -188,11 +68,12 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
     memset(res, 0, sizeof(*res));
     kpt_rng r;
     kpt_rng_seed(&r, seed);
-    host h;
+    kpt_paged_batch h;
     kpt_diag d = {0};
     kpt_pattern *p = NULL;
     kpt_kernel *k = NULL;
-    bool ok = make_host(c, &r, &h);
+    bool ok = kpt_paged_batch_make(&h, c->B, c->q, c->kv, c->page, c->head_major, c->dtype, c->hq,
+                                   c->hkv, c->d, &r);
     size_t plen = strlen(c->pattern);
     kpt_status pst = plen > 4 && !strcmp(c->pattern + plen - 4, ".lua")
                          ? kpt_pattern_from_lua_file(c->pattern, NULL, &p, &d)
@@ -202,38 +83,37 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         ok = false;
     }
     kpt_aux_tensor aux[4];
-    int naux = ok ? naux_of(p, c, &h, h.docs, aux) : 0;
+    int naux = ok ? naux_of(p, &h, h.docs, aux) : 0;
     /* the reference, in double precision */
     size_t orows = (size_t)h.T * c->hq;
     double *ref_o = calloc(orows * c->d + 1, sizeof(double)), *ref_l = calloc(orows + 1, 8);
     if (ok) {
-        kpt_paged_args ra = args_of(c, &h, h.q, h.k, h.v, ref_o, ref_l, KPT_DTYPE_F64,
-                                    KPT_DTYPE_F64, h.pt, h.cu, h.kv, h.sinks, aux, naux);
+        kpt_paged_batch_mem hm = {h.q, h.k, h.v, ref_o, ref_l, h.pt, h.cu, h.kv,
+                                  c->sinks ? h.sinks : NULL, KPT_DTYPE_F64, KPT_DTYPE_F64};
+        kpt_paged_args ra = kpt_paged_batch_args(&h, &hm, aux, naux);
         if (kpt_reference_paged_attention(p, &ra, &d)) {
             snprintf(res->why, sizeof(res->why), "reference: %.150s", d.message);
             ok = false;
         }
     }
     /* the device, outputs poisoned */
-    int rows = c->page ? c->page : h.maxkv;
-    size_t es = (size_t)kpt_dtype_size(c->dtype), kvbytes = (size_t)h.P * rows * c->hkv * c->d * es;
-    size_t obytes = orows * c->d * es;
+    size_t es = (size_t)kpt_dtype_size(c->dtype), obytes = orows * c->d * es;
     void *o = malloc(obytes), *lse = malloc(orows * 4 + 4);
     memset(o, 0xff, obytes);
     memset(lse, 0xff, orows * 4);
     kpt_buffer *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dl = NULL, *dpt = NULL,
                *dcu = NULL, *dkv = NULL, *ds = NULL, *ddoc = NULL, *ws = NULL;
     if (ok) {
-        dq = upload(h.q, (size_t)h.T * c->hq * c->d * es);
-        dk = upload(h.k, kvbytes);
-        dv = upload(h.v, kvbytes);
+        dq = upload(h.q, kpt_paged_batch_q_bytes(&h));
+        dk = upload(h.k, kpt_paged_batch_cache_bytes(&h));
+        dv = upload(h.v, kpt_paged_batch_cache_bytes(&h));
         dout = upload(o, obytes);
         dl = upload(lse, orows * 4);
-        dpt = upload(h.pt, h.pt ? sizeof(int32_t) * (size_t)c->B * h.maxp : 0);
+        dpt = upload(h.pt, kpt_paged_batch_pt_bytes(&h));
         dcu = upload(h.cu, sizeof(int32_t) * (size_t)(c->B + 1));
         dkv = upload(h.kv, sizeof(int32_t) * (size_t)c->B);
         ds = upload(h.sinks, sizeof(float) * (size_t)c->hq);
-        ddoc = upload(h.docs, sizeof(int32_t) * (size_t)c->B * (h.maxkv ? h.maxkv : 1));
+        ddoc = upload(h.docs, kpt_paged_batch_doc_bytes(&h));
         ok = dq && dk && dv && dout && dl && dpt && dcu && dkv && ds && ddoc;
         if (!ok)
             snprintf(res->why, sizeof(res->why), "device memory");
@@ -264,12 +144,13 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
     }
     if (ok) {
         kpt_aux_tensor daux[4];
-        int nd = naux_of(p, c, &h, kpt_buffer_data(ddoc), daux);
-        kpt_paged_args da = args_of(c, &h, kpt_buffer_data(dq), kpt_buffer_data(dk),
-                                    kpt_buffer_data(dv), kpt_buffer_data(dout),
-                                    kpt_buffer_data(dl), c->dtype, KPT_DTYPE_F32,
-                                    kpt_buffer_data(dpt), kpt_buffer_data(dcu),
-                                    kpt_buffer_data(dkv), kpt_buffer_data(ds), daux, nd);
+        int nd = naux_of(p, &h, kpt_buffer_data(ddoc), daux);
+        kpt_paged_batch_mem dm = {kpt_buffer_data(dq), kpt_buffer_data(dk), kpt_buffer_data(dv),
+                                  kpt_buffer_data(dout), kpt_buffer_data(dl),
+                                  kpt_buffer_data(dpt), kpt_buffer_data(dcu),
+                                  kpt_buffer_data(dkv), c->sinks ? kpt_buffer_data(ds) : NULL,
+                                  c->dtype, KPT_DTYPE_F32};
+        kpt_paged_args da = kpt_paged_batch_args(&h, &dm, daux, nd);
         if (kpt_paged_run(k, &plan, &da, ws ? kpt_buffer_data(ws) : NULL,
                           ws ? plan.workspace_bytes : 0, NULL, &d) ||
             kpt_context_synchronize(ctx, &d) || kpt_buffer_read(dout, 0, o, obytes, &d) ||
@@ -321,7 +202,7 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
     free(ref_o);
     free(ref_l);
     kpt_pattern_destroy(&p);
-    free_host(&h);
+    kpt_paged_batch_free(&h);
     return ok;
 }
 
