@@ -256,6 +256,22 @@ static void write_script(char *path, const char *src)
 /* kptc check --backward on the CPU: the reference gradients against finite differences for
  * every built-in (tests/covers_builtins.h keeps the list whole) and an example script with a
  * learnable aux table; kptc emit --backward. */
+static void test_check_paged(void **state)
+{
+    (void)state;
+    result *r = run("check", "document+causal", "--page-size", "16", "--sinks", "--seqlens",
+                    "1:300,4:40,0:0,2:2", "--shape", "1,8,2,1,1,32", NULL);
+    EXPECT(r, 0, out, "4 sequences (queries:keys 1:300, 4:40, 0:0, 2:2), Hq=8 Hkv=2 D=32");
+    EXPECT(r, 0, out, "pages of 16 rows, shuffled");
+    EXPECT(r, 0, out, "all rows consistent");
+    r = run("check", "causal", "--page-size", "0", NULL);
+    EXPECT(r, 0, out, "cache      contiguous");
+    r = run("check", "causal", "--seqlens", "5:4", NULL);
+    EXPECT(r, 2, err, "each KV must be >= its Q");
+    r = run("check", "causal", "--page-size", "300", NULL);
+    EXPECT(r, 2, err, "--page-size wants 0 (contiguous) to 256");
+}
+
 static void test_check_backward(void **state)
 {
     (void)state;
@@ -474,7 +490,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_basics), cmocka_unit_test(test_emit),
         cmocka_unit_test(test_check), cmocka_unit_test(test_check_aux_file),
         cmocka_unit_test(test_lua_scripts), cmocka_unit_test(test_reference_f32),
-        cmocka_unit_test(test_check_backward), cmocka_unit_test(test_bit_masks),
+        cmocka_unit_test(test_check_backward),
+        cmocka_unit_test(test_check_paged), cmocka_unit_test(test_bit_masks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

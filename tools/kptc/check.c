@@ -450,6 +450,34 @@ static int check_backend_dtype(const check_ctx *c)
                             kpt_dtype_list(dtypes, list, sizeof(list)));
 }
 
+/* Serving mode: the sequences' lengths and the page size; aux tensors are then made for B =
+ * the sequences and Sq = Skv = the longest kv length (what logical positions index). */
+static int parse_paged(check_ctx *c, kptc_paged_opts *po)
+{
+    int rc = kptc_parse_seqlens(c->o.seqlens ? c->o.seqlens : "1:1000,4:3000,0:17,16:700", po->q,
+                                po->kv, KPTC_MAX_SEQS, &po->n);
+    int64_t page = 16;
+    if (!rc && c->o.page_size && !kptc_parse_int(c->o.page_size, 0, 256, &page))
+        rc = kptc_usage_error("--page-size wants 0 (contiguous) to 256, got '%s'", c->o.page_size);
+    if (!rc && c->Dv != c->Dqk)
+        rc = kptc_usage_error("serving mode: Dv must equal Dqk");
+    if (!rc && c->o.backward)
+        rc = kptc_usage_error("serving mode has no --backward");
+    if (rc)
+        return rc;
+    po->page = (int)page;
+    po->sinks = c->o.sinks != NULL;
+    po->hq = (int)c->Hq, po->hkv = (int)c->Hkv, po->d = (int)c->Dqk;
+    po->dtype = c->dtype;
+    po->seed = c->seed;
+    int maxkv = 1;
+    for (int i = 0; i < po->n; i++)
+        maxkv = po->kv[i] > maxkv ? po->kv[i] : maxkv;
+    c->B = po->n;
+    c->Sq = c->Skv = maxkv;
+    return 0;
+}
+
 int kptc_cmd_check(int argc, char **argv)
 {
     check_ctx c;
@@ -466,6 +494,9 @@ int kptc_cmd_check(int argc, char **argv)
         {"save", required_argument, NULL, KPTC_OPT_SAVE},
         {"param", required_argument, NULL, KPTC_OPT_PARAM},
         {"backward", no_argument, NULL, KPTC_OPT_BACKWARD},
+        {"page-size", required_argument, NULL, KPTC_OPT_PAGE_SIZE},
+        {"seqlens", required_argument, NULL, KPTC_OPT_SEQLENS},
+        {"sinks", no_argument, NULL, KPTC_OPT_SINKS},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -478,6 +509,10 @@ int kptc_cmd_check(int argc, char **argv)
     if (c.o.backend && (rc = kptc_parse_backend(c.o.backend, &c.backend)))
         return rc;
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)) || (rc = check_backend_dtype(&c)))
+        return rc;
+    kptc_paged_opts po = {0};
+    bool paged = c.o.page_size || c.o.seqlens || c.o.sinks;
+    if (paged && (rc = parse_paged(&c, &po)))
         return rc;
     kpt_diag d = {0};
     if ((rc = kptc_load_pattern(&c.o, &c.sc, &c.p)))
@@ -494,6 +529,11 @@ int kptc_cmd_check(int argc, char **argv)
     }
     void *bufs[5] = {0};
     if ((rc = make_aux(&c))) {
+        free_check(&c, bufs, 0);
+        return rc;
+    }
+    if (paged) {
+        rc = kptc_check_paged(c.dev, c.p, &po, c.scalars, c.nscalars, c.aux, c.naux);
         free_check(&c, bufs, 0);
         return rc;
     }

@@ -65,6 +65,9 @@ static const char **slot(kptc_options *o, int code)
     case KPTC_OPT_BLOCKMAP: return &o->blockmap;
     case KPTC_OPT_BACKWARD: return &o->backward;
     case KPTC_OPT_PAGED: return &o->paged;
+    case KPTC_OPT_PAGE_SIZE: return &o->page_size;
+    case KPTC_OPT_SEQLENS: return &o->seqlens;
+    case KPTC_OPT_SINKS: return &o->sinks;
     case 'o': return &o->output;
     case 'j': return &o->jobs;
     default: return NULL;

@@ -59,6 +59,9 @@ enum {
     KPTC_OPT_AUX,
     KPTC_OPT_BACKWARD,
     KPTC_OPT_PAGED,
+    KPTC_OPT_PAGE_SIZE,
+    KPTC_OPT_SEQLENS,
+    KPTC_OPT_SINKS,
 };
 
 typedef struct kptc_options {
@@ -67,7 +70,7 @@ typedef struct kptc_options {
     int npatterns;
     const char *emit, *dump_after, *target, *head_dim, *verbose, *backend, *shape, *dtype;
     const char *layout, *seed, *tile, *save, *smem, *blockmap, *backward, *output, *jobs;
-    const char *paged;
+    const char *paged, *page_size, *seqlens, *sinks;
     const char *params[KPTC_MAX_KV];
     int nparams;
     const char *scalars[KPTC_MAX_KV];
@@ -128,6 +131,24 @@ int kptc_check_device(kpt_context *ctx, const kpt_pattern *p, const kpt_attentio
  * poisoned, run twice to check the bits repeat). */
 int kptc_check_backward(kpt_context *ctx, const kpt_pattern *p, const kpt_attention_args *ref,
                         kpt_dtype dtype, uint64_t seed);
+
+/* kptc check in serving mode (check_paged.c): a ragged batch over a paged cache. */
+#define KPTC_MAX_SEQS 256
+typedef struct kptc_paged_opts {
+    int n, q[KPTC_MAX_SEQS], kv[KPTC_MAX_SEQS]; /* --seqlens */
+    int page;                                   /* --page-size; 0: contiguous cache */
+    bool sinks;
+    int hq, hkv, d;
+    kpt_dtype dtype;
+    uint64_t seed;
+} kptc_paged_opts;
+
+/* Parses --seqlens Q:KV[,Q:KV...] into q and kv (at most max); 0 or the exit status. */
+int kptc_parse_seqlens(const char *s, int *q, int *kv, int max, int *n);
+/* The check itself (dev NULL: the reference alone); returns the exit status. */
+int kptc_check_paged(kpt_context *dev, const kpt_pattern *p, const kptc_paged_opts *po,
+                     const kpt_scalar_value *scalars, int nscalars, const kpt_aux_tensor *aux,
+                     int naux);
 
 /* ---- shared by the device checks (check_device.c) ---- */
 

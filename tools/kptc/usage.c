@@ -59,7 +59,13 @@
     "      --backward                also the gradients for a random dO: on cpu the reference's\n" \
     "                                against finite differences of the reference forward; on\n" \
     "                                cuda the backward kernels' against the reference (run\n" \
-    "                                twice: the bits must repeat)\n"
+    "                                twice: the bits must repeat)\n" \
+    "      --page-size N             serving mode (docs/serving.md): a ragged batch over a KV\n" \
+    "                                cache of N-row pages (1 to 256; 0: contiguous cache),\n" \
+    "                                shuffled; --shape gives Hq, Hkv and D\n" \
+    "      --seqlens Q:KV[,Q:KV...]  serving mode: each sequence's queries and keys (default\n" \
+    "                                1:1000,4:3000,0:17,16:700; page size default 16)\n" \
+    "      --sinks                   serving mode: a random sink logit per query head\n"
 
 #define BUNDLE_OPTIONS \
     "      -o FILE                   the bundle to write (required)\n" \
