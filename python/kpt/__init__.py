@@ -30,7 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 from ._capi import (BACKENDS, DTYPES, NO_DISK_CACHE, OFFLINE, BlockMap, Context, Error, Kernel,
                     Pattern, Tensor, library, view)
 
-__all__ = ["attention", "get_pattern", "context", "Error", "Context", "Pattern", "Kernel",
+__all__ = ["attention", "paged_attention", "paged_plan", "get_pattern", "context", "Error", "Context", "Pattern", "Kernel",
            "BlockMap", "Tensor", "library", "view", "DTYPES", "BACKENDS", "NO_DISK_CACHE",
            "OFFLINE"]
 
@@ -184,6 +184,95 @@ def attention(q: Any, k: Any, v: Any, pattern: Union[str, Pattern] = "full", *,
     pat = get_pattern(pattern, params)
     return _attention_numpy(q, k, v, pat, _scalars(scalars), dict(aux or {}), scale,
                             return_lse)
+
+
+# ---- serving: ragged batches over a paged KV cache --------------------------------------------
+
+_paged_kernels = {}
+
+
+def _dtype_name(x):
+    if _is_torch(x):
+        return view(x).dtype
+    return _numpy_view(_as_numpy(x, "q"), "q").dtype
+
+
+def paged_plan(pattern: Union[str, Pattern], dtype: str, head_dim: int, num_heads_q: int,
+               num_heads_kv: int, *, cu_seqlens_q=None, kv_lens=None, batch: int = 0,
+               max_q: int = 0, max_kv: int = 0, backend: str = "cuda",
+               params: Optional[Mapping[str, float]] = None):
+    """A serving plan (docs/serving.md) for a batch's lengths (host sequences of ints:
+    cu_seqlens_q [B + 1], kv_lens [B]) or for bounds (batch, max_q, max_kv). Pass it to
+    paged_attention to run without host synchronisation (for CUDA graphs, with a workspace of
+    plan.workspace_bytes). Returns the plan; plan.kernel is its kernel."""
+    pat = get_pattern(pattern, params)
+    key = (backend, id(pat), dtype, head_dim)
+    ctx = context(backend)  # takes _lock itself
+    with _lock:
+        ker = _paged_kernels.get(key)
+        if ker is None:
+            ker = ctx.kernel(pat, dtype, head_dim, paged=True)
+            _paged_kernels[key] = ker
+    cu = [int(x) for x in cu_seqlens_q] if cu_seqlens_q is not None else None
+    kv = [int(x) for x in kv_lens] if kv_lens is not None else None
+    plan = ker.paged_plan(num_heads_q, num_heads_kv, cu_seqlens_q=cu, kv_lens=kv,
+                          batch=batch or (len(cu) - 1 if cu else 0), max_q=max_q, max_kv=max_kv)
+    plan.kernel = ker
+    return plan
+
+
+def paged_attention(q: Any, k_cache: Any, v_cache: Any, cu_seqlens_q: Any, kv_lens: Any,
+                    page_table: Any = None, pattern: Union[str, Pattern] = "causal", *,
+                    sinks: Any = None, scalars: Optional[Mapping[str, float]] = None,
+                    aux: Optional[Dict[str, Any]] = None, scale: Optional[float] = None,
+                    params: Optional[Mapping[str, float]] = None, plan=None, workspace=None,
+                    return_lse: bool = False, out: Any = None) -> Any:
+    """Attention for a serving batch (docs/serving.md): q [T, Hq, D] holds every sequence's new
+    queries one after another (cu_seqlens_q [B + 1], int32), which are the last positions of
+    their sequences (kv_lens [B] keys each, int32); k_cache and v_cache are
+    [pages, page_size, Hkv, D] with page_table [B, max_pages] (int32), or [B, S, Hkv, D] without
+    one. sinks: [Hq] float32 logits joining each row's softmax denominator. torch CUDA tensors
+    run on the GPU on the current stream; numpy arrays on the CPU reference. Without `plan` one
+    is made from host copies of the lengths (a device synchronisation for torch tensors); give
+    a plan (paged_plan) and a workspace (a uint8 tensor of plan.workspace_bytes) to run with no
+    synchronisation and no allocation, as CUDA graphs need. Returns o [T, Hq, D] (and lse
+    [T, Hq] float32 with return_lse)."""
+    pat = get_pattern(pattern, params)
+    torch = sys.modules.get("torch")
+    on_torch = torch is not None and isinstance(q, torch.Tensor)
+    conv = (lambda t, n: t) if on_torch else (lambda t, n: None if t is None else
+                                             _numpy_view(_as_numpy(t, n), n))
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if plan is None:
+        plan = paged_plan(pat, _dtype_name(q), D, Hq, Hkv,
+                          cu_seqlens_q=[int(x) for x in cu_seqlens_q],
+                          kv_lens=[int(x) for x in kv_lens],
+                          backend="cuda" if on_torch else "cpu")
+    if out is None:
+        if on_torch:
+            out = torch.empty((T, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
+        else:
+            import numpy as np
+            out = np.empty((T, Hq, v_cache.shape[3]), dtype=_as_numpy(q, "q").dtype)
+    lse = None
+    if return_lse:
+        if on_torch:
+            lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
+        else:
+            import numpy as np
+            lse = np.empty((T, Hq), dtype=np.float32)
+    if on_torch and workspace is None and plan.workspace_bytes:
+        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream if on_torch and q.is_cuda else None
+    plan.kernel.paged(plan, conv(q, "q"), conv(k_cache, "k_cache"), conv(v_cache, "v_cache"),
+                      conv(out, "out"), conv(cu_seqlens_q, "cu_seqlens_q"),
+                      conv(kv_lens, "kv_lens"), page_table=conv(page_table, "page_table"),
+                      lse=conv(lse, "lse"), sinks=conv(sinks, "sinks"), scale=scale or 0.0,
+                      scalars=_scalars(scalars),
+                      aux={n: conv(t, f"aux '{n}'") for n, t in (aux or {}).items()},
+                      workspace=workspace, stream=stream)
+    return (out, lse) if return_lse else out
 
 
 _torch_impl = None

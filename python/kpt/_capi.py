@@ -503,6 +503,7 @@ class PagedPlan:
 
     def __init__(self, plan):
         self._plan = plan
+        self.kernel = None
 
     def __getattr__(self, name):
         if name in dict(_PagedPlan._fields_):

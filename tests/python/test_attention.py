@@ -177,3 +177,56 @@ def test_torch_cpu_compile_and_grad():
     for got, want in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad),
                       (slopes.grad, sl2.grad)):
         assert_close(got.numpy(), want.numpy(), tol=1e-4)
+
+
+def _paged_batch(q_lens, kv_lens, Hq=4, Hkv=2, D=16, page=4, seed=1):
+    """A ragged batch over a cache of shuffled pages, and each sequence's dense keys."""
+    rng = np.random.default_rng(seed)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(cu[-1]), Hq, D)).astype(np.float32)
+    npages = [(n + page - 1) // page for n in kv_lens]
+    maxp = max(npages) + 1
+    perm = rng.permutation(sum(npages) + 2)
+    table = np.full((len(kv_lens), maxp), -1, dtype=np.int32)
+    kc = rng.standard_normal((len(perm), page, Hkv, D)).astype(np.float32)
+    vc = rng.standard_normal((len(perm), page, Hkv, D)).astype(np.float32)
+    i = 0
+    for b, n in enumerate(npages):
+        table[b, :n] = perm[i:i + n]
+        i += n
+    dense = []
+    for b, n in enumerate(kv_lens):
+        rows = [(table[b, j // page], j % page) for j in range(n)]
+        k = np.stack([kc[p, r] for p, r in rows]) if n else np.zeros((0, Hkv, D), np.float32)
+        v = np.stack([vc[p, r] for p, r in rows]) if n else np.zeros((0, Hkv, D), np.float32)
+        dense.append((k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]))
+    return q, kc, vc, cu, np.asarray(kv_lens, dtype=np.int32), table, dense
+
+
+def test_paged_attention_ragged_and_sinks():
+    q_lens, kv_lens = [1, 4, 0, 3], [9, 17, 2, 3]
+    q, kc, vc, cu, kvl, table, dense = _paged_batch(q_lens, kv_lens)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32)
+    for with_sinks in (False, True):
+        o, lse = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal",
+                                     sinks=sinks if with_sinks else None, return_lse=True)
+        for b, (ql, kvn) in enumerate(zip(q_lens, kv_lens)):
+            if not ql:
+                continue
+            qs = q[cu[b]:cu[b + 1]].transpose(1, 0, 2)[None]
+            k, v = dense[b]
+            # logical positions: query i sits at kvn - ql + i (causal is bottom-right)
+            want_o, want_l = oracle(qs, k, v, lambda i, j: j <= i + (kvn - ql))
+            want_o, want_l = want_o[0].transpose(1, 0, 2), want_l[0].T
+            if with_sinks:
+                tot = np.logaddexp(want_l, sinks[None, :].astype(np.float64))
+                want_o = want_o * np.exp(want_l - tot)[..., None]
+                want_l = tot
+            assert_close(o[cu[b]:cu[b + 1]], want_o)
+            assert_close(lse[cu[b]:cu[b + 1]], want_l)
+
+
+def test_paged_attention_errors():
+    q, kc, vc, cu, kvl, table, _ = _paged_batch([2], [1])  # more queries than keys
+    with pytest.raises(kpt.Error, match="queries but 1 keys"):
+        kpt.paged_attention(q, kc, vc, cu, kvl, table)
