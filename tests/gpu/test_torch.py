@@ -201,7 +201,66 @@ def training_check():
     check("training: the loss falls", losses[True][-1] / losses[True][0], 0.9)
 
 
-for fn in (forward_checks, backward_checks, compile_and_graph_checks, training_check):
+def paged_checks():
+    """kpt.paged_attention on CUDA tensors: a ragged decode batch over 16-row pages against SDPA
+    per sequence (bottom-right causal), sinks by their definition, and a plan made for bounds
+    captured in a CUDA graph and replayed with other lengths."""
+    Hq, Hkv, D, page = 32, 8, 128, 16
+    q_lens, kv_lens = [1, 4, 0, 16, 1], [700, 33, 5, 2048, 1]
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device=dev)
+    kvl = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    npg = [(n + page - 1) // page for n in kv_lens]
+    maxp = max(npg)
+    pool = torch.randperm(sum(npg) + 4, device=dev).to(torch.int32)
+    table = torch.full((len(q_lens), maxp), -1, dtype=torch.int32, device=dev)
+    i = 0
+    for b, n in enumerate(npg):
+        table[b, :n] = pool[i:i + n]
+        i += n
+    kc = rand(pool.numel(), page, Hkv, D)
+    vc = rand(pool.numel(), page, Hkv, D)
+    q = rand(int(cu[-1]), Hq, D)
+    sinks = torch.randn(Hq, device=dev)
+    o, lse = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", sinks=sinks,
+                                 return_lse=True)
+    worst = 0.0
+    for b, (ql, n) in enumerate(zip(q_lens, kv_lens)):
+        if not ql:
+            continue
+        rows = torch.arange(n, device=dev)
+        k = kc[table[b, rows // page].long(), rows % page].transpose(0, 1)[None]
+        v = vc[table[b, rows // page].long(), rows % page].transpose(0, 1)[None]
+        qs = q[cu[b]:cu[b + 1]].transpose(0, 1)[None]
+        keep = rows[None, :] <= torch.arange(ql, device=dev)[:, None] + (n - ql)
+        s = (qs.float() @ k.float().repeat_interleave(Hq // Hkv, 1).transpose(-1, -2)) / math.sqrt(D)
+        s = s.masked_fill(~keep, float("-inf"))
+        tot = torch.logaddexp(torch.logsumexp(s, -1), sinks[None, :, None])
+        p = torch.exp(s - tot[..., None])
+        want = (p @ v.float().repeat_interleave(Hq // Hkv, 1))[0].transpose(0, 1)
+        worst = max(worst, rel(o[cu[b]:cu[b + 1]], want))
+        worst = max(worst, rel(lse[cu[b]:cu[b + 1]], tot[0].T))
+    check("paged: ragged batch, 16-row pages, sinks, against the definition", worst, 2e-2)
+    plan = kpt.paged_plan("causal", "bf16", D, Hq, Hkv, batch=len(q_lens), max_q=16, max_kv=2048)
+    ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device=dev)
+    out = torch.empty_like(q)
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", plan=plan, workspace=ws, out=out)
+        s.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", plan=plan, workspace=ws,
+                                out=out)
+    kvl.copy_(torch.tensor([16, 2000, 100, 1000, 7]))
+    g.replay()
+    torch.cuda.synchronize()
+    eager = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", plan=plan, workspace=ws)
+    check("paged: CUDA graph replay with new lengths equals an eager run",
+          0.0 if torch.equal(out, eager) else 1.0, 0.0)
+
+
+for fn in (forward_checks, backward_checks, compile_and_graph_checks, training_check,
+           paged_checks):
     try:
         fn()
     except Exception as e:  # a crash in one group is reported, the others still run
