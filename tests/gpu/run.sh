@@ -43,6 +43,10 @@ cat "$OUT/runtime_check.log" | tail -20
 # the backward through the public API: workspace, block map, CUDA graph capture and replay
 "$(dirname "$CHECK")/backward_check" >"$OUT/backward_check.log" 2>&1 || status=1
 tail -3 "$OUT/backward_check.log"
+# the serving kernels: patterns x page sizes x GQA x ragged lengths x sinks, against the
+# serving reference (docs/serving.md)
+"$(dirname "$CHECK")/paged_check" >"$OUT/paged_check.log" 2>&1 || status=1
+grep -E "FAIL|passed" "$OUT/paged_check.log"
 # the embedding example (a Lua script when Lua is built in, else a pattern string)
 EMBED="$(dirname "$CHECK")/../../examples/kpt-embedding"
 if [ -x "$EMBED" ]; then
@@ -76,6 +80,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         echo "compute-sanitizer $tool: exit $rc ($(grep -c pass "$OUT/sanitizer-$tool.log") cases passed)"
         tail -3 "$OUT/sanitizer-$tool.log"
         [ $rc = 0 ] || status=1
+        compute-sanitizer --tool $tool --error-exitcode 3 "$(dirname "$CHECK")/paged_check" \
+            --quick --filter "page 16" >"$OUT/sanitizer-paged-$tool.log" 2>&1 || status=1
+        echo "compute-sanitizer $tool (serving): $(tail -1 "$OUT/sanitizer-paged-$tool.log")"
     done
 else
     echo "compute-sanitizer not found: sanitizer runs skipped"
