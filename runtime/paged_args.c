@@ -138,13 +138,11 @@ kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t
     return kpt_attn_bind_shaped(p, &extras, &shape, &out->bind, diag);
 }
 
-/* The host lengths of a shape, checked: max_q, max_kv and the query rows in all. */
-static kpt_status scan_lengths(const kpt_paged_shape *s, int *max_q, int *max_kv, int64_t *rows,
-                               kpt_diag *diag)
+/* The host lengths of a shape, checked: max_q and max_kv. */
+static kpt_status scan_lengths(const kpt_paged_shape *s, int *max_q, int *max_kv, kpt_diag *diag)
 {
     *max_q = s->cu_seqlens_q ? 0 : s->max_q;
     *max_kv = s->kv_lens ? 0 : s->max_kv;
-    *rows = (int64_t)*max_q * s->batch;
     if (*max_q < 0 || *max_kv < 0)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "paged shape: negative bound (max_q %d, max_kv %d)", s->max_q,
@@ -166,8 +164,6 @@ static kpt_status scan_lengths(const kpt_paged_shape *s, int *max_q, int *max_kv
         *max_q = q > *max_q ? q : *max_q;
         *max_kv = kv > *max_kv ? kv : *max_kv;
     }
-    if (s->cu_seqlens_q)
-        *rows = s->cu_seqlens_q[s->batch];
     return KPT_OK;
 }
 
@@ -195,8 +191,7 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
                             "GQA ratio %d: the serving kernels take up to %d query heads per kv "
                             "head", group, group_max);
     int max_q, max_kv;
-    int64_t rows;
-    kpt_status st = scan_lengths(s, &max_q, &max_kv, &rows, diag);
+    kpt_status st = scan_lengths(s, &max_q, &max_kv, diag);
     if (st)
         return st;
     *out = (kpt_paged_plan){.batch = s->batch, .num_heads_q = s->num_heads_q,
@@ -228,7 +223,6 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
     if (out->splits > 1)
         out->workspace_bytes = kpt_paged_part_lse_offset(out, dv) +
                                (size_t)units * out->splits * KPT_PAGED_ROWS * sizeof(float);
-    (void)rows;
     return KPT_OK;
 }
 

@@ -82,8 +82,9 @@ typedef struct kpt_paged_shape {
 
 /* The schedule of a serving run. Made by kpt_paged_plan_make; the fields are informative. A
  * plan fits every batch of the same B and head counts whose sequences have at most max_q
- * queries (more: those rows come out NaN, never silently wrong) and T rows in all at most
- * total_q's tensor; kv lengths may be anything (the split count was chosen for max_kv). */
+ * queries (on GPU backends a sequence with more gets NaN in the rows past the plan's, never a
+ * silently wrong answer; the CPU backend computes them); kv lengths may be anything (the split
+ * count was chosen for max_kv). */
 typedef struct kpt_paged_plan {
     int batch, num_heads_q, num_heads_kv;
     int max_q, max_kv;     /* the lengths planned for */
