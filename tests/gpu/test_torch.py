@@ -257,6 +257,17 @@ def paged_checks():
     eager = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", plan=plan, workspace=ws)
     check("paged: CUDA graph replay with new lengths equals an eager run",
           0.0 if torch.equal(out, eager) else 1.0, 0.0)
+    # a plan for fewer queries than a sequence has: the rows past it are NaN, the rest right
+    short = kpt.paged_plan("causal", "bf16", D, Hq, Hkv, batch=len(q_lens), max_q=1, max_kv=2048)
+    got = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", plan=short)
+    full = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", plan=plan, workspace=ws)
+    c = cu.tolist()
+    first = torch.tensor([c[b] for b in range(len(q_lens)) if c[b + 1] > c[b]], device=dev)
+    rest = torch.tensor([t for b in range(len(q_lens)) for t in range(c[b] + 1, c[b + 1])],
+                        device=dev)
+    ok = bool(got[rest].isnan().all()) and rel(got[first], full[first]) < 2e-2
+    check("paged: a plan for fewer queries gives NaN past it, the first queries right",
+          0.0 if ok else 1.0, 0.0)
 
 
 for fn in (forward_checks, backward_checks, compile_and_graph_checks, training_check,
