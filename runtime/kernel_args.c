@@ -5,22 +5,26 @@
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
 
-static kpt_status check_tensor(const kpt_tensor *t, const char *name, kpt_dtype want, int64_t d,
-                               kpt_diag *diag)
+kpt_status kpt_kernel_check_rows(const kpt_tensor *t, const char *name, kpt_dtype want,
+                                 int64_t d, kpt_diag *diag)
 {
     if (t->dtype != want)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s is %s; this kernel was compiled for %s", name,
                             kpt_dtype_name(t->dtype), kpt_dtype_name(want));
-    if (t->shape[3] != d)
+    const int last = t->rank - 1;
+    if (last < 0 || last >= KPT_TENSOR_MAX_RANK)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor %s has rank %d", name,
+                            t->rank);
+    if (t->shape[last] != d)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s has head dim %lld; this kernel was compiled for %lld", name,
-                            (long long)t->shape[3], (long long)d);
-    if (t->stride[3] != 1)
+                            (long long)t->shape[last], (long long)d);
+    if (t->stride[last] != 1)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s: the head dim must be contiguous (stride 1, not %lld)", name,
-                            (long long)t->stride[3]);
-    for (int i = 0; i < 3; i++)
+                            (long long)t->stride[last]);
+    for (int i = 0; i < last; i++)
         if (t->stride[i] % 8)
             return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                                 "tensor %s: stride %d (%lld) must be a multiple of 8 elements "
@@ -71,10 +75,10 @@ static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, co
 {
     kpt_status st;
     kpt_dtype dt = pl->cfg.dtype;
-    if ((st = check_tensor(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
-        (st = check_tensor(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
-        (st = check_tensor(&a->v, "v", dt, pl->cfg.dv, diag)) ||
-        (st = check_tensor(&a->o, "o", dt, pl->cfg.dv, diag)))
+    if ((st = kpt_kernel_check_rows(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(&a->v, "v", dt, pl->cfg.dv, diag)) ||
+        (st = kpt_kernel_check_rows(&a->o, "o", dt, pl->cfg.dv, diag)))
         return st;
     if (a->lse.data && a->lse.dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
@@ -201,10 +205,10 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the %s backward writes dq, dk and dv: all three need data", backend);
     kpt_dtype dt = pl->cfg.dtype;
-    if ((st = check_tensor(&g->dout, "dout", dt, pl->cfg.dv, diag)) ||
-        (st = check_tensor(&g->dq, "dq", dt, pl->cfg.dqk, diag)) ||
-        (st = check_tensor(&g->dk, "dk", dt, pl->cfg.dqk, diag)) ||
-        (st = check_tensor(&g->dv, "dv", dt, pl->cfg.dv, diag)))
+    if ((st = kpt_kernel_check_rows(&g->dout, "dout", dt, pl->cfg.dv, diag)) ||
+        (st = kpt_kernel_check_rows(&g->dq, "dq", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(&g->dk, "dk", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(&g->dv, "dv", dt, pl->cfg.dv, diag)))
         return st;
     memset(ws, 0, sizeof(*ws));
     ws->bytes = ws->zero_from = kpt_kernel_args_bwd_workspace(pa);

@@ -46,6 +46,12 @@ typedef struct kpt_kernel_gargs {
 
 _Static_assert(sizeof(kpt_kernel_gargs) == 432, "kpt_kernel_gargs layout");
 
+/* A 16-bit tensor of the kernel's dtype `want` whose last dimension (of size d, the head dim) is
+ * contiguous, whose other strides are multiples of 8 elements and whose data is 16-byte
+ * aligned: what the kernels' 16-byte row copies need. */
+kpt_status kpt_kernel_check_rows(const kpt_tensor *t, const char *name, kpt_dtype want,
+                                 int64_t d, kpt_diag *diag);
+
 /* The scale, runtime scalars and aux tensors of a binding into `out` (the rest untouched). */
 kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_binding *bind,
                                        kpt_kernel_args *out, kpt_diag *diag);

@@ -240,35 +240,6 @@ kpt_status kpt_paged_check_plan(const kpt_paged_plan *plan, const kpt_paged_bind
     return KPT_OK;
 }
 
-/* A 16-bit tensor of the kernel's dtype whose last dimension (of size d) is contiguous and
- * whose rows start 16-byte aligned. */
-static kpt_status check_rows(const char *name, const kpt_tensor *t, kpt_dtype dt, int64_t d,
-                             kpt_diag *diag)
-{
-    if (t->dtype != dt)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "tensor %s is %s; this kernel was compiled for %s", name,
-                            kpt_dtype_name(t->dtype), kpt_dtype_name(dt));
-    int last = t->rank - 1;
-    if (t->shape[last] != d)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "tensor %s has head dim %lld; this kernel was compiled for %lld", name,
-                            (long long)t->shape[last], (long long)d);
-    if (t->stride[last] != 1)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "tensor %s: the head dim must be contiguous (stride 1, not %lld)",
-                            name, (long long)t->stride[last]);
-    for (int i = 0; i < last; i++)
-        if (t->stride[i] % 8)
-            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                                "tensor %s: stride %d (%lld) must be a multiple of 8 elements "
-                                "(16-byte rows)", name, i, (long long)t->stride[i]);
-    if ((uintptr_t)t->data % 16)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "tensor %s: the data pointer must be 16-byte aligned", name);
-    return KPT_OK;
-}
-
 kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
                                  const char *backend, const kpt_paged_plan *plan,
                                  const kpt_paged_args *a, kpt_kernel_args *out,
@@ -281,10 +252,10 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
     if (!st)
         st = kpt_paged_check_plan(plan, &pb, diag);
     kpt_dtype dt = pl->cfg.dtype;
-    if (st || (st = check_rows("q", &a->q, dt, pl->cfg.dqk, diag)) ||
-        (st = check_rows("k", &a->k, dt, pl->cfg.dqk, diag)) ||
-        (st = check_rows("v", &a->v, dt, pl->cfg.dv, diag)) ||
-        (st = check_rows("o", &a->o, dt, pl->cfg.dv, diag)))
+    if (st || (st = kpt_kernel_check_rows(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(&a->v, "v", dt, pl->cfg.dv, diag)) ||
+        (st = kpt_kernel_check_rows(&a->o, "o", dt, pl->cfg.dv, diag)))
         return st;
     if (a->lse.data && a->lse.dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
