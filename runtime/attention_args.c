@@ -226,6 +226,19 @@ static kpt_status bind_aux(const kpt_pattern *p, const kpt_attention_args *a,
     return KPT_OK;
 }
 
+/* A sinks tensor (or its gradient): none, or [Hq] of f32 or f64. */
+static kpt_status check_sinks(const char *name, const kpt_tensor *t, int64_t hq, kpt_diag *diag)
+{
+    if (!t->data)
+        return KPT_OK;
+    if (t->rank != 1 || t->shape[0] != hq ||
+        (t->dtype != KPT_DTYPE_F32 && t->dtype != KPT_DTYPE_F64) || t->stride[0] < 0)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s must be [Hq] = [%lld] of f32 (f64 in the reference), "
+                            "strides >= 0", name, (long long)hq);
+    return KPT_OK;
+}
+
 kpt_status kpt_attn_bind(const kpt_pattern *p, const kpt_attention_args *args,
                          kpt_attn_binding *out, kpt_diag *diag)
 {
@@ -253,6 +266,8 @@ kpt_status kpt_attn_bind_shaped(const kpt_pattern *p, const kpt_attention_args *
                             "scale %g is out of range: its magnitude must lie in [1e-30, 1e30]",
                             args->scale);
     out->scale = args->scale != 0 ? args->scale : 1.0 / sqrt((double)out->shape.Dqk);
+    if ((st = check_sinks("sinks", &args->sinks, out->shape.Hq, diag)))
+        return st;
     if ((st = bind_scalars(p, args, out, diag)))
         return st;
     return bind_aux(p, args, out, diag);
@@ -334,6 +349,11 @@ kpt_status kpt_attn_check_grads(const kpt_attention_args *args, const kpt_attent
         st = check_like("dv", &g->dv, &args->v, "v", diag);
     if (!st && (g->num_daux < 0 || (g->num_daux > 0 && !g->daux)))
         st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "daux: bad array or count");
+    if (!st && g->dsinks.data && !args->sinks.data)
+        st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                          "dsinks is given but the arguments have no sinks");
+    if (!st)
+        st = check_sinks("dsinks", &g->dsinks, args->q.shape[1], diag);
     return st;
 }
 

@@ -137,14 +137,16 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
     const kpt_ref_scorer sc = {p,      &st->mask_prog, &st->score_prog, st->analysis,
                                st->tiles, st->bind.scale, s->Skv, s->Dqk};
     double m = kpt_ref_row_scores(&sc, env, st->vals, st->qd, st->kd, st->kept, NULL, st->sc);
+    /* the sink joins the denominator with no value; a NaN row stays NaN */
+    double sink = kpt_ref_sink(&a->sinks, h), mm = isnan(m) || m > sink ? m : sink;
     memset(st->od, 0, (size_t)s->Dv * sizeof(double));
     double lse = -INFINITY;
-    if (m != -INFINITY) { /* some key kept with a score above -inf */
-        double sum = 0;
-        for (int64_t k = 0; k < s->Skv; k++) {
+    if (mm != -INFINITY) { /* some key kept with a score above -inf, or a sink */
+        double sum = sink == -INFINITY ? 0.0 : exp(sink - mm);
+        for (int64_t k = 0; m != -INFINITY && k < s->Skv; k++) {
             if (!st->kept[k])
                 continue;
-            double w = exp(st->sc[k] - m);
+            double w = exp(st->sc[k] - mm);
             sum += w;
             const double *vr = st->vd + k * s->Dv;
             for (int64_t d = 0; d < s->Dv; d++)
@@ -152,7 +154,7 @@ static void run_row(ref_state *st, kpt_ir_env *env, int64_t b, int64_t h, int64_
         }
         for (int64_t d = 0; d < s->Dv; d++)
             st->od[d] /= sum;
-        lse = m + log(sum);
+        lse = mm + log(sum);
     }
     for (int64_t d = 0; d < s->Dv; d++)
         kpt_store_double(a->o.data, a->o.dtype, kpt_ref_off4(&a->o, b, h, q, d), st->od[d]);
@@ -287,6 +289,12 @@ kpt_status kpt_reference_attention(const kpt_pattern *p, const kpt_attention_arg
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (reference, Skv = %lld)",
                             (long long)s->Skv);
     return KPT_OK;
+}
+
+double kpt_ref_sink(const kpt_tensor *sinks, int64_t h)
+{
+    return sinks->data ? kpt_load_as_double(sinks->data, sinks->dtype, h * sinks->stride[0])
+                       : -INFINITY;
 }
 
 kpt_status kpt_ref_check_scratch(const kpt_attn_shape *s, kpt_diag *diag)

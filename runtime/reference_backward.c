@@ -41,6 +41,7 @@ typedef struct bwd_worker {
     uint8_t *kept;
     kpt_tile_class *tiles;
     double *daux[KPT_MAX_AUX]; /* this worker's sums, dense in the aux tensor's index order */
+    double *dsinks;            /* this worker's sums per query head, or NULL */
 } bwd_worker;
 
 /* The dense position of an aux load's indices, or -1 when out of range (a load that read 0
@@ -104,11 +105,13 @@ static void run_row(bwd_worker *w, kpt_ir_env *env, int64_t b, int64_t h, int64_
     const kpt_ref_scorer sc = {c->p,     &c->mask_prog, &c->score_prog, c->analysis,
                                w->tiles, scale,         s->Skv,         s->Dqk};
     double m = kpt_ref_row_scores(&sc, env, w->vals, w->qd, w->kd, w->kept, w->sraw, w->p);
+    /* the sink joins the denominator (P of the keys shrinks) and has no value: dP_sink = 0 */
+    const double sink = kpt_ref_sink(&a->sinks, h), mm = m > sink ? m : sink;
     if (m != -INFINITY) { /* else nothing is kept: every gradient of the row is zero */
-        double sum = 0, dsum = 0;
+        double sum = sink == -INFINITY ? 0.0 : exp(sink - mm), dsum = 0;
         for (int64_t k = 0; k < s->Skv; k++)
             if (w->kept[k]) {
-                w->p[k] = exp(w->p[k] - m);
+                w->p[k] = exp(w->p[k] - mm);
                 sum += w->p[k];
             }
         for (int64_t k = 0; k < s->Skv; k++)
@@ -117,6 +120,8 @@ static void run_row(bwd_worker *w, kpt_ir_env *env, int64_t b, int64_t h, int64_
                 w->dp[k] = kpt_ref_dot(w->dod, w->vd + k * s->Dv, s->Dv);
                 dsum += w->p[k] * w->dp[k];
             }
+        if (w->dsinks && sink != -INFINITY) /* d LSE / d sink = P_sink; dO . dO/dsink = -P_sink dsum */
+            w->dsinks[h] -= exp(sink - mm) / sum * dsum;
         for (int64_t k = 0; k < s->Skv; k++) {
             if (!w->kept[k])
                 continue;
@@ -184,6 +189,7 @@ static void free_worker(bwd_worker *w)
     free(w->tiles);
     for (int a = 0; a < KPT_MAX_AUX; a++)
         free(w->daux[a]);
+    free(w->dsinks);
 }
 
 static bool alloc_worker(bwd_worker *w)
@@ -209,6 +215,8 @@ static bool alloc_worker(bwd_worker *w)
     for (int a = 0; ok && a < KPT_MAX_AUX; a++)
         if (c->daux_len[a])
             ok = (w->daux[a] = calloc((size_t)c->daux_len[a], sizeof(double))) != NULL;
+    if (ok && c->grads->dsinks.data)
+        ok = (w->dsinks = calloc((size_t)s->Hq, sizeof(double))) != NULL;
     return ok;
 }
 
@@ -230,6 +238,18 @@ static void store_daux(const bwd_ctx *c, bwd_worker *w, int n)
             }
             kpt_store_double((void *)v->data, v->dtype, off, sum);
         }
+    }
+}
+
+/* The sinks' gradient: each worker's sums added in worker order. */
+static void store_dsinks(const bwd_ctx *c, bwd_worker *w, int n)
+{
+    const kpt_tensor *t = &c->grads->dsinks;
+    for (int64_t h = 0; t->data && h < c->bind.shape.Hq; h++) {
+        double sum = 0;
+        for (int i = 0; i < n; i++)
+            sum += w[i].dsinks[h];
+        kpt_store_double(t->data, t->dtype, h * t->stride[0], sum);
     }
 }
 
@@ -273,6 +293,7 @@ static kpt_status run(bwd_ctx *c, kpt_diag *diag)
     if (ok) {
         kpt_ref_run_workers(w, sizeof(*w), n, run_worker);
         store_daux(c, w, n);
+        store_dsinks(c, w, n);
     }
     for (int i = 0; w && i < n; i++)
         free_worker(&w[i]);

@@ -82,9 +82,7 @@ static void run_row(paged_worker *w, kpt_ir_env *env, int64_t t, int64_t h, int6
     const kpt_ref_scorer sc = {r->p, r->mask_prog, r->score_prog, NULL, NULL, pb->bind.scale,
                                kv_len, pb->Dqk};
     double m = kpt_ref_row_scores(&sc, env, w->vals, w->qd, w->kd, w->kept, NULL, w->sc);
-    double sink = a->sinks.data ? kpt_load_as_double(a->sinks.data, a->sinks.dtype,
-                                                     h * a->sinks.stride[0])
-                                : -INFINITY;
+    double sink = kpt_ref_sink(&a->sinks, h);
     double mm = m > sink ? m : sink; /* NaN m stays NaN below */
     if (isnan(m))
         mm = m;

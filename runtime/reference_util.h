@@ -48,6 +48,9 @@ double kpt_ref_row_scores(const kpt_ref_scorer *sc, kpt_ir_env *env, kpt_ir_valu
                           const double *qd, const double *kd, uint8_t *kept, double *raw,
                           double *out);
 
+/* Head h's sink logit, or -inf without sinks (sinks->data NULL). */
+double kpt_ref_sink(const kpt_tensor *sinks, int64_t h);
+
 /* Workers for a problem of this shape: $KPT_REFERENCE_THREADS, else one per online core (at
  * most 64), never more than `units` (what can run in parallel); small problems get one. */
 int kpt_ref_workers(const kpt_attn_shape *s, int64_t units);

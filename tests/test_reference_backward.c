@@ -12,6 +12,8 @@ typedef struct prob {
     double *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     double *bias, *dbias; /* [Hq, 8] aux bias (f32 in the pattern), its gradient (f64) */
     float *biasf;
+    bool with_sinks;      /* sinks [Hq] (f64) and their gradient */
+    double *sinks, *dsinks;
 } prob;
 
 static kpt_pattern *parse_or_fail(const char *text)
@@ -58,12 +60,16 @@ static void prob_init(prob *p, uint64_t seed)
     for (size_t i = 0; i < nk(p); i++) p->dk[i] = NAN;
     for (size_t i = 0; i < nv(p); i++) p->dv[i] = NAN;
     for (int64_t i = 0; i < p->Hq * 8; i++) p->dbias[i] = NAN;
+    p->sinks = normals((size_t)p->Hq, &rng);
+    p->dsinks = malloc((size_t)p->Hq * sizeof(double));
+    for (int64_t i = 0; i < p->Hq; i++) p->dsinks[i] = NAN;
 }
 
 static void prob_free(prob *p)
 {
     free(p->q), free(p->k), free(p->v), free(p->o), free(p->dout);
     free(p->dq), free(p->dk), free(p->dv), free(p->biasf), free(p->dbias);
+    free(p->sinks), free(p->dsinks);
 }
 
 static kpt_tensor t4(double *d, int64_t b, int64_t h, int64_t s, int64_t e)
@@ -85,6 +91,8 @@ static kpt_attention_args args_of(prob *p, const kpt_pattern *pat, kpt_aux_tenso
         .v = t4(p->v, p->B, p->Hkv, p->Skv, p->Dv),
         .o = t4(p->o, p->B, p->Hq, p->Sq, p->Dv),
     };
+    if (p->with_sinks)
+        a.sinks = kpt_tensor_contiguous(p->sinks, KPT_DTYPE_F64, 1, (int64_t[]){p->Hq});
     if (kpt_pattern_aux_count(pat)) {
         *aux = bias_aux(p);
         a.aux = aux;
@@ -119,6 +127,8 @@ static void backward(prob *p, const kpt_pattern *pat)
         .daux = &daux,
         .num_daux = a.num_aux,
     };
+    if (p->with_sinks)
+        g.dsinks = kpt_tensor_contiguous(p->dsinks, KPT_DTYPE_F64, 1, (int64_t[]){p->Hq});
     kpt_diag d = {0};
     kpt_status st = kpt_reference_attention_backward(pat, &a, &g, &d);
     if (st)
@@ -178,6 +188,12 @@ static void check_pattern(const kpt_pattern *pat, prob shape, uint64_t seed)
     check_elems(&p, pat, "v", p.v, dv, nv(&p));
     if (kpt_pattern_aux_count(pat))
         check_bias(&p, pat);
+    if (p.with_sinks) {
+        double *ds = malloc((size_t)p.Hq * sizeof(double));
+        memcpy(ds, p.dsinks, (size_t)p.Hq * sizeof(double));
+        check_elems(&p, pat, "sinks", p.sinks, ds, (size_t)p.Hq);
+        free(ds);
+    }
     free(dq), free(dk), free(dv);
     prob_free(&p);
 }
@@ -198,6 +214,48 @@ static void test_builtins(void **state)
 
 /* causal_bottom_right with Sq > Skv: the first Sq - Skv rows keep nothing, their dq is 0 and
  * they add nothing to dk and dv. */
+/* Sinks: the forward by its definition (O scaled by exp(LSE - LSE'), LSE' = logaddexp(LSE,
+ * sink)), the gradients of q, k, v and the sinks by finite differences, rows with nothing kept
+ * (O = 0, LSE = sink, no gradient) included. */
+static void test_sinks(void **state)
+{
+    (void)state;
+    const char *pats[] = {"full", "causal+softcap(2)", "alibi+causal", "causal_bottom_right"};
+    for (size_t i = 0; i < sizeof(pats) / sizeof(pats[0]); i++) {
+        kpt_pattern *pat = parse_or_fail(pats[i]);
+        prob shape = small;
+        if (i == 3)
+            shape.Sq = 9; /* Sq > Skv: two rows keep nothing */
+        shape.with_sinks = true;
+        prob p = shape;
+        prob_init(&p, 300 + i);
+        int64_t rows = p.B * p.Hq * p.Sq;
+        double *lse = malloc((size_t)rows * sizeof(double)), *o0 = malloc(no(&p) * sizeof(double));
+        double *lse0 = malloc((size_t)rows * sizeof(double));
+        kpt_aux_tensor aux;
+        kpt_attention_args a = args_of(&p, pat, &aux);
+        a.lse = kpt_tensor_contiguous(lse, KPT_DTYPE_F64, 3, (int64_t[]){p.B, p.Hq, p.Sq});
+        assert_int_equal(kpt_reference_attention(pat, &a, NULL), KPT_OK);
+        memcpy(o0, p.o, no(&p) * sizeof(double));
+        a.sinks.data = NULL;
+        a.lse.data = lse0;
+        assert_int_equal(kpt_reference_attention(pat, &a, NULL), KPT_OK);
+        for (int64_t r = 0; r < rows; r++) {
+            double sk = p.sinks[r / p.Sq % p.Hq], l0 = lse0[r];
+            double want = l0 == -INFINITY ? sk : fmax(l0, sk) + log(exp(l0 - fmax(l0, sk)) + exp(sk - fmax(l0, sk)));
+            assert_true(fabs(lse[r] - want) < 1e-12 * fmax(1, fabs(want)));
+            for (int64_t e = 0; e < p.Dv; e++) {
+                double w = l0 == -INFINITY ? 0 : p.o[r * p.Dv + e] * exp(l0 - want);
+                assert_true(fabs(o0[r * p.Dv + e] - w) < 1e-12);
+            }
+        }
+        free(lse), free(lse0), free(o0);
+        prob_free(&p);
+        check_pattern(pat, shape, 300 + i);
+        kpt_pattern_destroy(&pat);
+    }
+}
+
 static void test_fully_masked_rows(void **state)
 {
     (void)state;
@@ -338,6 +396,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_builtins),
         cmocka_unit_test(test_fully_masked_rows),
+        cmocka_unit_test(test_sinks),
         cmocka_unit_test(test_lua_score_and_bias),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_validation),

@@ -40,6 +40,11 @@ typedef struct kpt_attention_args {
     int num_scalars;
     const kpt_aux_tensor *aux;
     int num_aux;
+    /* Attention sinks (gpt-oss, StreamingLLM), or data == NULL for none: [Hq], f32 (f64 in the
+     * reference), each head's logit that joins every row's softmax denominator with no value:
+     * O = sum_k exp(s_k) v_k / (sum_k exp(s_k) + exp(sink_h)), LSE = log of that denominator (a
+     * row with nothing kept: O = 0, LSE = sink_h). CUDA and the CPU backend take them. */
+    kpt_tensor sinks;
 } kpt_attention_args;
 
 /* Computes o (and lse) for pattern p. Inputs f16, bf16, f32 or f64; o any float dtype (f64 keeps
@@ -62,6 +67,10 @@ typedef struct kpt_attention_grads {
      * does not read (or reads only in the mask) gets zeros. Written, not accumulated into. */
     const kpt_aux_tensor *daux;
     int num_daux;
+    /* The sinks' gradient, [Hq] like args->sinks (f32; f64 in the reference), or data == NULL:
+     * d loss / d sink_h = -sum over rows of head h of exp(sink_h - LSE) * rowsum(dO * O).
+     * Written, not accumulated into. */
+    kpt_tensor dsinks;
 } kpt_attention_grads;
 
 /* The reference backward, in double precision: the exact gradient of kpt_reference_attention at
