@@ -20,6 +20,7 @@
 #define KPT_CUDA_BWD_DKDV_ENTRY "kpt_bwd_dkdv"
 #define KPT_CUDA_BWD_DQ_ENTRY "kpt_bwd_dq"
 #define KPT_CUDA_BWD_DAUX_ENTRY "kpt_bwd_daux"
+#define KPT_CUDA_BWD_DSINKS_ENTRY "kpt_bwd_dsinks"
 /* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */
 #define KPT_CUDA_BLOCKMAP_ORDER_ENTRY "kpt_blockmap_order"
 

@@ -603,6 +603,10 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
 {
     if (!a)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
+    if (a->sinks.data)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "attention sinks: the Vulkan backend has none yet (CUDA and the CPU "
+                            "backend do)");
     memset(L, 0, sizeof(*L));
     L->k = k;
     kpt_attn_binding bind;

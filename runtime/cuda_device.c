@@ -113,6 +113,9 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
     r = k->dev->cu->ModuleGetFunction(&k->bwd_daux, k->module, KPT_CUDA_BWD_DAUX_ENTRY);
     if (r)
         return kpt_cu_fail(diag, KPT_CUDA_BWD_DAUX_ENTRY, r);
+    r = k->dev->cu->ModuleGetFunction(&k->bwd_dsinks, k->module, KPT_CUDA_BWD_DSINKS_ENTRY);
+    if (r)
+        return kpt_cu_fail(diag, KPT_CUDA_BWD_DSINKS_ENTRY, r);
     kpt_status st = get_big_function(k, &k->bwd_dkdv, KPT_CUDA_BWD_DKDV_ENTRY, diag);
     return st ? st : get_big_function(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, diag);
 }
@@ -354,6 +357,9 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                       (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
                                       (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
+    if (g->dsinks) /* after delta; reads lse and delta only */
+        KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dsinks, (unsigned)a->Hq, 1, 1, 256, 1, 1, 0,
+                                          stream, params, NULL));
     for (int i = 0; i < KPT_MAX_AUX; i++) {
         if (!g->dacc[i])
             continue;

@@ -32,7 +32,7 @@ typedef struct kpt_cuda_kernel {
     kpt_kernel_plan plan;
     CUmodule module;
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
-    CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux; /* backward kernels (no attention) */
+    CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux, bwd_dsinks; /* backward (no attention) */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */

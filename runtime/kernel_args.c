@@ -102,6 +102,14 @@ static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, co
     }
     for (int i = 0; i < 3; i++)
         out->lses[i] = a->lse.data ? a->lse.stride[i] : 0;
+    if (a->sinks.data && a->sinks.dtype != KPT_DTYPE_F32)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor sinks must be f32 on %s",
+                            backend);
+    if (a->sinks.data && (uintptr_t)a->sinks.data % 4)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor sinks: the data pointer must be 4-byte aligned");
+    out->sinks = (uint64_t)(uintptr_t)a->sinks.data;
+    out->sink_stride = a->sinks.data ? a->sinks.stride[0] : 0;
     out->B = (int32_t)s->B;
     out->Hq = (int32_t)s->Hq;
     out->Hkv = (int32_t)s->Hkv;
@@ -225,6 +233,11 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
         out->dks[i] = g->dk.stride[i];
         out->dvs[i] = g->dv.stride[i];
     }
+    if (g->dsinks.data && (g->dsinks.dtype != KPT_DTYPE_F32 || (uintptr_t)g->dsinks.data % 4))
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor dsinks must be f32 (4-byte aligned) on %s", backend);
+    out->dsinks = (uint64_t)(uintptr_t)g->dsinks.data;
+    out->dsinks_stride = g->dsinks.data ? g->dsinks.stride[0] : 0;
     out->daux_on = ws->bytes > ws->zero_from;
     return KPT_OK;
 }

@@ -30,10 +30,12 @@ typedef struct kpt_kernel_args {
     float scale, scale_log2;
     uint32_t scalars[32];
     kpt_kernel_aux_arg aux[16];
+    uint64_t sinks; /* f32 [Hq], or 0 */
+    int64_t sink_stride;
 } kpt_kernel_args;
 
 _Static_assert(sizeof(kpt_kernel_aux_arg) == 48, "kpt_kernel_aux_arg layout");
-_Static_assert(sizeof(kpt_kernel_args) == 1160, "kpt_kernel_args layout");
+_Static_assert(sizeof(kpt_kernel_args) == 1176, "kpt_kernel_args layout");
 
 /* The gradient arguments of the backward kernels: the host twin of `struct kpt_gargs` in
  * templates/cuda/attention_bwd.cu. */
@@ -42,9 +44,11 @@ typedef struct kpt_kernel_gargs {
     int64_t dos[4], dqs[4], dks[4], dvs[4];
     uint64_t dacc[16], dflag[16]; /* per aux slot: fixed-point accumulators and flags, or 0 */
     int32_t daux_on, pad;
+    uint64_t dsinks; /* f32 [Hq], or 0 */
+    int64_t dsinks_stride;
 } kpt_kernel_gargs;
 
-_Static_assert(sizeof(kpt_kernel_gargs) == 432, "kpt_kernel_gargs layout");
+_Static_assert(sizeof(kpt_kernel_gargs) == 448, "kpt_kernel_gargs layout");
 
 /* A 16-bit tensor of the kernel's dtype `want` whose last dimension (of size d, the head dim) is
  * contiguous, whose other strides are multiples of 8 elements and whose data is 16-byte

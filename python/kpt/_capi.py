@@ -51,7 +51,8 @@ class _Args(ctypes.Structure):
     _fields_ = [("q", _Tensor), ("k", _Tensor), ("v", _Tensor), ("o", _Tensor), ("lse", _Tensor),
                 ("scale", ctypes.c_double),
                 ("scalars", ctypes.POINTER(_ScalarValue)), ("num_scalars", ctypes.c_int),
-                ("aux", ctypes.POINTER(_AuxTensor)), ("num_aux", ctypes.c_int)]
+                ("aux", ctypes.POINTER(_AuxTensor)), ("num_aux", ctypes.c_int),
+                ("sinks", _Tensor)]
 
 
 _LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
@@ -59,7 +60,8 @@ _LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
 class _Grads(ctypes.Structure):
     _fields_ = [("dout", _Tensor), ("dq", _Tensor), ("dk", _Tensor), ("dv", _Tensor),
-                ("daux", ctypes.POINTER(_AuxTensor)), ("num_daux", ctypes.c_int)]
+                ("daux", ctypes.POINTER(_AuxTensor)), ("num_daux", ctypes.c_int),
+                ("dsinks", _Tensor)]
 
 
 class _PagedArgs(ctypes.Structure):

@@ -29,8 +29,10 @@ struct kpt_gargs {
     i64 dos[4], dqs[4], dks[4], dvs[4];
     u64 dacc[16], dflag[16]; // per aux slot: accumulators (16 bytes an element) and flags, or 0
     int daux_on, pad;        // any dacc set
+    u64 dsinks;              // f32 [Hq]: the sinks' gradient, or 0
+    i64 dsinks_stride;
 };
-static_assert(sizeof(kpt_gargs) == 432, "kpt_gargs layout");
+static_assert(sizeof(kpt_gargs) == 448, "kpt_gargs layout");
 
 #define KPT_INF __int_as_float(0x7f800000u)
 
@@ -164,6 +166,29 @@ extern "C" __global__ void __launch_bounds__(256) kpt_bwd_prep(const kpt_args A,
     for (int m = 16; m > 0; m >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, m);
     if (lane == 0) ((float *)G.delta)[((i64)b * A.Hq + h) * A.Sq + q] = s;
+}
+
+// The sinks' gradient, one CTA a head: dsink_h = -sum over its rows of exp(sink_h - LSE) delta,
+// each thread summing its rows in a fixed order, then a fixed tree: the same bits every run.
+extern "C" __global__ void __launch_bounds__(256) kpt_bwd_dsinks(const kpt_args A, const kpt_gargs G)
+{
+    __shared__ float part[256];
+    const int h = blockIdx.x, tid = threadIdx.x;
+    const float sink = ((const float *)A.sinks)[(i64)h * A.sink_stride];
+    float s = 0.0f;
+    for (i64 r = tid; r < (i64)A.B * A.Sq; r += 256) {
+        const int b = (int)(r / A.Sq), q = (int)(r % A.Sq);
+        const float l = ((const float *)A.lse)[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)q * A.lses[2]];
+        const float d = ((const float *)G.delta)[((i64)b * A.Hq + h) * A.Sq + q];
+        if (l != KPT_NINF) s -= expf(sink - l) * d;
+    }
+    part[tid] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if (tid < w) part[tid] += part[tid + w];
+        __syncthreads();
+    }
+    if (tid == 0) ((float *)G.dsinks)[(i64)h * G.dsinks_stride] = part[0];
 }
 
 // LSE of row q in log2 units, +inf where the row keeps nothing (or lies past Sq), so that

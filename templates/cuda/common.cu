@@ -331,9 +331,17 @@ __device__ __forceinline__ void kpt_store_rows(const kpt_args &A, int b, int h, 
         float sum = l[r];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float lse2 = sum > 0.0f ? m[r] + __log2f(sum) : KPT_NINF; // log2 units
         const int qi = row0 + (lane >> 2) + r * 8;
         if (qi >= A.Sq) continue;
+        if (A.sinks) { // the sink joins the denominator with no value
+            const float s2 = ((const float *)A.sinks)[(i64)h * A.sink_stride] * KPT_LOG2E;
+            const float mm = fmaxf(lse2, s2);
+            const float tot = mm == KPT_NINF ? KPT_NINF : mm + __log2f(kpt_ex2(lse2 - mm) + kpt_ex2(s2 - mm));
+            inv = sum > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
+            lse2 = tot;
+        }
         u16 *go = (u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)qi * A.os[2];
 #pragma unroll
         for (int n = 0; n < KPT_DV / 8; n++) {
@@ -342,8 +350,7 @@ __device__ __forceinline__ void kpt_store_rows(const kpt_args &A, int b, int h, 
         }
         if (A.lse && (lane & 3) == 0) {
             float *gl = (float *)A.lse;
-            gl[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] =
-                sum > 0.0f ? (m[r] + __log2f(sum)) * KPT_LN2 : KPT_NINF;
+            gl[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] = lse2 * KPT_LN2;
         }
     }
 }

@@ -262,6 +262,86 @@ done:
         kpt_buffer_destroy(&gb[i]);
 }
 
+/* Sinks through the forward and the backward kernels: o, lse, dq, dk, dv and dsinks against
+ * the reference (causal rows, so the first keep one key and the sink weighs most there). */
+static void run_sinks(kpt_context *ctx)
+{
+    kpt_diag d = {0};
+    kpt_pattern *p = NULL;
+    CHECK(!kpt_pattern_parse("causal+softcap(20)", &p, &d), "pattern: %s", d.message);
+    kpt_kernel *fwd = NULL, *bwd = NULL;
+    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_BF16, .head_dim = D};
+    kpt_status st = kpt_kernel_get(ctx, p, &desc, &fwd, &d);
+    desc.options = KPT_DESC_BACKWARD;
+    if (!st)
+        st = kpt_kernel_get(ctx, p, &desc, &bwd, &d);
+    CHECK(!st, "sinks kernels: %s", d.message);
+    float sinks[HQ] = {-1.0f, 0.5f, 2.0f, 4.0f};
+    static double o_ref[NQ], lse_ref[B * HQ * S], dq[NQ], dk[NK], dv[NK], ds[HQ];
+    kpt_attention_args ha = {.q = t4(h.q, KPT_DTYPE_BF16, HQ), .k = t4(h.k, KPT_DTYPE_BF16, HKV),
+                             .v = t4(h.v, KPT_DTYPE_BF16, HKV),
+                             .o = t4(o_ref, KPT_DTYPE_F64, HQ),
+                             .lse = kpt_tensor_contiguous(lse_ref, KPT_DTYPE_F64, 3,
+                                                          (int64_t[]){B, HQ, S}),
+                             .sinks = kpt_tensor_contiguous(sinks, KPT_DTYPE_F32, 1,
+                                                            (int64_t[]){HQ})};
+    kpt_attention_grads hg = {.dout = t4(h.dout, KPT_DTYPE_BF16, HQ),
+                              .dq = t4(dq, KPT_DTYPE_F64, HQ), .dk = t4(dk, KPT_DTYPE_F64, HKV),
+                              .dv = t4(dv, KPT_DTYPE_F64, HKV),
+                              .dsinks = kpt_tensor_contiguous(ds, KPT_DTYPE_F64, 1,
+                                                              (int64_t[]){HQ})};
+    if (!st && ((st = kpt_reference_attention(p, &ha, &d)) ||
+                (st = kpt_reference_attention_backward(p, &ha, &hg, &d))))
+        CHECK(0, "sinks reference: %s", d.message);
+    kpt_buffer *bq = upload(ctx, h.q, NQ * 2), *bk = upload(ctx, h.k, NK * 2),
+               *bv = upload(ctx, h.v, NK * 2), *bo = upload(ctx, NULL, NQ * 2),
+               *bl = upload(ctx, NULL, (size_t)B * HQ * S * 4), *bs = upload(ctx, sinks, HQ * 4),
+               *bdo = upload(ctx, h.dout, NQ * 2), *bdq = upload(ctx, NULL, NQ * 2),
+               *bdk = upload(ctx, NULL, NK * 2), *bdv = upload(ctx, NULL, NK * 2),
+               *bds = upload(ctx, NULL, HQ * 4);
+    kpt_attention_args a = ha;
+    a.q.data = kpt_buffer_data(bq), a.k.data = kpt_buffer_data(bk), a.v.data = kpt_buffer_data(bv);
+    a.o = t4(kpt_buffer_data(bo), KPT_DTYPE_BF16, HQ);
+    a.lse = kpt_tensor_contiguous(kpt_buffer_data(bl), KPT_DTYPE_F32, 3, (int64_t[]){B, HQ, S});
+    a.sinks.data = kpt_buffer_data(bs);
+    kpt_attention_grads g = {.dout = t4(kpt_buffer_data(bdo), KPT_DTYPE_BF16, HQ),
+                             .dq = t4(kpt_buffer_data(bdq), KPT_DTYPE_BF16, HQ),
+                             .dk = t4(kpt_buffer_data(bdk), KPT_DTYPE_BF16, HKV),
+                             .dv = t4(kpt_buffer_data(bdv), KPT_DTYPE_BF16, HKV),
+                             .dsinks = kpt_tensor_contiguous(kpt_buffer_data(bds), KPT_DTYPE_F32,
+                                                             1, (int64_t[]){HQ})};
+    if (!st && ((st = kpt_kernel_launch(fwd, &a, NULL, NULL, &d)) ||
+                (st = kpt_kernel_launch_backward(bwd, &a, &g, NULL, NULL, 0, NULL, &d)) ||
+                (st = kpt_context_synchronize(ctx, &d))))
+        CHECK(0, "sinks launch: %s", d.message);
+    if (!st) {
+        static uint16_t go[NQ], gq[NQ], gk[NK], gv[NK];
+        static float gl[B * HQ * S], gs[HQ];
+        kpt_buffer_read(bo, 0, go, NQ * 2, &d);
+        kpt_buffer_read(bl, 0, gl, sizeof(gl), &d);
+        kpt_buffer_read(bdq, 0, gq, NQ * 2, &d);
+        kpt_buffer_read(bdk, 0, gk, NK * 2, &d);
+        kpt_buffer_read(bdv, 0, gv, NK * 2, &d);
+        kpt_buffer_read(bds, 0, gs, sizeof(gs), &d);
+        const void *got[6] = {go, gl, gq, gk, gv, gs};
+        const double *want[6] = {o_ref, lse_ref, dq, dk, dv, ds};
+        const size_t n[6] = {NQ, (size_t)B * HQ * S, NQ, NK, NK, HQ};
+        static const char *const names[6] = {"o", "lse", "dq", "dk", "dv", "dsinks"};
+        printf("%-28s", "causal+softcap(20) + sinks");
+        for (int i = 0; i < 6; i++) {
+            kpt_dtype dt = i == 1 || i == 5 ? KPT_DTYPE_F32 : KPT_DTYPE_BF16;
+            double e = error(got[i], dt, want[i], n[i]);
+            printf(" %s %.2g", names[i], e);
+            CHECK(e <= 1e-2, "sinks: %s relative error %.3g", names[i], e);
+        }
+        printf("\n");
+    }
+    kpt_buffer *all[] = {bq, bk, bv, bo, bl, bs, bdo, bdq, bdk, bdv, bds};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        kpt_buffer_destroy(&all[i]);
+    kpt_pattern_destroy(&p);
+}
+
 int main(void)
 {
     kpt_diag d = {0};
@@ -282,6 +362,7 @@ int main(void)
     }
     run(ctx, p);
     kpt_pattern_destroy(&p);
+    run_sinks(ctx);
     kpt_context_destroy(&ctx);
     printf("%s: %d failure%s\n", failures ? "FAILED" : "passed", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
