@@ -386,6 +386,62 @@ static void test_kernel_misuse(void **state)
 
 /* ---- offline CUDA contexts: caches and bundles (NVRTC only, no GPU) --------------------------- */
 
+/* The serving calls' refusals through the public API (CPU backend). */
+static void test_paged_misuse(void **state)
+{
+    (void)state;
+    kpt_context_params cp = {.backend = KPT_BACKEND_CPU};
+    kpt_context *ctx = NULL;
+    assert_int_equal(kpt_context_create(&cp, &ctx, NULL), KPT_OK);
+    kpt_pattern *p = parse("causal");
+    kpt_kernel *pk = NULL, *fk = get(ctx, p, KPT_DTYPE_F32, D);
+    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_F32, .head_dim = D,
+                            .options = KPT_DESC_PAGED | KPT_DESC_BACKWARD};
+    EXPECT(KPT_ERR_UNSUPPORTED, kpt_kernel_get(ctx, p, &desc, &pk, DIAG), "no backward");
+    desc.options = KPT_DESC_PAGED;
+    assert_int_equal(kpt_kernel_get(ctx, p, &desc, &pk, NULL), KPT_OK);
+    int32_t cu[3] = {0, 1, 3}, kv[2] = {5, 2};
+    kpt_paged_shape sh = {.batch = 2, .cu_seqlens_q = cu, .kv_lens = kv, .num_heads_q = 4,
+                          .num_heads_kv = 2};
+    kpt_paged_plan plan;
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_plan_make(fk, &sh, &plan, DIAG),
+           "not a serving kernel");
+    kv[1] = 1;
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_plan_make(pk, &sh, &plan, DIAG),
+           "sequence 1 has 2 queries but 1 keys");
+    kv[1] = 2;
+    cu[0] = 1;
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_plan_make(pk, &sh, &plan, DIAG), "must be 0");
+    cu[0] = 0;
+    sh.num_heads_q = 5;
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_plan_make(pk, &sh, &plan, DIAG), "multiple");
+    sh.num_heads_q = 4;
+    assert_int_equal(kpt_paged_plan_make(pk, &sh, &plan, NULL), KPT_OK);
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_run(pk, &plan, NULL, NULL, 0, NULL, DIAG),
+           "args is NULL");
+    /* a call of another batch size than the plan's */
+    static float q[3 * 4 * D], o[3 * 4 * D], kc[2 * 8 * 2 * D];
+    int32_t cu1[2] = {0, 3}, kv1[1] = {5};
+    kpt_paged_args a = {
+        .q = kpt_tensor_contiguous(q, KPT_DTYPE_F32, 3, (int64_t[]){3, 4, D}),
+        .o = kpt_tensor_contiguous(o, KPT_DTYPE_F32, 3, (int64_t[]){3, 4, D}),
+        .k = kpt_tensor_contiguous(kc, KPT_DTYPE_F32, 4, (int64_t[]){2, 8, 2, D}),
+        .v = kpt_tensor_contiguous(kc, KPT_DTYPE_F32, 4, (int64_t[]){2, 8, 2, D}),
+        .cu_seqlens_q = kpt_tensor_contiguous(cu1, KPT_DTYPE_I32, 1, (int64_t[]){2}),
+        .kv_lens = kpt_tensor_contiguous(kv1, KPT_DTYPE_I32, 1, (int64_t[]){1}),
+    };
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_run(pk, &plan, &a, NULL, 0, NULL, DIAG),
+           "the plan is for B=2");
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_paged_run(fk, &plan, &a, NULL, 0, NULL, DIAG),
+           "not a serving kernel");
+    static problem pr;
+    problem_init(&pr, 4);
+    EXPECT(KPT_ERR_INVALID_ARGUMENT, kpt_kernel_launch(pk, &pr.a, NULL, NULL, DIAG),
+           "serving kernel");
+    kpt_pattern_destroy(&p);
+    kpt_context_destroy(&ctx);
+}
+
 static void test_offline_caches(void **state)
 {
     (void)state;
@@ -902,6 +958,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_context_misuse),
         cmocka_unit_test(test_kernel_misuse),
+        cmocka_unit_test(test_paged_misuse),
         cmocka_unit_test(test_offline_caches),
         cmocka_unit_test(test_disk_entry_that_will_not_load),
         cmocka_unit_test(test_unwritable_cache),
