@@ -144,7 +144,7 @@ def _scalars(scalars):
 
 # ---- the numpy / CPU path ------------------------------------------------------------------
 
-def _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse):
+def _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse, sinks=None):
     import numpy as np
     q, k, v = (_as_numpy(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     _check_shapes(q, k, v)
@@ -159,8 +159,10 @@ def _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse):
     aux = {n: _as_numpy(t, f"aux '{n}'") for n, t in (aux or {}).items()}
     ker = context("cpu").kernel(pat, dtype, q.shape[3], v.shape[3])
     views = {n: _numpy_view(t, f"aux '{n}'") for n, t in aux.items()}
+    sk = None if sinks is None else np.ascontiguousarray(_as_numpy(sinks, "sinks"), np.float32)
     ker(_numpy_view(q, "q"), _numpy_view(k, "k"), _numpy_view(v, "v"), _numpy_view(o, "o"),
-        _numpy_view(lse, "lse"), scale=scale or 0.0, scalars=scalars, aux=views)
+        _numpy_view(lse, "lse"), scale=scale or 0.0, scalars=scalars, aux=views,
+        sinks=None if sk is None else _numpy_view(sk, "sinks"))
     return (o, lse) if return_lse else o
 
 
@@ -169,21 +171,24 @@ def _attention_numpy(q, k, v, pat, scalars, aux, scale, return_lse):
 def attention(q: Any, k: Any, v: Any, pattern: Union[str, Pattern] = "full", *,
               scalars: Optional[Mapping[str, float]] = None,
               aux: Optional[Dict[str, Any]] = None, scale: Optional[float] = None,
-              params: Optional[Mapping[str, float]] = None, return_lse: bool = False) -> Any:
+              params: Optional[Mapping[str, float]] = None, return_lse: bool = False,
+              sinks: Any = None) -> Any:
     """softmax(score(scale * q k^T) masked) v for a kpt pattern.
 
     pattern: a built-in pattern string, a Lua script's path or text, or a kpt.Pattern.
     scalars: {name: value} for runtime scalars ($w); aux: {name: tensor} for aux tensors;
     scale: defaults to 1/sqrt(Dqk); params: a Lua script's params. Returns o [B, Hq, Sq, Dv]
-    in q's dtype, and with return_lse=True also lse [B, Hq, Sq] (f32, natural log)."""
+    in q's dtype, and with return_lse=True also lse [B, Hq, Sq] (f32, natural log).
+    sinks: [Hq] logits joining each row's softmax denominator (gpt-oss, StreamingLLM); on torch
+    tensors learnable (their gradient flows through autograd)."""
     torch = sys.modules.get("torch")
     if _torch_impl is not None and torch is not None and isinstance(q, torch.Tensor):
         # the pattern is compiled inside the op, so torch.compile traces this without a break
         return _torch_impl.attention(q, k, v, pattern, dict(params or {}), _scalars(scalars),
-                                     dict(aux or {}), scale, return_lse)
+                                     dict(aux or {}), scale, return_lse, sinks)
     pat = get_pattern(pattern, params)
     return _attention_numpy(q, k, v, pat, _scalars(scalars), dict(aux or {}), scale,
-                            return_lse)
+                            return_lse, sinks)
 
 
 # ---- serving: ragged batches over a paged KV cache --------------------------------------------

@@ -252,14 +252,15 @@ def _tensor(t):
 class _ArgsHolder:
     """kpt_attention_args and the arrays and strings it points to (kept alive together)."""
 
-    def __init__(self, q, k, v, o, lse, scale, scalars, aux):
+    def __init__(self, q, k, v, o, lse, scale, scalars, aux, sinks=None):
         self.names = [n.encode() for n in list(scalars) + list(aux)]
         self.scalars = (_ScalarValue * max(1, len(scalars)))(
             *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
         self.aux = (_AuxTensor * max(1, len(aux)))(
             *[_AuxTensor(n.encode(), _tensor(t)) for n, t in aux.items()])
         self.args = _Args(_tensor(q), _tensor(k), _tensor(v), _tensor(o), _tensor(lse),
-                          float(scale), self.scalars, len(scalars), self.aux, len(aux))
+                          float(scale), self.scalars, len(scalars), self.aux, len(aux),
+                          _tensor(sinks))
 
 
 # ---- patterns, contexts, kernels, block maps ------------------------------------------------
@@ -416,40 +417,42 @@ class Kernel:
                 "tile_kv": i.tile_kv, "shared_bytes": i.shared_bytes, "source": i.source.decode()}
 
     def __call__(self, q, k, v, o, lse=None, scale=0.0, scalars=None, aux=None, blockmap=None,
-                 stream=None):
+                 stream=None, sinks=None):
         """o (and lse, when given) = attention(q, k, v) on `stream` (a CUstream as an int, or
-        None for the default stream). Tensors are logically [B, H, S, D]; lse is [B, Hq, Sq]."""
-        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {})
+        None for the default stream). Tensors are logically [B, H, S, D]; lse is [B, Hq, Sq];
+        sinks [Hq] f32: each head's sink logit (docs/api.md, "Attention sinks")."""
+        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
         diag = _Diag()
         _check(library().kpt_kernel_launch(self._h, a.args, blockmap._h if blockmap else None,
                                            stream, diag), diag, "launch")
         return o
 
-    def _grads(self, dout, dq, dk, dv, daux):
+    def _grads(self, dout, dq, dk, dv, daux, dsinks=None):
         daux = daux or {}
         names = [n.encode() for n in daux]
         arr = (_AuxTensor * max(1, len(daux)))(
             *[_AuxTensor(n, _tensor(t)) for n, t in zip(names, daux.values())])
-        g = _Grads(_tensor(dout), _tensor(dq), _tensor(dk), _tensor(dv), arr, len(daux))
+        g = _Grads(_tensor(dout), _tensor(dq), _tensor(dk), _tensor(dv), arr, len(daux),
+                   _tensor(dsinks))
         return g, (names, arr)
 
     def workspace_bytes(self, q, k, v, o, lse, dout, dq, dk, dv, scale=0.0, scalars=None,
-                        aux=None, daux=None):
+                        aux=None, daux=None, sinks=None, dsinks=None):
         """Bytes of workspace a backward call with these tensors needs."""
-        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {})
-        g, keep = self._grads(dout, dq, dk, dv, daux)
+        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
+        g, keep = self._grads(dout, dq, dk, dv, daux, dsinks)
         diag, n = _Diag(), ctypes.c_size_t()
         _check(library().kpt_kernel_backward_workspace(self._h, a.args, g, ctypes.byref(n), diag),
                diag, "backward workspace")
         return n.value
 
     def backward(self, q, k, v, o, lse, dout, dq, dk, dv, scale=0.0, scalars=None, aux=None,
-                 daux=None, blockmap=None, workspace=None, stream=None):
-        """dq, dk, dv (and daux: {aux name: f32 tensor}) of a backward kernel from the forward's
-        q, k, v, o, lse and dout. workspace: a tensor of at least workspace_bytes() bytes, or
-        None for a temporary one."""
-        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {})
-        g, keep = self._grads(dout, dq, dk, dv, daux)
+                 daux=None, blockmap=None, workspace=None, stream=None, sinks=None, dsinks=None):
+        """dq, dk, dv (and daux: {aux name: f32 tensor}; dsinks [Hq] f32 with sinks) of a
+        backward kernel from the forward's q, k, v, o, lse and dout. workspace: a tensor of at
+        least workspace_bytes() bytes, or None for a temporary one."""
+        a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
+        g, keep = self._grads(dout, dq, dk, dv, daux, dsinks)
         ws = workspace.data_ptr() if workspace is not None else None
         nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
         diag = _Diag()

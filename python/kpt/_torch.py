@@ -12,7 +12,7 @@ capture by calling once before it.
 """
 import threading
 import weakref
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -98,8 +98,10 @@ def _blockmap(ker, q, k, v, o, scalars, aux, stream):
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
                  param_names: str, param_values: List[float], scalar_names: str,
                  scalar_values: List[float], aux_names: str, aux: List[torch.Tensor],
-                 scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """o [B, Hq, Sq, Dv] and lse [B, Hq, Sq] (f32) of a kpt pattern."""
+                 scale: float, sinks: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """o [B, Hq, Sq, Dv] and lse [B, Hq, Sq] (f32) of a kpt pattern; sinks [Hq] f32: each
+    head's logit in the softmax denominator."""
     scalar_names, aux_names = _names(scalar_names), _names(aux_names)
     _check(q, k, v, (aux_names, aux))
     pat = _resolve(pattern, param_names, param_values)
@@ -110,13 +112,24 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str
     ker = _context_of(q).kernel(pat, _DTYPES[q.dtype], Dqk, v.shape[3])
     stream = _stream(q)
     bm = _blockmap(ker, q, k, v, o, scalars, auxd, stream)
-    ker(q, k, v, o, lse, scale=scale, scalars=scalars, aux=auxd, blockmap=bm, stream=stream)
+    ker(q, k, v, o, lse, scale=scale, scalars=scalars, aux=auxd, blockmap=bm, stream=stream,
+        sinks=_sinks(sinks, q))
     return o, lse
+
+
+def _sinks(sinks, q):
+    """The sinks as kpt takes them: f32, on q's device, one per query head (or None)."""
+    if sinks is None:
+        return None
+    if sinks.shape != (q.shape[1],):
+        raise ValueError(f"kpt: sinks must have shape [Hq] = [{q.shape[1]}], not "
+                         f"{tuple(sinks.shape)}")
+    return sinks.detach().to(device=q.device, dtype=torch.float32)
 
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, pattern, param_names, param_values, scalar_names, scalar_values,
-                    aux_names, aux, scale):
+                    aux_names, aux, scale, sinks=None):
     _resolve(pattern, param_names, param_values)  # a bad pattern fails when traced, not later
     _check_shapes(q, k, v)
     B, Hq, Sq, _ = q.shape
@@ -130,9 +143,10 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
                           param_names: str, param_values: List[float],
                           scalar_names: str, scalar_values: List[float],
                           aux_names: str, aux: List[torch.Tensor], aux_grads: List[bool],
-                          scale: float) -> List[torch.Tensor]:
-    """[dq, dk, dv, then per aux tensor its gradient where aux_grads flags it (f32, the aux
-    tensor's shape) or an empty tensor]."""
+                          scale: float, sinks: Optional[torch.Tensor] = None,
+                          sinks_grad: bool = False) -> List[torch.Tensor]:
+    """[dq, dk, dv, dsinks (f32 [Hq] where sinks_grad, else empty), then per aux tensor its
+    gradient where aux_grads flags it (f32, the aux tensor's shape) or an empty tensor]."""
     pat = _resolve(pattern, param_names, param_values)
     scalar_names, aux_names = _names(scalar_names), _names(aux_names)
     dout = dout if dout.dtype == q.dtype else dout.to(q.dtype)
@@ -143,45 +157,59 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     ker = _context_of(q).kernel(pat, _DTYPES[q.dtype], q.shape[3], v.shape[3], backward=True)
     stream = _stream(q)
     bm = _blockmap(ker, q, k, v, o, scalars, auxd, stream)
+    sk = _sinks(sinks, q)
+    dsinks = (torch.empty(q.shape[1], device=q.device, dtype=torch.float32)
+              if sinks_grad and sk is not None else None)
     nbytes = ker.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars,
-                                 aux=auxd, daux=daux)
+                                 aux=auxd, daux=daux, sinks=sk, dsinks=dsinks)
     ws = torch.empty(max(nbytes, 1), device=q.device, dtype=torch.uint8)
     ker.backward(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars, aux=auxd,
-                 daux=daux, blockmap=bm, workspace=ws, stream=stream)
-    return [dq, dk, dv] + [daux.get(n, q.new_empty(0, dtype=torch.float32)) for n in aux_names]
+                 daux=daux, blockmap=bm, workspace=ws, stream=stream, sinks=sk, dsinks=dsinks)
+    empty = q.new_empty(0, dtype=torch.float32)
+    return [dq, dk, dv, dsinks if dsinks is not None else empty] + [
+        daux.get(n, empty) for n in aux_names]
 
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(q, k, v, o, lse, dout, pattern, param_names, param_values,
-                             scalar_names, scalar_values, aux_names, aux, aux_grads, scale):
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)] + [
+                             scalar_names, scalar_values, aux_names, aux, aux_grads, scale,
+                             sinks=None, sinks_grad=False):
+    ds = (q.shape[1],) if sinks is not None and sinks_grad else (0,)
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(ds, dtype=torch.float32)] + [
         q.new_empty(t.shape if want else (0,), dtype=torch.float32)
         for t, want in zip(aux, aux_grads)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale = inputs
+    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale, sinks = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)  # the gradient flows through o only
-    ctx.save_for_backward(q, k, v, o, lse, *aux)
+    ctx.has_sinks = sinks is not None
+    ctx.sinks_grad = bool(sinks is not None and sinks.requires_grad)
+    ctx.save_for_backward(q, k, v, o, lse, *(([sinks] if ctx.has_sinks else []) + list(aux)))
     ctx.meta = (pattern, pn, pv, sn, sv, an, scale)
     ctx.aux_grads = [bool(t.requires_grad and t.is_floating_point()) for t in aux]
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, o, lse, *aux = ctx.saved_tensors
+    q, k, v, o, lse, *rest = ctx.saved_tensors
+    sinks, aux = (rest[0], rest[1:]) if ctx.has_sinks else (None, rest)
     pattern, pn, pv, sn, sv, an, scale = ctx.meta
-    dq, dk, dv, *daux = torch.ops.kpt.attention_backward(
-        q, k, v, o, lse, dout, pattern, pn, pv, sn, sv, an, aux, ctx.aux_grads, scale)
+    dq, dk, dv, dsinks, *daux = torch.ops.kpt.attention_backward(
+        q, k, v, o, lse, dout, pattern, pn, pv, sn, sv, an, aux, ctx.aux_grads, scale, sinks,
+        ctx.sinks_grad)
     daux = [g.to(t.dtype) if want else None for g, t, want in zip(daux, aux, ctx.aux_grads)]
+    dsinks = dsinks.to(sinks.dtype) if ctx.sinks_grad else None
     # one entry per input, lists for list inputs (torch checks the structure)
-    return dq, dk, dv, None, None, [None] * len(pv), None, [None] * len(sv), None, daux, None
+    return (dq, dk, dv, None, None, [None] * len(pv), None, [None] * len(sv), None, daux, None,
+            dsinks)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, pattern, params, scalars, aux, scale, return_lse):
+def attention(q, k, v, pattern, params, scalars, aux, scale, return_lse, sinks=None):
     """kpt.attention on torch tensors, through the custom op."""
     if isinstance(pattern, _capi.Pattern):
         pattern = _pattern_key(pattern)
@@ -192,5 +220,5 @@ def attention(q, k, v, pattern, params, scalars, aux, scale, return_lse):
     o, lse = torch.ops.kpt.attention(q, k, v, pattern, "\n".join(params),
                                      [float(x) for x in params.values()], "\n".join(scalars),
                                      [float(x) for x in scalars.values()], "\n".join(names),
-                                     [aux[n] for n in names], float(scale or 0.0))
+                                     [aux[n] for n in names], float(scale or 0.0), sinks)
     return (o, lse) if return_lse else o

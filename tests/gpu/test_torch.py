@@ -201,6 +201,30 @@ def training_check():
     check("training: the loss falls", losses[True][-1] / losses[True][0], 0.9)
 
 
+def sinks_checks():
+    """Learnable sinks through kpt.attention: o and the gradients of q, k, v and the sinks
+    against fp32 autograd of the definition (a logit column with no value in the softmax)."""
+    B, Hq, Hkv, S, D = 2, 8, 2, 300, 64
+    q, k, v = rand(B, Hq, S, D, grad=True), rand(B, Hkv, S, D, grad=True), rand(B, Hkv, S, D, grad=True)
+    sinks = torch.randn(Hq, device=dev, requires_grad=True)
+    dout = torch.randn(B, Hq, S, D, device=dev)
+    o = kpt.attention(q, k, v, "causal", sinks=sinks)
+    (o.float() * dout).sum().backward()
+    got = [o.detach(), q.grad, k.grad, v.grad, sinks.grad]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    sf = sinks.detach().clone().requires_grad_()
+    kr, vr = kf.repeat_interleave(Hq // Hkv, 1), vf.repeat_interleave(Hq // Hkv, 1)
+    s = qf @ kr.transpose(-1, -2) / math.sqrt(D)
+    keep = torch.ones(S, S, dtype=torch.bool, device=dev).tril()
+    s = s.masked_fill(~keep, float("-inf"))
+    s = torch.cat([s, sf[None, :, None, None].expand(B, Hq, S, 1)], -1)
+    ref = torch.softmax(s, -1)[..., :-1] @ vr
+    (ref * dout).sum().backward()
+    want = [ref.detach(), qf.grad, kf.grad, vf.grad, sf.grad]
+    for name, g, w in zip(["o", "dq", "dk", "dv", "dsinks"], got, want):
+        check(f"sinks: {name} vs fp32 autograd", rel(g, w), 3e-2)
+
+
 def paged_checks():
     """kpt.paged_attention on CUDA tensors: a ragged decode batch over 16-row pages against SDPA
     per sequence (bottom-right causal), sinks by their definition, and a plan made for bounds
@@ -273,7 +297,7 @@ def paged_checks():
 
 
 for fn in (forward_checks, backward_checks, compile_and_graph_checks, training_check,
-           paged_checks):
+           sinks_checks, paged_checks):
     try:
         fn()
     except Exception as e:  # a crash in one group is reported, the others still run

@@ -230,3 +230,13 @@ def test_paged_attention_errors():
     q, kc, vc, cu, kvl, table, _ = _paged_batch([2], [1])  # more queries than keys
     with pytest.raises(kpt.Error, match="queries but 1 keys"):
         kpt.paged_attention(q, kc, vc, cu, kvl, table)
+
+
+def test_sinks_numpy():
+    q, k, v = qkv()
+    sinks = np.array([0.3, -2.0, 1.5, 0.0], dtype=np.float32)
+    o, lse = kpt.attention(q, k, v, "causal", sinks=sinks, return_lse=True)
+    want_o, want_l = oracle(q, k, v, lambda i, j: i >= j)
+    tot = np.logaddexp(want_l, sinks[None, :, None].astype(np.float64))
+    assert_close(lse, tot)
+    assert_close(o, want_o * np.exp(want_l - tot)[..., None])
