@@ -165,9 +165,10 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     ws = torch.empty(max(nbytes, 1), device=q.device, dtype=torch.uint8)
     ker.backward(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars, aux=auxd,
                  daux=daux, blockmap=bm, workspace=ws, stream=stream, sinks=sk, dsinks=dsinks)
-    empty = q.new_empty(0, dtype=torch.float32)
-    return [dq, dk, dv, dsinks if dsinks is not None else empty] + [
-        daux.get(n, empty) for n in aux_names]
+    def empty():  # a fresh one each: a custom op's outputs may not alias each other
+        return q.new_empty(0, dtype=torch.float32)
+    return [dq, dk, dv, dsinks if dsinks is not None else empty()] + [
+        daux[n] if n in daux else empty() for n in aux_names]
 
 
 @attention_backward_op.register_fake
@@ -182,7 +183,9 @@ def _attention_backward_fake(q, k, v, o, lse, dout, pattern, param_names, param_
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale, sinks = inputs
+    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale = inputs[:11]
+    sinks = inputs[11] if len(inputs) > 11 else None
+    ctx.n_inputs = len(inputs)  # sinks may have been left to its default
     o, lse = output
     ctx.mark_non_differentiable(lse)  # the gradient flows through o only
     ctx.has_sinks = sinks is not None
@@ -203,7 +206,7 @@ def _backward(ctx, dout, dlse):
     dsinks = dsinks.to(sinks.dtype) if ctx.sinks_grad else None
     # one entry per input, lists for list inputs (torch checks the structure)
     return (dq, dk, dv, None, None, [None] * len(pv), None, [None] * len(sv), None, daux, None,
-            dsinks)
+            dsinks)[:ctx.n_inputs]
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
