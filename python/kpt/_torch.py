@@ -98,7 +98,7 @@ def _blockmap(ker, q, k, v, o, scalars, aux, stream):
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
                  param_names: str, param_values: List[float], scalar_names: str,
                  scalar_values: List[float], aux_names: str, aux: List[torch.Tensor],
-                 scale: float, sinks: Optional[torch.Tensor] = None
+                 scale: float, sinks: Optional[torch.Tensor]
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """o [B, Hq, Sq, Dv] and lse [B, Hq, Sq] (f32) of a kpt pattern; sinks [Hq] f32: each
     head's logit in the softmax denominator."""
@@ -129,7 +129,7 @@ def _sinks(sinks, q):
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, pattern, param_names, param_values, scalar_names, scalar_values,
-                    aux_names, aux, scale, sinks=None):
+                    aux_names, aux, scale, sinks):
     _resolve(pattern, param_names, param_values)  # a bad pattern fails when traced, not later
     _check_shapes(q, k, v)
     B, Hq, Sq, _ = q.shape
@@ -143,8 +143,8 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
                           param_names: str, param_values: List[float],
                           scalar_names: str, scalar_values: List[float],
                           aux_names: str, aux: List[torch.Tensor], aux_grads: List[bool],
-                          scale: float, sinks: Optional[torch.Tensor] = None,
-                          sinks_grad: bool = False) -> List[torch.Tensor]:
+                          scale: float, sinks: Optional[torch.Tensor],
+                          sinks_grad: bool) -> List[torch.Tensor]:
     """[dq, dk, dv, dsinks (f32 [Hq] where sinks_grad, else empty), then per aux tensor its
     gradient where aux_grads flags it (f32, the aux tensor's shape) or an empty tensor]."""
     pat = _resolve(pattern, param_names, param_values)
@@ -174,7 +174,7 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
 @attention_backward_op.register_fake
 def _attention_backward_fake(q, k, v, o, lse, dout, pattern, param_names, param_values,
                              scalar_names, scalar_values, aux_names, aux, aux_grads, scale,
-                             sinks=None, sinks_grad=False):
+                             sinks, sinks_grad):
     ds = (q.shape[1],) if sinks is not None and sinks_grad else (0,)
     return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty(ds, dtype=torch.float32)] + [
@@ -183,9 +183,7 @@ def _attention_backward_fake(q, k, v, o, lse, dout, pattern, param_names, param_
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale = inputs[:11]
-    sinks = inputs[11] if len(inputs) > 11 else None
-    ctx.n_inputs = len(inputs)  # sinks may have been left to its default
+    q, k, v, pattern, pn, pv, sn, sv, an, aux, scale, sinks = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)  # the gradient flows through o only
     ctx.has_sinks = sinks is not None
@@ -206,7 +204,7 @@ def _backward(ctx, dout, dlse):
     dsinks = dsinks.to(sinks.dtype) if ctx.sinks_grad else None
     # one entry per input, lists for list inputs (torch checks the structure)
     return (dq, dk, dv, None, None, [None] * len(pv), None, [None] * len(sv), None, daux, None,
-            dsinks)[:ctx.n_inputs]
+            dsinks)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)

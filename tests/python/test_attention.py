@@ -151,7 +151,10 @@ def test_torch_cpu_forward_and_fake():
         fo = kpt.attention(fq, fk, fv, "causal")
         assert fo.shape == (2, 4, 19, 8)
     torch.library.opcheck(torch.ops.kpt.attention.default,
-                          (q, k, v, "causal", "", [], "", [], "", [], 0.0))
+                          (q, k, v, "causal", "", [], "", [], "", [], 0.0, None))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    torch.library.opcheck(torch.ops.kpt.attention.default,
+                          (q, k, v, "causal", "", [], "", [], "", [], 0.0, sinks))
 
 
 @needs_torch
@@ -230,6 +233,24 @@ def test_paged_attention_errors():
     q, kc, vc, cu, kvl, table, _ = _paged_batch([2], [1])  # more queries than keys
     with pytest.raises(kpt.Error, match="queries but 1 keys"):
         kpt.paged_attention(q, kc, vc, cu, kvl, table)
+
+
+@needs_torch
+def test_torch_cpu_sinks_grad():
+    q, k, v = (torch.from_numpy(t).double().float().requires_grad_() for t in qkv(Sq=9, Skv=9))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    o = kpt.attention(q, k, v, "causal", sinks=sinks)
+    o.sum().backward()
+    qd, kd, vd, sd = (t.detach().double().requires_grad_() for t in (q, k, v, sinks))
+    kr, vr = kd.repeat_interleave(2, 1), vd.repeat_interleave(2, 1)
+    s = (qd @ kr.transpose(-1, -2)) / 4.0
+    s = s.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf"))
+    s = torch.cat([s, sd[None, :, None, None].expand(2, 4, 9, 1)], -1)
+    ref = torch.softmax(s, -1)[..., :-1] @ vr
+    ref.sum().backward()
+    for got, want in ((o, ref), (q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad),
+                      (sinks.grad, sd.grad)):
+        assert torch.allclose(got.double(), want.detach(), atol=1e-4, rtol=1e-4)
 
 
 def test_sinks_numpy():
