@@ -205,7 +205,9 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
     while (cap < KPT_PAGED_ROWS && cap < (int64_t)max_q * group)
         cap *= 2;
     out->q_per_block = cap / group;
-    out->q_blocks = max_q ? (max_q + out->q_per_block - 1) / out->q_per_block : 0;
+    /* at least one block: a sequence with more queries than planned for must still meet a CTA
+     * that writes NaN into its rows (kpt_pg_overflow), even under a plan for max_q = 0 */
+    out->q_blocks = max_q ? (max_q + out->q_per_block - 1) / out->q_per_block : 1;
     out->rows = out->q_per_block * group;
     /* Split the keys until the CTAs fill the device once: decoding is bound by memory, and one
      * full wave of equal CTAs streams the cache with no tail. Each split keeps two tiles. */
