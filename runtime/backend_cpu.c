@@ -119,7 +119,7 @@ static kpt_status cpu_launch_paged(kpt_backend *b, void *kernel, const kpt_paged
 {
     const cpu_kernel *k = kernel;
     kpt_paged_binding pb;
-    kpt_status st = kpt_paged_bind(k->pattern, a, -1, &pb, diag);
+    kpt_status st = kpt_paged_bind_tensors(a, &pb, diag);
     if (!st)
         st = kpt_paged_check_plan(plan, &pb, diag);
     if (!st && (a->q.dtype != k->cfg.dtype || a->k.dtype != k->cfg.dtype ||

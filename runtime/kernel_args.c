@@ -68,40 +68,55 @@ kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_bind
     return KPT_OK;
 }
 
+kpt_status kpt_kernel_args_pack_tensors(const kpt_kernel_plan *pl, const char *backend,
+                                        const kpt_tensor *q, const kpt_tensor *k,
+                                        const kpt_tensor *v, const kpt_tensor *o,
+                                        const kpt_tensor *lse, kpt_kernel_args *out,
+                                        kpt_diag *diag)
+{
+    kpt_status st;
+    kpt_dtype dt = pl->cfg.dtype;
+    if ((st = kpt_kernel_check_rows(q, "q", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(k, "k", dt, pl->cfg.dqk, diag)) ||
+        (st = kpt_kernel_check_rows(v, "v", dt, pl->cfg.dv, diag)) ||
+        (st = kpt_kernel_check_rows(o, "o", dt, pl->cfg.dv, diag)))
+        return st;
+    if (lse->data && lse->dtype != KPT_DTYPE_F32)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
+                            backend);
+    memset(out, 0, sizeof(*out));
+    out->q = (uint64_t)(uintptr_t)q->data;
+    out->k = (uint64_t)(uintptr_t)k->data;
+    out->v = (uint64_t)(uintptr_t)v->data;
+    out->o = (uint64_t)(uintptr_t)o->data;
+    out->lse = (uint64_t)(uintptr_t)lse->data;
+    for (int i = 0; i < q->rank; i++)
+        out->qs[i] = q->stride[i];
+    for (int i = 0; i < k->rank; i++)
+        out->ks[i] = k->stride[i];
+    for (int i = 0; i < v->rank; i++)
+        out->vs[i] = v->stride[i];
+    for (int i = 0; i < o->rank; i++)
+        out->os[i] = o->stride[i];
+    for (int i = 0; lse->data && i < lse->rank && i < 3; i++)
+        out->lses[i] = lse->stride[i];
+    return KPT_OK;
+}
+
 /* kpt_kernel_args_pack for arguments kpt_attn_bind accepted as `bind`. */
 static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, const char *backend,
                              const kpt_attention_args *a, const kpt_attn_binding *bind,
                              kpt_kernel_args *out, kpt_diag *diag)
 {
-    kpt_status st;
-    kpt_dtype dt = pl->cfg.dtype;
-    if ((st = kpt_kernel_check_rows(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
-        (st = kpt_kernel_check_rows(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
-        (st = kpt_kernel_check_rows(&a->v, "v", dt, pl->cfg.dv, diag)) ||
-        (st = kpt_kernel_check_rows(&a->o, "o", dt, pl->cfg.dv, diag)))
+    kpt_status st = kpt_kernel_args_pack_tensors(pl, backend, &a->q, &a->k, &a->v, &a->o,
+                                                 &a->lse, out, diag);
+    if (st)
         return st;
-    if (a->lse.data && a->lse.dtype != KPT_DTYPE_F32)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
-                            backend);
     const kpt_attn_shape *s = &bind->shape;
     if (s->Sq > INT32_MAX - 256 || s->Skv > INT32_MAX - 256 || s->B > 65535 || s->Hq > 65535)
         return kpt_diag_set(diag, KPT_ERR_LIMIT,
                             "shape too large for the %s kernel (Sq, Skv < 2^31; B, Hq <= 65535)",
                             backend);
-    memset(out, 0, sizeof(*out));
-    out->q = (uint64_t)(uintptr_t)a->q.data;
-    out->k = (uint64_t)(uintptr_t)a->k.data;
-    out->v = (uint64_t)(uintptr_t)a->v.data;
-    out->o = (uint64_t)(uintptr_t)a->o.data;
-    out->lse = (uint64_t)(uintptr_t)a->lse.data;
-    for (int i = 0; i < 4; i++) {
-        out->qs[i] = a->q.stride[i];
-        out->ks[i] = a->k.stride[i];
-        out->vs[i] = a->v.stride[i];
-        out->os[i] = a->o.stride[i];
-    }
-    for (int i = 0; i < 3; i++)
-        out->lses[i] = a->lse.data ? a->lse.stride[i] : 0;
     if (a->sinks.data && a->sinks.dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor sinks must be f32 on %s",
                             backend);

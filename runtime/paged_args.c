@@ -84,11 +84,11 @@ static kpt_status check_index_arrays(const kpt_paged_args *a, kpt_paged_binding 
     return KPT_OK;
 }
 
-kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t max_kv,
-                          kpt_paged_binding *out, kpt_diag *diag)
+kpt_status kpt_paged_bind_tensors(const kpt_paged_args *a, kpt_paged_binding *out,
+                                  kpt_diag *diag)
 {
-    if (!p || !a || !out)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "pattern or args is NULL");
+    if (!a || !out)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "args is NULL");
     memset(out, 0, sizeof(*out));
     const int64_t any3[3] = {-1, -1, -1}, any4[4] = {-1, -1, -1, -1};
     kpt_status st;
@@ -125,8 +125,14 @@ kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t
         if ((st = check("sinks", &a->sinks, 1, KPT_DTYPE_F32, s1, diag)))
             return st;
     }
-    if ((st = check_index_arrays(a, out, diag)) || max_kv < 0)
-        return st;
+    return check_index_arrays(a, out, diag);
+}
+
+kpt_status kpt_paged_bind_extras(const kpt_pattern *p, const kpt_paged_args *a, int64_t max_kv,
+                                 kpt_paged_binding *out, kpt_diag *diag)
+{
+    if (!p)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "pattern is NULL");
     if (max_kv > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "kv length %lld is past 2^31",
                             (long long)max_kv);
@@ -136,6 +142,13 @@ kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t
     const kpt_attn_shape shape = {.B = out->B, .Hq = out->Hq, .Hkv = out->Hkv, .Sq = max_kv,
                                   .Skv = max_kv, .Dqk = out->Dqk, .Dv = out->Dv};
     return kpt_attn_bind_shaped(p, &extras, &shape, &out->bind, diag);
+}
+
+kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t max_kv,
+                          kpt_paged_binding *out, kpt_diag *diag)
+{
+    kpt_status st = kpt_paged_bind_tensors(a, out, diag);
+    return st ? st : kpt_paged_bind_extras(p, a, max_kv, out, diag);
 }
 
 /* The host lengths of a shape, checked: max_q and max_kv. */
@@ -253,31 +266,10 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
     kpt_status st = kpt_paged_bind(p, a, plan->max_kv, &pb, diag);
     if (!st)
         st = kpt_paged_check_plan(plan, &pb, diag);
-    kpt_dtype dt = pl->cfg.dtype;
-    if (st || (st = kpt_kernel_check_rows(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
-        (st = kpt_kernel_check_rows(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
-        (st = kpt_kernel_check_rows(&a->v, "v", dt, pl->cfg.dv, diag)) ||
-        (st = kpt_kernel_check_rows(&a->o, "o", dt, pl->cfg.dv, diag)))
+    if (st || (st = kpt_kernel_args_pack_tensors(pl, backend, &a->q, &a->k, &a->v, &a->o,
+                                                 &a->lse, out, diag)))
         return st;
-    if (a->lse.data && a->lse.dtype != KPT_DTYPE_F32)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
-                            backend);
-    memset(out, 0, sizeof(*out));
     memset(pout, 0, sizeof(*pout));
-    out->q = (uint64_t)(uintptr_t)a->q.data;
-    out->k = (uint64_t)(uintptr_t)a->k.data;
-    out->v = (uint64_t)(uintptr_t)a->v.data;
-    out->o = (uint64_t)(uintptr_t)a->o.data;
-    out->lse = (uint64_t)(uintptr_t)a->lse.data;
-    for (int i = 0; i < 3; i++) {
-        out->ks[i] = a->k.stride[i];
-        out->vs[i] = a->v.stride[i];
-    }
-    for (int i = 0; i < 2; i++) {
-        out->qs[i] = a->q.stride[i];
-        out->os[i] = a->o.stride[i];
-        out->lses[i] = a->lse.data ? a->lse.stride[i] : 0;
-    }
     out->B = (int32_t)pb.B;
     out->Hq = (int32_t)pb.Hq;
     out->Hkv = (int32_t)pb.Hkv;

@@ -17,7 +17,7 @@
 #define KPT_PAGED_TILE 64
 #define KPT_PAGED_ROWS 64
 #define KPT_PAGED_MAX_PAGE 256
-#define KPT_CLS_CAP_BYTES (2048 + 8192) /* the kernels' static tile classes and page ids */
+#define KPT_PAGED_STATIC_SMEM (2048 + 8192) /* paged.cu's static tile classes and page ids */
 #define KPT_PAGED_MAX_SPLITS 256
 
 typedef struct kpt_paged_binding {
@@ -27,9 +27,15 @@ typedef struct kpt_paged_binding {
     kpt_attn_binding bind; /* scale, scalars, aux; shape Sq = Skv = the longest kv length */
 } kpt_paged_binding;
 
-/* Checks what the host can see of a serving call (ranks, shapes, strides, dtypes; not the
- * contents of the length arrays) and binds its scale, scalars and aux tensors for sequences of
- * at most max_kv keys (max_kv < 0: the tensors only, nothing bound). */
+/* Checks what the host can see of a serving call's tensors (ranks, shapes, strides, dtypes;
+ * not the contents of the length arrays) into out (its binding cleared). */
+kpt_status kpt_paged_bind_tensors(const kpt_paged_args *a, kpt_paged_binding *out,
+                                  kpt_diag *diag);
+/* Binds the call's scale, scalars and aux tensors into out->bind, for sequences of at most
+ * max_kv keys (out from kpt_paged_bind_tensors). */
+kpt_status kpt_paged_bind_extras(const kpt_pattern *p, const kpt_paged_args *a, int64_t max_kv,
+                                 kpt_paged_binding *out, kpt_diag *diag);
+/* Both. */
 kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t max_kv,
                           kpt_paged_binding *out, kpt_diag *diag);
 

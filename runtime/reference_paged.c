@@ -175,12 +175,12 @@ kpt_status kpt_reference_paged_attention(const kpt_pattern *p, const kpt_paged_a
                                          kpt_diag *diag)
 {
     kpt_paged_binding pb;
-    kpt_status st = kpt_paged_bind(p, args, -1, &pb, diag);
+    kpt_status st = kpt_paged_bind_tensors(args, &pb, diag);
     int64_t max_kv = 0;
     if (!st)
         st = scan(args, &pb, &max_kv, diag);
     if (!st) /* aux sizes Sq and Skv are the longest kv length */
-        st = kpt_paged_bind(p, args, max_kv, &pb, diag);
+        st = kpt_paged_bind_extras(p, args, max_kv, &pb, diag);
     kpt_attn_shape shape = pb.bind.shape;
     shape.Skv = max_kv;
     if (!st)
