@@ -13,6 +13,8 @@ extern const char kpt_tmpl_cuda_common[];
 extern const char kpt_tmpl_cuda_attention[];
 extern const char kpt_tmpl_cuda_attention_sm90[];
 extern const char kpt_tmpl_cuda_attention_bwd[];
+extern const char kpt_tmpl_cuda_attention_bwd_sm90[];
+extern const char kpt_tmpl_cuda_hopper[];
 extern const char kpt_tmpl_cuda_paged[];
 
 static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
@@ -40,11 +42,13 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
                       pl->mask_loads);
 }
 
-/* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient. */
-static kpt_status backward_kernel(const kpt_pattern *p, const kpt_c_dialect *d, char **out,
-                                  kpt_diag *diag)
+/* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient,
+ * followed on sm_90a by the warpgroup-MMA kpt_bwd_dkdv and kpt_bwd_dq
+ * (templates/cuda/attention_bwd_sm90.cu), which replace its mma.sync ones. */
+static kpt_status backward_kernel(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                                  const kpt_c_dialect *d, kpt_strbuf *src, kpt_diag *diag)
 {
-    kpt_strbuf grad = {0}, auxg = {0}, src = {0};
+    kpt_strbuf grad = {0}, auxg = {0};
     char err[256], ndaux[16];
     kpt_emit_score_grad_body(&grad, p, d);
     kpt_emit_aux_grad_body(&auxg, p, d);
@@ -53,32 +57,41 @@ static kpt_status backward_kernel(const kpt_pattern *p, const kpt_c_dialect *d, 
     const kpt_hole holes[] = {{"GRAD", grad.data}, {"AUXGRAD", auxg.data}, {"NDAUX", ndaux}};
     if (grad.failed || auxg.failed)
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
-    else if (!kpt_template_fill(&src, kpt_tmpl_cuda_attention_bwd, holes, 3, err, sizeof(err)))
+    else if (!kpt_template_fill(src, kpt_tmpl_cuda_attention_bwd, holes, 3, err, sizeof(err)))
         st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "cuda backward template: %s", err);
-    if (!st && !(*out = kpt_sb_take(&src)))
-        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
+    if (!st && pl->cfg.wgmma)
+        kpt_sb_puts(src, kpt_tmpl_cuda_attention_bwd_sm90);
     kpt_sb_free(&grad);
     kpt_sb_free(&auxg);
-    kpt_sb_free(&src);
     return st;
+}
+
+/* The text of the KERNEL hole: the kernel kind's template, after the Hopper primitives on
+ * sm_90a. */
+static kpt_status kernel_text(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                              const kpt_c_dialect *d, kpt_strbuf *k, kpt_diag *diag)
+{
+    if (pl->cfg.wgmma)
+        kpt_sb_puts(k, kpt_tmpl_cuda_hopper);
+    if (pl->cfg.kind == KPT_KERNEL_BACKWARD)
+        return backward_kernel(p, pl, d, k, diag);
+    kpt_sb_puts(k, pl->cfg.kind == KPT_KERNEL_PAGED ? kpt_tmpl_cuda_paged
+                   : pl->cfg.wgmma                 ? kpt_tmpl_cuda_attention_sm90
+                                                   : kpt_tmpl_cuda_attention);
+    return KPT_OK;
 }
 
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
                            const kpt_c_dialect *d, char **out, kpt_diag *diag)
 {
-    kpt_strbuf cfg = {0};
-    char *bwd = NULL;
+    kpt_strbuf cfg = {0}, kernel = {0};
     emit_config(&cfg, plan);
-    kpt_status st = KPT_OK;
-    if (plan->cfg.kind == KPT_KERNEL_BACKWARD)
-        st = backward_kernel(p, d, &bwd, diag);
-    const char *kernel = bwd                                   ? bwd
-                         : plan->cfg.kind == KPT_KERNEL_PAGED ? kpt_tmpl_cuda_paged
-                         : plan->cfg.wgmma                    ? kpt_tmpl_cuda_attention_sm90
-                                                              : kpt_tmpl_cuda_attention;
+    kpt_status st = kernel_text(p, plan, d, &kernel, diag);
+    if (!st && kernel.failed)
+        st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");
     if (!st)
-        st = kpt_cpp_kernel_source(p, d, kpt_tmpl_cuda_common, kernel, &cfg, out, diag);
-    free(bwd);
+        st = kpt_cpp_kernel_source(p, d, kpt_tmpl_cuda_common, kernel.data, &cfg, out, diag);
+    kpt_sb_free(&kernel);
     kpt_sb_free(&cfg);
     return st;
 }

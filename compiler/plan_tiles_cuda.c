@@ -30,7 +30,14 @@ static bool wgmma_dim(int d)
 /* The backward kernels (templates/cuda/attention_bwd.cu): 64 x 64 tiles, four warps of 16 rows
  * (keys in kpt_bwd_dkdv, queries in kpt_bwd_dq), one stage. dK and dV (or dQ) accumulate in
  * registers, dqk / 2 + dv / 2 a thread, so head dims stop at 128: at 256 they alone would take
- * all 255 registers. Shared memory holds K, V, Q and dO tiles and two row vectors. */
+ * all 255 registers. Shared memory holds K, V, Q and dO tiles and two row vectors.
+ *
+ * On sm_90a with head dims 64 and 128 (templates/cuda/attention_bwd_sm90.cu): 128 x 128 tiles
+ * (tile classes and block maps use them), two warpgroups of 64 rows, warpgroup MMA. kpt_bwd_dkdv
+ * keeps K and V of its 128 keys and streams 64-query halves of Q and dO through two stages;
+ * kpt_bwd_dq keeps Q and dO of its 128 queries and streams 128-key tiles of K and V through two
+ * stages. The launches share one dynamic shared-memory size, the larger (kpt_bwd_dq's: 193 KB
+ * at D = 128). */
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
                                 kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -40,15 +47,23 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
                             "and 128", cfg->dqk, cfg->dv);
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
-    pl.cfg.wgmma = false;
-    pl.warps = 4;
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && cfg->dqk % 64 == 0 && cfg->dv % 64 == 0;
+    pl.warps = pl.cfg.wgmma ? 8 : 4;
     pl.mt = 1;
-    pl.bm = 64;
-    pl.bn = 64;
-    pl.stages = 1;
+    pl.bm = pl.cfg.wgmma ? 128 : 64;
+    pl.bn = pl.bm;
+    pl.stages = pl.cfg.wgmma ? 2 : 1;
     kpt_status st = kpt_plan_mask(p, &pl, diag);
     if (st)
         return st;
+    size_t row = 2 * (size_t)(cfg->dqk + cfg->dv); /* bytes of a Q and a dO row, or K and V */
+    if (pl.cfg.wgmma) {
+        size_t dkdv = (size_t)pl.bn * row + 2 * 64 * row + 2 * 2 * 64 * sizeof(float);
+        size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
+        pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv); /* + the 1024-byte alignment */
+        *out = pl;
+        return KPT_OK;
+    }
     size_t rows = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8) +
                   (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float);

@@ -379,6 +379,7 @@ __device__ __forceinline__ void kpt_bwd_aux(const kpt_args &A, const kpt_uniform
 }
 #endif
 
+#if !KPT_WGMMA // the sm_90a kernels follow in attention_bwd_sm90.cu
 #define KPT_BWD_ROWS (KPT_BN * KPT_KSTR + KPT_BN * KPT_VSTR + KPT_BM * KPT_QSTR + KPT_BM * KPT_VSTR)
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
@@ -526,3 +527,4 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
     kpt_store_acc<KPT_DQK>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1], G.dqs[2],
                            q0 + wrow, A.Sq, A.scale, lane);
 }
+#endif

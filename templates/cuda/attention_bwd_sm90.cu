@@ -1,0 +1,366 @@
+// The sm_90a backward kernels (warpgroup MMA), appended to templates/cuda/attention_bwd.cu by
+// codegen/cuda_source.c for cuda:sm_90a in place of its mma.sync kpt_bwd_dkdv and kpt_bwd_dq;
+// kpt_bwd_prep, kpt_bwd_dsinks and kpt_bwd_daux are shared.
+//
+// The same split as on sm_80, and so the same guarantee: no atomics on the gradients, every sum
+// in a fixed order, bitwise reproducible results. Tiles are 128 x 128 (the plan's bm and bn: tile
+// classes and block maps use them); a CTA is two warpgroups of 64 rows, 256 threads, and every
+// product is a wgmma of 64 rows:
+//   kpt_bwd_dkdv  one CTA per (128-key tile, kv head, batch row); warpgroup c owns keys
+//                 c * 64 .. + 63, dK and dV in registers, K and V resident in shared memory. It
+//                 walks the live 128-query tiles of its group's heads in halves of 64 queries,
+//                 Q and dO streamed through a two-stage cp.async ring: S^T = K Q^T and
+//                 dP^T = V dO^T (both operands from shared memory), then dV += P^T dO and
+//                 dK += dS^T Q with P^T and dS^T from registers (the accumulator layout is the
+//                 A-fragment layout, as P is in the forward).
+//   kpt_bwd_dq    one CTA per (128-query tile, head, batch row); warpgroup c owns queries
+//                 c * 64 .. + 63 and dQ in registers, Q and dO resident; K and V of each live
+//                 kv tile come through the ring and are used in halves of 64 keys:
+//                 S = Q K^T, dP = dO V^T, dQ += dS K.
+// Shared tiles have the layout of TMA's 128-byte swizzle (per 64-column block, rows of 128 bytes,
+// 16-byte chunk c of row r stored at chunk c ^ (r % 8)), written by cp.async from all threads;
+// the wgmma descriptors are those of the forward kernel. Each warp holds 16 rows of an
+// accumulator in the mma.sync layout, so the masks, score-mod gradients, probabilities and
+// stores are attention_bwd.cu's helpers.
+
+#define KPT_BWD_SUB 64 // query rows of a kpt_bwd_dkdv step, keys of a kpt_bwd_dq step
+
+// ROWS rows x D columns (D a multiple of 64) of 16-bit elements, row r at src + r * stride, into
+// the 128-byte-swizzled layout at dst (1024-byte aligned); rows at or past `valid` are zeros.
+// Every thread of the CTA takes a share.
+template <int ROWS, int D>
+__device__ __forceinline__ void kpt_load_sw(u32 dst, const u16 *src, i64 stride, int valid)
+{
+    constexpr int CH = D / 8, N = ROWS * CH;
+    static_assert(N % KPT_THREADS == 0, "whole 16-byte copies per thread");
+#pragma unroll
+    for (int it = 0; it < N / KPT_THREADS; it++) {
+        const int i = (int)threadIdx.x + it * KPT_THREADS;
+        const int r = i / CH, ch = i % CH;
+        const bool ok = r < valid;
+        const u16 *g = src + (ok ? (i64)r * stride : 0) + ch * 8;
+        kpt_cp16(dst + (u32)((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), g, ok);
+    }
+}
+
+// The cp.async copies of this thread are complete; after the barrier that follows, the whole
+// CTA's are, and visible to the async proxy (wgmma reads shared memory through it).
+__device__ __forceinline__ void kpt_bwd_landed()
+{
+    kpt_cp_wait<0>();
+    kpt_fence_proxy_async();
+    __syncthreads();
+}
+
+// Descriptors of k step kk (16 elements of the reduced dimension) of an operand in a swizzled
+// tile of ROWS rows at t: K-major (the reduced dimension along the rows' 128-byte lines), or
+// MN-major (the reduced dimension down the rows; the leading byte offset steps over 64-column
+// blocks, ROWS * 128 bytes apart).
+template <int ROWS> __device__ __forceinline__ u64 kpt_desc_k(u32 t, int kk)
+{
+    return kpt_sw128_desc(t + (u32)((kk >> 2) * ROWS * 128 + (kk & 3) * 32), 16, 1024);
+}
+template <int ROWS> __device__ __forceinline__ u64 kpt_desc_mn(u32 t, int kk)
+{
+    return kpt_sw128_desc(t + (u32)(kk * 16 * 128), ROWS * 128, 1024);
+}
+
+// C (64 x 64) = A (64 rows at a, in a tile of RA rows) B^T (64 rows at b, in a tile of RB rows),
+// both K-major over KD columns. Issued, not committed.
+template <int KD, int RA, int RB>
+__device__ __forceinline__ void kpt_bwd_ss(float (&C)[8][4], u32 a, u32 b)
+{
+#pragma unroll
+    for (int kk = 0; kk < KD / 16; kk++)
+        kpt_wgmma_ss_n64(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
+}
+
+// C (64 x N) += F (64 x 64, registers: A fragments) B (64 rows at b, MN-major, in a tile of RB
+// rows). Issued, not committed.
+template <int N, int RB>
+__device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[4][4], u32 b)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        if (N == 128)
+            kpt_wgmma_rs_n128(&C[0][0], F[kk], kpt_desc_mn<RB>(b, kk));
+        else
+            kpt_wgmma_rs_n64(&C[0][0], F[kk], kpt_desc_mn<RB>(b, kk), 1);
+    }
+}
+
+// A 64 x 64 block of probabilities (or dS) to the A fragments of the next product.
+__device__ __forceinline__ void kpt_bwd_frag(u32 (&F)[4][4], const float (&S)[8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        F[kk][0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
+        F[kk][1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
+        F[kk][2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
+        F[kk][3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+    }
+}
+
+// ---- dK, dV -----------------------------------------------------------------------------------
+
+// A step of kpt_bwd_dkdv: 64 queries (q0 on) of head h. Steps go head by head, q tile by q tile,
+// half by half, skipping the q tiles whose class is 0.
+struct kpt_bwd_step {
+    int h, qt, half, cls;
+};
+
+// The step after s (s.h past the group's last head when there is none).
+__device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, int kt,
+                                             kpt_bwd_step &s)
+{
+    if (s.half == 0 && s.qt * KPT_BM + KPT_BWD_SUB < A.Sq) {
+        s.half = 1;
+        return;
+    }
+    s.half = 0;
+    for (;;) {
+        if (++s.qt >= A.n_qt) {
+            s.qt = 0;
+            if (++s.h >= (hk + 1) * A.group) return;
+        }
+#if KPT_HAS_MASK
+        const int q0 = s.qt * KPT_BM;
+        s.cls = kpt_tile_class(A, b, s.h, s.qt, q0, min(q0 + KPT_BM, A.Sq) - 1, kt);
+        if (s.cls != 0) return;
+#else
+        s.cls = 2;
+        return;
+#endif
+    }
+}
+
+#define KPT_BWD_QB (KPT_BWD_SUB * KPT_DQK * 2) // a stage: Q rows, then dO rows
+#define KPT_BWD_STAGE (KPT_BWD_QB + KPT_BWD_SUB * KPT_DV * 2)
+
+// Q, dO, LSE and delta of step s into stage buffer t (rows at t, row vectors at rv).
+__device__ __forceinline__ void kpt_bwd_load_q(const kpt_args &A, const kpt_gargs &G, int b,
+                                               const kpt_bwd_step &s, u32 t, float *rv)
+{
+    const int q0 = s.qt * KPT_BM + s.half * KPT_BWD_SUB;
+    kpt_load_sw<KPT_BWD_SUB, KPT_DQK>(t, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)s.h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
+    kpt_load_sw<KPT_BWD_SUB, KPT_DV>(t + KPT_BWD_QB, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)s.h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
+    kpt_cp_commit();
+    const int i = threadIdx.x;
+    if (i < KPT_BWD_SUB)
+        rv[i] = kpt_lse2(A, b, s.h, q0 + i);
+    else if (i < 2 * KPT_BWD_SUB)
+        rv[i] = kpt_delta(A, G, b, s.h, q0 + i - KPT_BWD_SUB);
+}
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
+kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
+{
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    const u32 s0 = kpt_smem_addr(kpt_smem);
+    const u32 sK = (s0 + 1023u) & ~1023u; // swizzle atoms repeat every 1024 bytes
+    const u32 sV = sK + KPT_BN * KPT_DQK * 2;
+    const u32 sQ = sV + KPT_BN * KPT_DV * 2; // two stages
+    float *s_rv = (float *)(kpt_smem + (sQ + 2 * KPT_BWD_STAGE - s0)); // per stage: lse, delta
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = warp >> 2;
+    const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int k0 = kt * KPT_BN;
+    const int krow = k0 + c * 64 + (warp & 3) * 16; // this warp's first key
+    const u32 wK = sK + c * 64 * 128, wV = sV + c * 64 * 128; // this warpgroup's keys
+    kpt_load_sw<KPT_BN, KPT_DQK>(sK, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
+    kpt_load_sw<KPT_BN, KPT_DV>(sV, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
+    kpt_cp_commit();
+
+    float dK[KPT_DQK / 8][4], dV[KPT_DV / 8][4];
+    kpt_zero<KPT_DQK>(dK);
+    kpt_zero<KPT_DV>(dV);
+    const int h_end = (hk + 1) * A.group;
+    kpt_bwd_step s = {hk * A.group, -1, 1, 0}; // before the first step
+    kpt_bwd_next(A, b, hk, kt, s);
+    if (s.h < h_end)
+        kpt_bwd_load_q(A, G, b, s, sQ, s_rv);
+    kpt_uniform U;
+    int uh = -1;
+    for (int i = 0; s.h < h_end; i++) {
+        kpt_bwd_step n = s;
+        kpt_bwd_next(A, b, hk, kt, n);
+        kpt_bwd_landed(); // stage i % 2 is in; stage (i + 1) % 2 is free
+        if (n.h < h_end)
+            kpt_bwd_load_q(A, G, b, n, sQ + ((i + 1) & 1) * KPT_BWD_STAGE, s_rv + ((i + 1) & 1) * 2 * KPT_BWD_SUB);
+        if (s.h != uh) {
+            kpt_uniform_init(A, b, s.h, U);
+            uh = s.h;
+        }
+        const u32 tQ = sQ + (i & 1) * KPT_BWD_STAGE, tO = tQ + KPT_BWD_QB;
+        const float *lse = s_rv + (i & 1) * 2 * KPT_BWD_SUB, *del = lse + KPT_BWD_SUB;
+        const int q0 = s.qt * KPT_BM + s.half * KPT_BWD_SUB;
+
+        // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys against the step's queries.
+        float S[8][4], dP[8][4];
+        kpt_wgmma_fence();
+        kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB>(S, wK, tQ);
+        kpt_wgmma_commit();
+        kpt_bwd_ss<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, wV, tO);
+        kpt_wgmma_commit();
+        const bool partial = s.cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq;
+        const u32 keep = partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, s.h, krow, q0, lane) : ~0u;
+        kpt_wgmma_wait<1>();
+        kpt_wgmma_regs<32>(&S[0][0]);
+        float D[8][4]; // d s'/d s (with a score mod)
+        kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, s.h, krow, q0, keep, S, D, lse, nullptr, lane);
+        // dV += P^T dO
+        u32 F[4][4];
+        kpt_bwd_frag(F, S);
+        kpt_wgmma_fence();
+        kpt_bwd_rs<KPT_DV, KPT_BWD_SUB>(dV, F, tO);
+        kpt_wgmma_commit();
+        kpt_wgmma_wait<1>();
+        kpt_wgmma_regs<32>(&dP[0][0]);
+#if KPT_AUX_GRADS
+        if (G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
+            float X[8][4];
+            kpt_wgmma_fence();
+            kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB>(X, wK, tQ);
+            kpt_wgmma_commit();
+            kpt_wgmma_wait<0>();
+            kpt_wgmma_regs<32>(&X[0][0]);
+            kpt_bwd_aux<KPT_BWD_SUB>(A, U, G, b, s.h, krow, q0, X, S, dP, del, lane);
+        }
+#endif
+        // dK += dS^T Q
+        kpt_bwd_ds<KPT_BWD_SUB, true>(S, dP, D, del, nullptr, lane);
+        u32 E[4][4];
+        kpt_bwd_frag(E, S);
+        kpt_wgmma_fence();
+        kpt_bwd_rs<KPT_DQK, KPT_BWD_SUB>(dK, E, tQ);
+        kpt_wgmma_commit();
+        kpt_wgmma_wait<0>(); // the stage is read: the next step's loads may overwrite it
+        kpt_wgmma_regs<KPT_DQK / 2>(&dK[0][0]);
+        kpt_wgmma_regs<KPT_DV / 2>(&dV[0][0]);
+        s = n;
+    }
+    kpt_cp_wait<0>();
+    kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
+                           krow, A.Skv, A.scale, lane);
+    kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],
+                          krow, A.Skv, 1.0f, lane);
+}
+
+// ---- dQ ---------------------------------------------------------------------------------------
+
+#define KPT_BWD_KB (KPT_BN * KPT_DQK * 2) // a stage: K rows, then V rows
+#define KPT_BWD_KSTAGE (KPT_BWD_KB + KPT_BN * KPT_DV * 2)
+
+// K and V of kv tile j into the stage at t.
+__device__ __forceinline__ void kpt_bwd_load_kv(const kpt_args &A, int b, int hk, int j, u32 t)
+{
+    const int k0 = j * KPT_BN;
+    kpt_load_sw<KPT_BN, KPT_DQK>(t, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
+    kpt_load_sw<KPT_BN, KPT_DV>(t + KPT_BWD_KB, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
+    kpt_cp_commit();
+}
+
+// The live kv tile after j (hi + 1 when none), from the cached classes.
+__device__ __forceinline__ int kpt_bwd_next_kv(const kpt_args &A, const unsigned char *cls, int b,
+                                               int h, int qt, int q0, int q1, int j, int hi)
+{
+#if KPT_HAS_MASK
+    for (j++; j <= hi; j++)
+        if ((j < KPT_CLS_CAP ? (int)cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j)) != 0)
+            break;
+    return j;
+#else
+    (void)A, (void)cls, (void)b, (void)h, (void)qt, (void)q0, (void)q1, (void)hi;
+    return j + 1;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
+kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
+{
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    const u32 sQ = (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u;
+    const u32 sO = sQ + KPT_BM * KPT_DQK * 2; // dO
+    const u32 sK = sO + KPT_BM * KPT_DV * 2;  // two stages of K and V
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = warp >> 2;
+    const int qt = A.n_qt - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
+    const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    const int row0 = q0 + c * 64 + (warp & 3) * 16; // this warp's first query
+    const u32 wQ = sQ + c * 64 * 128, wO = sO + c * 64 * 128; // this warpgroup's queries
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
+    kpt_load_sw<KPT_BM, KPT_DQK>(sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
+    kpt_load_sw<KPT_BM, KPT_DV>(sO, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
+
+    int lo = 0, hi = A.n_kt - 1;
+#if KPT_HAS_MASK
+    __shared__ int s_lo, s_hi;
+    __shared__ unsigned char s_cls[KPT_CLS_CAP];
+    kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
+#else
+    const unsigned char *s_cls = 0;
+#endif
+    if (lo <= hi)
+        kpt_bwd_load_kv(A, b, hk, lo, sK);
+    else
+        kpt_cp_commit();
+    float lse[2], del[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qi = row0 + (lane >> 2) + r * 8;
+        lse[r] = kpt_lse2(A, b, h, qi);
+        del[r] = kpt_delta(A, G, b, h, qi);
+    }
+    float dQ[KPT_DQK / 8][4];
+    kpt_zero<KPT_DQK>(dQ);
+    const bool rows_out = row0 - (warp & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
+    for (int j = lo, i = 0; j <= hi; i++) {
+        const int jn = kpt_bwd_next_kv(A, s_cls, b, h, qt, q0, q1, j, hi);
+        kpt_bwd_landed(); // tile j is in; the other stage is free
+        if (jn <= hi)
+            kpt_bwd_load_kv(A, b, hk, jn, sK + ((i + 1) & 1) * KPT_BWD_KSTAGE);
+#if KPT_HAS_MASK
+        const int cls = j < KPT_CLS_CAP ? (int)s_cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j);
+#else
+        const int cls = 2;
+#endif
+        const u32 tK = sK + (i & 1) * KPT_BWD_KSTAGE, tV = tK + KPT_BWD_KB;
+#pragma unroll 1
+        for (int half = 0; half < 2; half++) {
+            const int k0 = j * KPT_BN + half * KPT_BWD_SUB;
+            if (k0 >= A.Skv) break;
+            const u32 hK = tK + half * KPT_BWD_SUB * 128, hV = tV + half * KPT_BWD_SUB * 128;
+            // S = Q K^T and dP = dO V^T: this warpgroup's 64 queries against 64 keys
+            float S[8][4], dP[8][4];
+            kpt_wgmma_fence();
+            kpt_bwd_ss<KPT_DQK, KPT_BM, KPT_BN>(S, wQ, hK);
+            kpt_wgmma_commit();
+            kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN>(dP, wO, hV);
+            kpt_wgmma_commit();
+            const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
+            const u32 keep = partial ? kpt_bwd_keep<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, lane) : ~0u;
+            kpt_wgmma_wait<1>();
+            kpt_wgmma_regs<32>(&S[0][0]);
+            float D[8][4]; // d s'/d s (with a score mod)
+            kpt_bwd_probs<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, keep, S, D, nullptr, lse, lane);
+            kpt_wgmma_wait<0>();
+            kpt_wgmma_regs<32>(&dP[0][0]);
+            kpt_wgmma_regs<KPT_DQK / 2>(&dQ[0][0]);
+            kpt_bwd_ds<KPT_BWD_SUB, false>(S, dP, D, nullptr, del, lane);
+            // dQ += dS K: K's keys are the reduced dimension, down the rows
+            u32 F[4][4];
+            kpt_bwd_frag(F, S);
+            kpt_wgmma_fence();
+            kpt_bwd_rs<KPT_DQK, KPT_BN>(dQ, F, hK);
+            kpt_wgmma_commit();
+        }
+        kpt_wgmma_wait<0>(); // the stage is read: the next tile's loads may overwrite it
+        kpt_wgmma_regs<KPT_DQK / 2>(&dQ[0][0]);
+        j = jn;
+    }
+    kpt_cp_wait<0>();
+    kpt_store_acc<KPT_DQK>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1], G.dqs[2],
+                           row0, A.Sq, A.scale, lane);
+}

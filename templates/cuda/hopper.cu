@@ -1,0 +1,189 @@
+// Hopper primitives (warpgroup MMA, shared-memory matrix descriptors, mbarriers, TMA, named
+// barriers, register reallocation), placed by codegen/cuda_source.c before the sm_90a kernels
+// (templates/cuda/attention_sm90.cu, templates/cuda/attention_bwd_sm90.cu) in the KERNEL hole
+// of templates/cuda/common.cu.
+
+#if KPT_BF16
+#define KPT_WG_T "bf16"
+#else
+#define KPT_WG_T "f16"
+#endif
+
+// Operands of the warpgroup products: D, N / 2 floats (N = 64, 128 or 256), in operands %0 on;
+// KPT_ACC* name them in the asm text, KPT_D* bind them.
+#define KPT_ACC32                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define KPT_ACC64                                                                                  \
+    KPT_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+              "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define KPT_ACC128                                                                                 \
+    KPT_ACC64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+              "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "   \
+              "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "               \
+              "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "           \
+              "%120, %121, %122, %123, %124, %125, %126, %127"
+#define KPT_D8(o)                                                                                  \
+    "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]),    \
+        "+f"(d[o + 6]), "+f"(d[o + 7])
+#define KPT_D32 KPT_D8(0), KPT_D8(8), KPT_D8(16), KPT_D8(24)
+#define KPT_D64 KPT_D32, KPT_D8(32), KPT_D8(40), KPT_D8(48), KPT_D8(56)
+#define KPT_D128                                                                                   \
+    KPT_D64, KPT_D8(64), KPT_D8(72), KPT_D8(80), KPT_D8(88), KPT_D8(96), KPT_D8(104),            \
+        KPT_D8(112), KPT_D8(120)
+#define KPT_P4(k) "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3])
+#define KPT_P32 KPT_P4(0), KPT_P4(1), KPT_P4(2), KPT_P4(3), KPT_P4(4), KPT_P4(5), KPT_P4(6), KPT_P4(7)
+
+// D (64 x 128, f32) += A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major)^T;
+// scale_d = 0 ignores D's old value. One asm statement per k step: issuing the k steps of S from
+// one statement (as P V does) compiles ~5 % faster but ran 2-5 % slower (H100: full, alibi).
+__device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC64
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : KPT_D64
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// The same with B 16 x 64: S of 64-key tiles (head dim 256).
+__device__ __forceinline__ void kpt_wgmma_ss_n64(float *d, u64 da, u64 db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC32
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : KPT_D32
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
+// B (16 x 64, shared, MN-major: N contiguous).
+__device__ __forceinline__ void kpt_wgmma_rs_n64(float *d, const u32 *a, u64 db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC32
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : KPT_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// The same with B 16 x 128 and 16 x 256, adding to D: the k steps of P V over 64-key tiles.
+__device__ __forceinline__ void kpt_wgmma_rs_n128(float *d, const u32 *a, u64 db)
+{
+    asm volatile("{\n.reg .pred t;\nsetp.eq.b32 t, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC64
+                 "}, {%64, %65, %66, %67}, %68, t, 1, 1, 1;\n}\n"
+                 : KPT_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void kpt_wgmma_rs_n256(float *d, const u32 *a, u64 db)
+{
+    asm volatile("{\n.reg .pred t;\nsetp.eq.b32 t, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC128
+                 "}, {%128, %129, %130, %131}, %132, t, 1, 1, 1;\n}\n"
+                 : KPT_D128
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// Keeps the compiler from moving reads or writes of D (N floats) across a wgmma wait (the
+// products write D asynchronously, behind the compiler's back).
+template <int N> __device__ __forceinline__ void kpt_wgmma_regs(float *d)
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void kpt_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void kpt_wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void kpt_wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Writes to shared memory through the generic proxy (the Q negation) must be fenced before the
+// async proxy (wgmma) reads them.
+__device__ __forceinline__ void kpt_fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and
+// stride byte offsets (each stored divided by 16), swizzle mode 1 in bits 62-63.
+__device__ __forceinline__ u64 kpt_sw128_desc(u32 addr, u32 lbo, u32 sbo)
+{
+    return (u64)((addr & 0x3ffffu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+
+// ---- mbarriers, TMA, named barriers, register reallocation ----------------------------------
+
+__device__ __forceinline__ void kpt_mbar_init(u32 bar, u32 count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void kpt_mbar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// The producer's arrival, announcing the bytes the TMA copies will complete on the barrier.
+__device__ __forceinline__ void kpt_mbar_expect_tx(u32 bar, u32 bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void kpt_mbar_arrive(u32 bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the completion of the barrier's phase of the given parity.
+__device__ __forceinline__ void kpt_mbar_wait(u32 bar, u32 parity)
+{
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// One box (64 columns x ROWS rows, 128-byte swizzle) of a 4-d tensor map (D, S, heads, batch)
+// into shared memory; rows outside the tensor read as zeros.
+__device__ __forceinline__ void kpt_tma_box(u32 dst, const void *map, int d0, int row, int hc,
+                                            int bc, u32 bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(d0), "r"(row), "r"(hc), "r"(bc), "r"(bar)
+                 : "memory");
+}
+// A tile of ROWS rows x D columns: D / 64 boxes, each a block of ROWS x 128 bytes.
+template <int ROWS, int D>
+__device__ __forceinline__ void kpt_tma_tile(u32 dst, const void *map, int row, int hc, int bc,
+                                             u32 bar)
+{
+#pragma unroll
+    for (int c = 0; c < D / 64; c++)
+        kpt_tma_box(dst + c * ROWS * 128, map, c * 64, row, hc, bc, bar);
+}
+__device__ __forceinline__ void kpt_bar_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void kpt_bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N> __device__ __forceinline__ void kpt_regs_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void kpt_regs_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
