@@ -77,9 +77,9 @@ def run_case(args, ctx, timer, flex, name, S, D, dtype):
     def kpt_fwd():
         fk(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=fmap, stream=stream)
 
-    def kpt_bwd():
+    def kpt_bwd(det=False):
         bk.backward(q, k, v, o, lse, dout, dq, dk, dv, scalars=sc, aux=aux, blockmap=bmap,
-                    workspace=ws, stream=stream)
+                    workspace=ws, stream=stream, deterministic=det)
 
     def kpt_both():
         kpt_fwd()
@@ -91,15 +91,25 @@ def run_case(args, ctx, timer, flex, name, S, D, dtype):
 
     # peers: autograd through SDPA's backends and FlexAttention
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    wanted = args.peers.split(",") if args.peers else []
     peers = bench.sdpa_peers(case, qg, kg, vg, S, hq, dtype) if not args.no_sdpa else {}
-    peers = {n: f for n, f in peers.items() if n in ("flash", "cudnn")}
+    peers = {n: f for n, f in peers.items() if n in ("flash", "cudnn") and n in wanted}
     bmask = None
-    if case.mask_mod is not None:
+    if case.mask_mod is not None and "flex" in wanted:
         bmask = create_block_mask(case.mask_mod, B if case.mask_uses_batch else None, None, S, S,
                                   device="cuda")
-    peers["flex"] = lambda: flex(qg, kg, vg, score_mod=case.score_mod, block_mask=bmask,
-                                 enable_gqa=hq != hkv)
+    if "flex" in wanted:
+        peers["flex"] = lambda: flex(qg, kg, vg, score_mod=case.score_mod, block_mask=bmask,
+                                     enable_gqa=hq != hkv)
     impls = {"kpt": (kpt_bwd, kpt_both)}
+    if "kpt_det" in wanted:  # kpt's deterministic mode, as if a peer
+        for t in (dq, dk, dv):
+            t.fill_(float("nan"))
+        kpt_fwd()
+        kpt_bwd(True)
+        torch.cuda.synchronize()
+        row["kpt_det_err"] = max(bench.max_rel(a, b) for a, b in zip((dq, dk, dv), ours))
+        impls["kpt_det"] = (lambda: kpt_bwd(True), lambda: (kpt_fwd(), kpt_bwd(True)))
     for pname, fwd in peers.items():
         try:
             out = fwd()
@@ -152,6 +162,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--sustain", type=int, default=30)
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--peers", default="kpt_det,flash,cudnn,flex",
+                    help="peers to run, comma-separated (empty: kpt alone; kpt_det: kpt's "
+                         "deterministic mode)")
     ap.add_argument("--time-limit", type=float, default=500)
     args = ap.parse_args()
     t_start = time.time()

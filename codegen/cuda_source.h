@@ -19,6 +19,7 @@
 #define KPT_CUDA_BWD_PREP_ENTRY "kpt_bwd_prep"
 #define KPT_CUDA_BWD_DKDV_ENTRY "kpt_bwd_dkdv"
 #define KPT_CUDA_BWD_DQ_ENTRY "kpt_bwd_dq"
+#define KPT_CUDA_BWD_DQ_STORE_ENTRY "kpt_bwd_dq_store" /* sm_90a: dq from its atomic sums */
 #define KPT_CUDA_BWD_DAUX_ENTRY "kpt_bwd_daux"
 #define KPT_CUDA_BWD_DSINKS_ENTRY "kpt_bwd_dsinks"
 /* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */

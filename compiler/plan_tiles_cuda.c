@@ -48,6 +48,8 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
     pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && cfg->dqk % 64 == 0 && cfg->dv % 64 == 0;
+    /* Two warpgroups a CTA rather than one (64 x 64 tiles, two CTAs an SM): H100, bf16,
+     * D = 128, 16k, full 352 against 311 TFLOP/s, causal 359 against 318. */
     pl.warps = pl.cfg.wgmma ? 8 : 4;
     pl.mt = 1;
     pl.bm = pl.cfg.wgmma ? 128 : 64;
@@ -58,7 +60,8 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         return st;
     size_t row = 2 * (size_t)(cfg->dqk + cfg->dv); /* bytes of a Q and a dO row, or K and V */
     if (pl.cfg.wgmma) {
-        size_t dkdv = (size_t)pl.bn * row + 2 * 64 * row + 2 * 2 * 64 * sizeof(float);
+        /* kpt_bwd_dkdv: K and V, two stages of Q and dO, their row vectors (1 KB), dS^T */
+        size_t dkdv = (size_t)pl.bn * row + 2 * 64 * row + 1024 + (size_t)pl.bn * 128;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv); /* + the 1024-byte alignment */
         *out = pl;

@@ -116,6 +116,9 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
     r = k->dev->cu->ModuleGetFunction(&k->bwd_dsinks, k->module, KPT_CUDA_BWD_DSINKS_ENTRY);
     if (r)
         return kpt_cu_fail(diag, KPT_CUDA_BWD_DSINKS_ENTRY, r);
+    if (k->plan.cfg.wgmma &&
+        (r = k->dev->cu->ModuleGetFunction(&k->bwd_dq_store, k->module, KPT_CUDA_BWD_DQ_STORE_ENTRY)))
+        return kpt_cu_fail(diag, KPT_CUDA_BWD_DQ_STORE_ENTRY, r);
     kpt_status st = get_big_function(k, &k->bwd_dkdv, KPT_CUDA_BWD_DKDV_ENTRY, diag);
     return st ? st : get_big_function(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, diag);
 }
@@ -335,12 +338,13 @@ kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_atten
                                                 &ga, &ws, diag)
                           : kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (!st)
-        *bytes = grads ? ws.bytes : kpt_kernel_args_bwd_workspace(&a);
+        *bytes = grads ? ws.bytes : kpt_kernel_args_bwd_workspace(&k->plan, &a, false);
     return st;
 }
 
-/* The backward launches (attention_bwd.cu), in order on the stream: the aux accumulators
- * zeroed, delta, dK/dV (and the aux terms), dQ, then each aux gradient out of its accumulators. */
+/* The backward launches (attention_bwd.cu), in order on the stream: the accumulators zeroed,
+ * delta, dK/dV (and the aux terms, and dQ's atomic sums), dQ (or its sums converted), then each
+ * aux gradient out of its accumulators. */
 static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                   kpt_kernel_gargs *g, const kpt_bwd_workspace *ws,
                                   CUdeviceptr base, CUstream stream, kpt_diag *diag)
@@ -348,15 +352,21 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     const kpt_cu_api *cu = k->dev->cu;
     void *params[] = {a, g};
     const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
-    if (g->daux_on)
+    if (ws->bytes > ws->zero_from)
         KPT_CU_TRY(diag, cu->MemsetD8Async(base + ws->zero_from, 0, ws->bytes - ws->zero_from,
                                            stream));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, (unsigned)((a->Sq + 7) / 8), (unsigned)a->Hq,
                                       (unsigned)a->B, 256, 1, 1, 0, stream, params, NULL));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
                                       (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
-    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
-                                      (unsigned)a->B, threads, 1, 1, smem, stream, params, NULL));
+    if (g->dqacc)
+        KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq_store, (unsigned)((a->Sq + 7) / 8),
+                                          (unsigned)a->Hq, (unsigned)a->B, 256, 1, 1, 0, stream,
+                                          params, NULL));
+    else
+        KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
+                                          (unsigned)a->B, threads, 1, 1, smem, stream, params,
+                                          NULL));
     if (g->dsinks) /* after delta; reads lse and delta only */
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dsinks, (unsigned)a->Hq, 1, 1, 256, 1, 1, 0,
                                           stream, params, NULL));
@@ -404,6 +414,7 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
         KPT_CU_TRY(diag, cu->MemAllocAsync(&tmp_ws, ws.bytes, stream));
     const CUdeviceptr base = workspace ? workspace : tmp_ws;
     ga.delta = base;
+    ga.dqacc = ws.dqacc ? base + ws.dqacc : 0;
     for (int i = 0; i < KPT_MAX_AUX; i++)
         if (ws.acc[i]) {
             ga.dacc[i] = base + ws.acc[i];

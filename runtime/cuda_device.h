@@ -33,6 +33,7 @@ typedef struct kpt_cuda_kernel {
     CUmodule module;
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
     CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux, bwd_dsinks; /* backward (no attention) */
+    CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */

@@ -234,7 +234,12 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
         (st = kpt_kernel_check_rows(&g->dv, "dv", dt, pl->cfg.dv, diag)))
         return st;
     memset(ws, 0, sizeof(*ws));
-    ws->bytes = ws->zero_from = kpt_kernel_args_bwd_workspace(pa);
+    ws->bytes = ws->zero_from = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * 4);
+    if (kpt_kernel_bwd_atomic_dq(pl, g->deterministic)) {
+        ws->dqacc = ws->bytes;
+        ws->bytes += align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq *
+                              (size_t)pl->cfg.dqk * 4);
+    }
     if ((st = plan_daux(p, &gb, backend, ws, diag)))
         return st;
     memset(out, 0, sizeof(*out));
@@ -253,11 +258,20 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
                             "tensor dsinks must be f32 (4-byte aligned) on %s", backend);
     out->dsinks = (uint64_t)(uintptr_t)g->dsinks.data;
     out->dsinks_stride = g->dsinks.data ? g->dsinks.stride[0] : 0;
-    out->daux_on = ws->bytes > ws->zero_from;
+    for (int i = 0; i < KPT_MAX_AUX; i++)
+        out->daux_on |= ws->acc[i] != 0;
     return KPT_OK;
 }
 
-size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a)
+bool kpt_kernel_bwd_atomic_dq(const kpt_kernel_plan *plan, bool deterministic)
 {
-    return align256((size_t)a->B * (size_t)a->Hq * (size_t)a->Sq * sizeof(float));
+    return plan->cfg.kind == KPT_KERNEL_BACKWARD && plan->cfg.wgmma && !deterministic;
+}
+
+size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_plan *plan, const kpt_kernel_args *a,
+                                     bool deterministic)
+{
+    size_t rows = (size_t)a->B * (size_t)a->Hq * (size_t)a->Sq;
+    size_t dq = kpt_kernel_bwd_atomic_dq(plan, deterministic) ? (size_t)plan->cfg.dqk : 0;
+    return align256(rows * sizeof(float)) + align256(rows * dq * sizeof(float));
 }

@@ -46,9 +46,10 @@ typedef struct kpt_kernel_gargs {
     int32_t daux_on, pad;
     uint64_t dsinks; /* f32 [Hq], or 0 */
     int64_t dsinks_stride;
+    uint64_t dqacc; /* sm_90a, not deterministic: f32 [B, Hq, Sq, Dqk], zeroed first; or 0 */
 } kpt_kernel_gargs;
 
-_Static_assert(sizeof(kpt_kernel_gargs) == 448, "kpt_kernel_gargs layout");
+_Static_assert(sizeof(kpt_kernel_gargs) == 456, "kpt_kernel_gargs layout");
 
 /* A 16-bit tensor of the kernel's dtype `want` whose last dimension (of size d, the head dim) is
  * contiguous, whose other strides are multiples of 8 elements and whose data is 16-byte
@@ -97,11 +98,13 @@ typedef struct kpt_kernel_daux_out {
 _Static_assert(sizeof(kpt_kernel_daux_out) == 64, "kpt_kernel_daux_out layout");
 
 /* The backward's workspace, at offsets from its start (each 256-byte aligned): delta (f32
- * [B, Hq, Sq]), then for each aux gradient wanted its accumulators (16 bytes an element) and
- * flags (4 bytes an element), which the launch zeroes first. */
+ * [B, Hq, Sq]), dq's f32 accumulator where the plan sums dq with atomics (sm_90a, not
+ * deterministic: [B, Hq, Sq, Dqk]), then for each aux gradient wanted its accumulators (16 bytes
+ * an element) and flags (4 bytes an element). The launch zeroes [zero_from, bytes) first. */
 typedef struct kpt_bwd_workspace {
     size_t bytes;                              /* the whole */
     size_t zero_from;                          /* the accumulators and flags: [zero_from, bytes) */
+    size_t dqacc;                              /* dq's accumulator, or 0: none */
     size_t acc[KPT_MAX_AUX], flag[KPT_MAX_AUX]; /* by aux slot; acc 0: no gradient wanted */
     kpt_kernel_daux_out out[KPT_MAX_AUX];      /* by aux slot; acc and flag set at launch */
 } kpt_bwd_workspace;
@@ -116,8 +119,13 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *plan
                                const kpt_attention_grads *g, kpt_kernel_args *pa,
                                kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag);
 
-/* The workspace of a packed call without aux gradients: delta only. */
-size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_args *a);
+/* Whether a backward of this plan sums dq with atomics (sm_90a unless deterministic). */
+bool kpt_kernel_bwd_atomic_dq(const kpt_kernel_plan *plan, bool deterministic);
+
+/* The workspace of a packed call without aux gradients: delta, and dq's accumulator where the
+ * plan sums dq with atomics (kpt_kernel_bwd_atomic_dq). */
+size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_plan *plan, const kpt_kernel_args *a,
+                                     bool deterministic);
 
 /* Bytes of the block map for a packed call (0 when the plan needs none). */
 size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *plan, const kpt_kernel_args *a);

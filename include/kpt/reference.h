@@ -71,6 +71,11 @@ typedef struct kpt_attention_grads {
      * d loss / d sink_h = -sum over rows of head h of exp(sink_h - LSE) * rowsum(dO * O).
      * Written, not accumulated into. */
     kpt_tensor dsinks;
+    /* Non-zero: the same bits on every run, where a backend would otherwise trade that for
+     * speed. Only CUDA's sm_90a backward does (dq summed with f32 atomics, about 1.3x faster;
+     * docs/api.md, "Determinism"); every other backend and the reference are deterministic
+     * whatever this says. */
+    int deterministic;
 } kpt_attention_grads;
 
 /* The reference backward, in double precision: the exact gradient of kpt_reference_attention at

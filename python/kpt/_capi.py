@@ -61,7 +61,7 @@ _LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 class _Grads(ctypes.Structure):
     _fields_ = [("dout", _Tensor), ("dq", _Tensor), ("dk", _Tensor), ("dv", _Tensor),
                 ("daux", ctypes.POINTER(_AuxTensor)), ("num_daux", ctypes.c_int),
-                ("dsinks", _Tensor)]
+                ("dsinks", _Tensor), ("deterministic", ctypes.c_int)]
 
 
 class _PagedArgs(ctypes.Structure):
@@ -427,32 +427,34 @@ class Kernel:
                                            stream, diag), diag, "launch")
         return o
 
-    def _grads(self, dout, dq, dk, dv, daux, dsinks=None):
+    def _grads(self, dout, dq, dk, dv, daux, dsinks=None, deterministic=False):
         daux = daux or {}
         names = [n.encode() for n in daux]
         arr = (_AuxTensor * max(1, len(daux)))(
             *[_AuxTensor(n, _tensor(t)) for n, t in zip(names, daux.values())])
         g = _Grads(_tensor(dout), _tensor(dq), _tensor(dk), _tensor(dv), arr, len(daux),
-                   _tensor(dsinks))
+                   _tensor(dsinks), int(bool(deterministic)))
         return g, (names, arr)
 
     def workspace_bytes(self, q, k, v, o, lse, dout, dq, dk, dv, scale=0.0, scalars=None,
-                        aux=None, daux=None, sinks=None, dsinks=None):
+                        aux=None, daux=None, sinks=None, dsinks=None, deterministic=False):
         """Bytes of workspace a backward call with these tensors needs."""
         a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
-        g, keep = self._grads(dout, dq, dk, dv, daux, dsinks)
+        g, keep = self._grads(dout, dq, dk, dv, daux, dsinks, deterministic)
         diag, n = _Diag(), ctypes.c_size_t()
         _check(library().kpt_kernel_backward_workspace(self._h, a.args, g, ctypes.byref(n), diag),
                diag, "backward workspace")
         return n.value
 
     def backward(self, q, k, v, o, lse, dout, dq, dk, dv, scale=0.0, scalars=None, aux=None,
-                 daux=None, blockmap=None, workspace=None, stream=None, sinks=None, dsinks=None):
+                 daux=None, blockmap=None, workspace=None, stream=None, sinks=None, dsinks=None,
+                 deterministic=False):
         """dq, dk, dv (and daux: {aux name: f32 tensor}; dsinks [Hq] f32 with sinks) of a
         backward kernel from the forward's q, k, v, o, lse and dout. workspace: a tensor of at
-        least workspace_bytes() bytes, or None for a temporary one."""
+        least workspace_bytes() bytes, or None for a temporary one. deterministic: the same
+        bits every run (on CUDA sm_90a, dq without atomics; slower)."""
         a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
-        g, keep = self._grads(dout, dq, dk, dv, daux, dsinks)
+        g, keep = self._grads(dout, dq, dk, dv, daux, dsinks, deterministic)
         ws = workspace.data_ptr() if workspace is not None else None
         nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
         diag = _Diag()

@@ -160,11 +160,14 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     sk = _sinks(sinks, q)
     dsinks = (torch.empty(q.shape[1], device=q.device, dtype=torch.float32)
               if sinks_grad and sk is not None else None)
+    # torch's switch decides: deterministic, kpt's sm_90a backward sums dq without atomics
+    det = torch.are_deterministic_algorithms_enabled()
     nbytes = ker.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars,
-                                 aux=auxd, daux=daux, sinks=sk, dsinks=dsinks)
+                                 aux=auxd, daux=daux, sinks=sk, dsinks=dsinks, deterministic=det)
     ws = torch.empty(max(nbytes, 1), device=q.device, dtype=torch.uint8)
     ker.backward(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars, aux=auxd,
-                 daux=daux, blockmap=bm, workspace=ws, stream=stream, sinks=sk, dsinks=dsinks)
+                 daux=daux, blockmap=bm, workspace=ws, stream=stream, sinks=sk, dsinks=dsinks,
+                 deterministic=det)
     def empty():  # a fresh one each: a custom op's outputs may not alias each other
         return q.new_empty(0, dtype=torch.float32)
     return [dq, dk, dv, dsinks if dsinks is not None else empty()] + [

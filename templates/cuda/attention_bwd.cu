@@ -31,8 +31,9 @@ struct kpt_gargs {
     int daux_on, pad;        // any dacc set
     u64 dsinks;              // f32 [Hq]: the sinks' gradient, or 0
     i64 dsinks_stride;
+    u64 dqacc;               // sm_90a, not deterministic: f32 [B, Hq, Sq, Dqk], zeroed; or 0
 };
-static_assert(sizeof(kpt_gargs) == 448, "kpt_gargs layout");
+static_assert(sizeof(kpt_gargs) == 456, "kpt_gargs layout");
 
 #define KPT_INF __int_as_float(0x7f800000u)
 
