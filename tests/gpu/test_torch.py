@@ -98,6 +98,21 @@ def backward_checks():
         sdpa(q, k, v, causal=True).backward(do)
         for g, t, n in zip(got, (q, k, v), "qkv"):
             check(f"backward {name} d{n} vs SDPA", rel(g, t.grad), 3e-2)
+    # torch's determinism switch: the same bits twice (on sm_90a, dq without atomics)
+    q, k, v = (rand(1, 4, 1000, 128, grad=True) for _ in range(3))
+    do = rand(1, 4, 1000, 128)
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            for t in (q, k, v):
+                t.grad = None
+            kpt.attention(q, k, v, "causal").backward(do)
+            runs.append([t.grad.clone() for t in (q, k, v)])
+    finally:
+        torch.use_deterministic_algorithms(False)
+    check("backward deterministic: bitwise equal runs",
+          0.0 if all(torch.equal(a, b) for a, b in zip(*runs)) else 1.0, 0.0)
     # a learnable per-head slope (an aux tensor with requires_grad), against fp32 autograd
     q, k, v = rand(1, 4, 300, 64, grad=True), rand(1, 4, 300, 64, grad=True), rand(
         1, 4, 300, 64, grad=True)
