@@ -173,19 +173,23 @@ KPT_API kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_ar
  * dtype and head dims, all three wanted; aux gradients (any of the float aux tensors, f32, any
  * strides) are optional.
  *
- * Deterministic, always: CUDA's backward uses no float atomics (dk and dv are summed over a kv
- * head's query heads in a fixed order, dq by one CTA per q tile, aux gradients in 128-bit
- * fixed point with 2^-64 resolution, whose integer sums do not depend on their order), so the
- * same inputs give the same bits on every run. An aux gradient element is rounded to f32 once,
- * at the end; one whose terms include a NaN, or an infinite or >= 2^62 one, is NaN or +-inf.
+ * Determinism (docs/api.md): dk, dv, the sinks' and the aux gradients are always the same bits
+ * for the same inputs (dk and dv are summed over a kv head's query heads in a fixed order, aux
+ * gradients in 128-bit fixed point with 2^-64 resolution, whose integer sums do not depend on
+ * their order). dq too, except on CUDA's sm_90a kernels unless grads->deterministic is set:
+ * there dq is summed with f32 atomic reductions by default (faster; the order of the additions,
+ * and so the last bits, vary run to run); with grads->deterministic, by one CTA per q tile in
+ * a fixed order. An aux gradient element is rounded to f32 once, at the end; one whose terms
+ * include a NaN, or an infinite or >= 2^62 one, is NaN or +-inf.
  *
  * Workspace: `workspace` is device memory of at least kpt_kernel_backward_workspace() bytes
- * (256-byte aligned) for the same args and grads: scratch for dO . O per row (4 bytes a query
- * row) and, per aux gradient wanted, 20 bytes an element of its aux tensor. With it (and a
+ * (256-byte aligned) for the same args and grads (grads->deterministic included): scratch for
+ * dO . O per row (4 bytes a query row), dq's f32 sums where they are atomic (4 bytes an element
+ * of dq) and, per aux gradient wanted, 20 bytes an element of its aux tensor. With it (and a
  * block map where the pattern needs one) the launch does no allocation and no host
  * synchronisation, so it can be captured in a CUDA graph. NULL: a temporary one is allocated
  * on the stream (stream-ordered). `grads` NULL in kpt_kernel_backward_workspace: the size
- * without aux gradients. `map`: a block map made by this (backward) kernel, or NULL, as for
+ * without aux gradients, in the default mode. `map`: a block map made by this (backward) kernel, or NULL, as for
  * kpt_kernel_launch. */
 KPT_API kpt_status kpt_kernel_backward_workspace(const kpt_kernel *k,
                                                  const kpt_attention_args *args,

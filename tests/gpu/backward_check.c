@@ -1,9 +1,10 @@
 /* The backward through the public API on a real GPU, as a training framework drives it: the
  * workspace queried with kpt_kernel_backward_workspace and given, a block map built once, and
- * the launch captured in a CUDA graph and replayed. Each pattern's dq, dk, dv and aux gradients
- * are checked against kpt_reference_attention_backward, outputs poisoned before every run; the
- * graph's replays must give the same bits as the direct launch. Exits 77 (skip) without a CUDA
- * device.
+ * the launch captured in a CUDA graph and replayed, in the default and the deterministic mode.
+ * Each pattern's dq, dk, dv and aux gradients are checked against
+ * kpt_reference_attention_backward, outputs poisoned before every run; in the deterministic
+ * mode the graph's replays must give the same bits as the direct launch. Exits 77 (skip)
+ * without a CUDA device.
  *
  *     backward_check */
 #include <dlfcn.h>
