@@ -199,7 +199,7 @@ static bool is_wgmma_dim(int dim)
     return false;
 }
 #define F16_DIM 3 /* the entry of dims[] compiled in f16 too: {128, 128} */
-#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + NPAT + 1)
+#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + 2 * NPAT + 3)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
 #define MAX_SCRIPTS 32
@@ -280,7 +280,8 @@ static void *worker(void *arg)
             j->tma = strstr(out.ptx, "cp.async.bulk.tensor.4d") != NULL;
             j->bwd_entries = strstr(out.ptx, ".entry kpt_bwd_prep") &&
                              strstr(out.ptx, ".entry kpt_bwd_dkdv") &&
-                             strstr(out.ptx, ".entry kpt_bwd_dq");
+                             strstr(out.ptx, ".entry kpt_bwd_dq") &&
+                             (!j->wgmma || strstr(out.ptx, ".entry kpt_bwd_dq_store"));
             j->setmaxnreg = strstr(out.ptx, "setmaxnreg.inc.sync.aligned.u32 240") != NULL;
             j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
             j->serialized = out.log && strstr(out.log, "wgmma.mma_async instructions are serialized");
@@ -339,6 +340,15 @@ static void test_nvrtc_matrix(void **state)
                       .script = -1};
     for (int sc = 0; sc < nscripts; sc++)
         jobs[n++] = (job){.dim = 1, .sm = 80, .backward = true, .script = sc};
+    /* the sm_90a backward kernels (head dims 64 and 128): every pattern at D = 128 in bf16, one
+     * in f16 at D = 64, one at Dqk != Dv */
+    for (size_t p = 0; p < NPAT; p++)
+        jobs[n++] = (job){.pat = (int)p, .dim = 3, .sm = 90, .wgmma = true, .backward = true,
+                          .script = -1};
+    jobs[n++] = (job){.pat = 1, .dt = 1, .dim = 1, .sm = 90, .wgmma = true, .backward = true,
+                      .script = -1};
+    jobs[n++] = (job){.pat = (int)NPAT - 1, .dim = 5, .sm = 90, .wgmma = true, .backward = true,
+                      .script = -1};
     njobs = n;
     const char *env = getenv("KPT_TEST_JOBS");
     int nthreads = env ? atoi(env) : 4;
@@ -360,7 +370,15 @@ static void test_nvrtc_matrix(void **state)
                      j->msg);
         if (j->backward)
             assert_true(j->bwd_entries);
-        if (j->wgmma) {
+        if (j->wgmma && j->backward) {
+            /* warpgroup MMAs on cp.async tiles (no TMA, no warp specialisation), asynchronous */
+            assert_true(j->wgmma_ptx);
+            assert_true(j->cp_async);
+            assert_false(j->mma);
+            if (j->serialized)
+                fail_msg("%s %d/%d sm_90a backward: ptxas serialised the wgmma pipeline",
+                         patterns[j->pat], dims[j->dim][0], dims[j->dim][1]);
+        } else if (j->wgmma) {
             /* warpgroup MMAs on TMA copies, warp-specialised; no mma.sync, no cp.async */
             assert_true(j->wgmma_ptx);
             assert_true(j->tma);
@@ -378,7 +396,8 @@ static void test_nvrtc_matrix(void **state)
             assert_true(j->cp_async);
         }
         assert_true(j->cubin);
-        /* the sm_90a kernel's full and causal compile without spills at every head dim */
+        /* the sm_90a kernel's full and causal compile without spills at every head dim (the
+         * backward's too) */
         if (j->wgmma && j->script < 0 && j->pat <= 1)
             assert_int_equal(j->spill_bytes, 0);
         /* the main configurations of the head dims up to 64 compile without spills */
@@ -393,7 +412,7 @@ static void test_nvrtc_matrix(void **state)
                   "scripts' and %d backward among them (slowest %.0f ms); %d with ptxas spills "
                   "(see docs/architecture.md); seconds of NVRTC: sm_80 %.0f, sm_90 %.0f, "
                   "sm_90a %.0f, backward %.0f\n",
-                  ver / 1000, ver % 1000 / 10, n, nscripts * 5, (int)NPAT + 1 + nscripts, max_ms,
+                  ver / 1000, ver % 1000 / 10, n, nscripts * 5, 2 * (int)NPAT + 3 + nscripts, max_ms,
                   spilling, cat_ms[0] / 1e3, cat_ms[1] / 1e3, cat_ms[2] / 1e3, cat_ms[3] / 1e3);
 }
 
