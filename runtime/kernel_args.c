@@ -234,12 +234,10 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
         (st = kpt_kernel_check_rows(&g->dv, "dv", dt, pl->cfg.dv, diag)))
         return st;
     memset(ws, 0, sizeof(*ws));
-    ws->bytes = ws->zero_from = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * 4);
-    if (kpt_kernel_bwd_atomic_dq(pl, g->deterministic)) {
-        ws->dqacc = ws->bytes;
-        ws->bytes += align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq *
-                              (size_t)pl->cfg.dqk * 4);
-    }
+    /* delta, then dq's sums where they are atomic (zeroed with what follows) */
+    ws->zero_from = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * sizeof(float));
+    ws->bytes = kpt_kernel_args_bwd_workspace(pl, pa, g->deterministic);
+    ws->dqacc = ws->bytes > ws->zero_from ? ws->zero_from : 0;
     if ((st = plan_daux(p, &gb, backend, ws, diag)))
         return st;
     memset(out, 0, sizeof(*out));
