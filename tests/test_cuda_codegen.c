@@ -20,6 +20,7 @@
 #include "compiler/plan_tiles.h"
 #include "base/diag.h"
 #include "runtime/cuda_device.h"
+#include "runtime/kernel_args.h"
 #include "target/target.h"
 #include "tests/covers_builtins.h"
 #include "compiler/passes.h"
@@ -144,6 +145,54 @@ static void test_plan_refuses(void **state)
     assert_false(plan.cfg.wgmma);
     kpt_kernel_config old = {.dtype = KPT_DTYPE_BF16, .dqk = 64, .dv = 64, .sm = 75};
     assert_int_equal(kpt_plan_tiles_cuda(p, &old, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
+    kpt_pattern_destroy(&p);
+}
+
+/* The backward's plans: the sm_90a kernels at head dims 64 and 128 (two warpgroups, 128 x 128
+ * tiles, within 227 KB), the sm_80 ones elsewhere; dq's atomic sums in the workspace only for
+ * the former and only when determinism is not asked for. */
+static void test_plan_backward(void **state)
+{
+    (void)state;
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
+    kpt_kernel_plan plan;
+    const int dims_ok[][2] = {{64, 64}, {128, 128}, {128, 64}, {64, 128}};
+    for (int i = 0; i < 4; i++) {
+        kpt_kernel_config c = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16,
+                               .dqk = dims_ok[i][0], .dv = dims_ok[i][1], .sm = 90,
+                               .wgmma = true};
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        assert_true(plan.cfg.wgmma);
+        assert_int_equal(plan.warps, 8);
+        assert_int_equal(plan.bm, 128);
+        assert_int_equal(plan.bn, 128);
+        assert_true(plan.smem_bytes <= 227 * 1024);
+    }
+    kpt_kernel_config c96 = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 96,
+                             .dv = 96, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c96, 0, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
+    assert_int_equal(plan.bm, 64);
+    kpt_kernel_config c256 = c96;
+    c256.dqk = c256.dv = 256;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
+
+    /* workspace: delta (4 bytes a row), then dq's sums (4 bytes an element) where atomic */
+    kpt_kernel_config c128 = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                              .dv = 128, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c128, 0, &plan, &d), KPT_OK);
+    kpt_kernel_args a = {.B = 2, .Hq = 3, .Sq = 100};
+    assert_true(kpt_kernel_bwd_atomic_dq(&plan, false));
+    assert_false(kpt_kernel_bwd_atomic_dq(&plan, true));
+    assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, true), 2560);
+    assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, false), 2560 + 307200);
+    kpt_kernel_config c80 = c128;
+    c80.sm = 80, c80.wgmma = false;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c80, 0, &plan, &d), KPT_OK);
+    assert_false(kpt_kernel_bwd_atomic_dq(&plan, false));
+    assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, false), 2560);
     kpt_pattern_destroy(&p);
 }
 
@@ -451,6 +500,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_template_fill),
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
+        cmocka_unit_test(test_plan_backward),
         cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),
     };
