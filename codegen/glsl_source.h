@@ -22,7 +22,8 @@ enum {
     KPT_GLSL_BIND_LSE,
     KPT_GLSL_BIND_BLOCKMAP,
     KPT_GLSL_BIND_GEOMETRY,
-    KPT_GLSL_BIND_AUX0, /* aux tensor i at KPT_GLSL_BIND_AUX0 + i */
+    KPT_GLSL_BIND_SINKS, /* f32 [Hq], or a dummy (geometry's so is then KPT_VK_NO_SINK) */
+    KPT_GLSL_BIND_AUX0,  /* aux tensor i at KPT_GLSL_BIND_AUX0 + i */
 };
 
 /* The workgroup size of the block-map kernel (one invocation per tile pair). */

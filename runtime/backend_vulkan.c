@@ -597,16 +597,30 @@ static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const c
     return KPT_OK;
 }
 
+/* The sinks (f32 [Hq], checked against the shapes by kpt_attn_bind), or the dummy buffer. */
+static kpt_status pack_sinks(vk_backend *v, const kpt_attention_args *a, vk_launch *L,
+                             kpt_diag *diag)
+{
+    L->bufs[KPT_GLSL_BIND_SINKS] = v->dummy.buf;
+    L->geom.so = KPT_VK_NO_SINK;
+    L->geom.ss = 0;
+    if (!a->sinks.data)
+        return KPT_OK;
+    if (a->sinks.dtype != KPT_DTYPE_F32 || span_of(&a->sinks) < 0 ||
+        a->sinks.stride[0] > UINT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor sinks must be f32 with a stride from 0 to 2^32 on Vulkan");
+    L->geom.ss = (uint32_t)a->sinks.stride[0];
+    return resolve(v, "sinks", a->sinks.data, 4, span_of(&a->sinks), &L->bufs[KPT_GLSL_BIND_SINKS],
+                   &L->geom.so, diag);
+}
+
 /* Validates the call and fills L (lock held: it looks up allocations). */
 static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_args *a,
                        vk_launch *L, kpt_diag *diag)
 {
     if (!a)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
-    if (a->sinks.data)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "attention sinks: the Vulkan backend has none yet (CUDA and the CPU "
-                            "backend do)");
     memset(L, 0, sizeof(*L));
     L->k = k;
     kpt_attn_binding bind;
@@ -615,6 +629,8 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
         st = pack_tensors(v, k, a, L, diag);
     if (!st)
         st = pack_aux(v, k, &bind, L, diag);
+    if (!st)
+        st = pack_sinks(v, a, L, diag);
     if (st)
         return st;
     const kpt_attn_shape *s = &bind.shape;

@@ -23,21 +23,24 @@ typedef struct kpt_vk_auxgeom {
 } kpt_vk_auxgeom;
 
 #define KPT_VK_NO_LSE 0xffffffffu
+#define KPT_VK_NO_SINK 0xffffffffu
 
 /* Element offsets of each tensor within its buffer and element strides; bms: block-map entry
- * strides for b, h and the q tile (0 where the map does not depend on them). n_check is
+ * strides for b, h and the q tile (0 where the map does not depend on them); so and ss: the
+ * sinks' offset (KPT_VK_NO_SINK: none) and stride. n_check is
  * KPT_VK_LOOP_CHECK and status 0 at each launch; a kernel sets status bit 0 when its loops were
  * cut short (kpt_check_loops in the template: lavapipe's loop limit). */
 typedef struct kpt_vk_geom {
     uint32_t qo, ko, vo, oo, lo, bmo;
     uint32_t qs[4], ks[4], vs[4], os[4];
     uint32_t ls[3], bms[3];
+    uint32_t so, ss;
     uint32_t n_check, status;
     kpt_vk_auxgeom aux[16];
 } kpt_vk_geom;
 #define KPT_VK_LOOP_CHECK 2
 
 _Static_assert(sizeof(kpt_vk_auxgeom) == 32, "kpt_vk_auxgeom layout");
-_Static_assert(sizeof(kpt_vk_geom) == 120 + 16 * 32, "kpt_vk_geom layout");
+_Static_assert(sizeof(kpt_vk_geom) == 128 + 16 * 32, "kpt_vk_geom layout");
 
 #endif

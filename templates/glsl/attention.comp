@@ -60,6 +60,7 @@ layout(push_constant) uniform kpt_push {
 // lo (the LSE's start) is KPT_NO_LSE when the caller asked for none. n_check and status belong to
 // kpt_check_loops; status is the only member a kernel writes.
 #define KPT_NO_LSE 0xffffffffu
+#define KPT_NO_SINK 0xffffffffu
 struct kpt_auxgeom {
     uint off;
     uint dim[3];
@@ -70,6 +71,7 @@ layout(std430, set = 0, binding = 6) buffer kpt_geom_buf {
     readonly uint qo, ko, vo, oo, lo, bmo;
     readonly uint qs[4], ks[4], vs[4], os[4];
     readonly uint ls[3], bms[3];
+    readonly uint so, ss; // the sinks' start (KPT_NO_SINK: none) and stride
     readonly uint n_check;
     uint status;
     readonly kpt_auxgeom aux[KPT_NAUX];
@@ -80,6 +82,7 @@ layout(std430, set = 0, binding = 1) readonly buffer kpt_k_buf { KPT_ELEM k[]; }
 layout(std430, set = 0, binding = 2) readonly buffer kpt_v_buf { KPT_ELEM v[]; } Vb;
 layout(std430, set = 0, binding = 3) writeonly buffer kpt_o_buf { KPT_ELEM o[]; } Ob;
 layout(std430, set = 0, binding = 4) writeonly buffer kpt_lse_buf { float lse[]; } Lb;
+layout(std430, set = 0, binding = 7) readonly buffer kpt_sink_buf { float sink[]; } Sb;
 #if KPT_BF16
 uint kpt_bf16_bits(float v)
 {
@@ -461,6 +464,21 @@ int kpt_tile_class(int b, int h, int qt, int q0, int q1, int t)
 #endif
 }
 
+// The sink of head h (kpt_attention_args.sinks) joins a row's softmax denominator with no value:
+// from the row's max m and sum l (log2 units), the factor inv on O becomes inv * 2^(lse - tot)
+// and the LSE (log2 units) tot = log2(2^lse + 2^sink). Without sinks lse2 is the row's LSE.
+void kpt_sink(int h, float m, float l, inout float inv, out float lse2)
+{
+    lse2 = l > 0.0 ? m + log2(l) : KPT_NINF;
+    if (G.so == KPT_NO_SINK)
+        return;
+    const float s2 = Sb.sink[G.so + uint(h) * G.ss] * KPT_LOG2E;
+    const float mm = max(lse2, s2);
+    const float tot = mm == KPT_NINF ? KPT_NINF : mm + log2(exp2(lse2 - mm) + exp2(s2 - mm));
+    inv = l > 0.0 ? inv * exp2(lse2 - tot) : 0.0;
+    lse2 = tot;
+}
+
 #if KPT_COOPMAT
 // ---- the attention kernel on cooperative matrices (VK_NV_cooperative_matrix) -----------------
 // Four subgroups of 32 invocations, 16 query rows each (KPT_BM = 64); kv tiles of KPT_BN = 32
@@ -612,7 +630,9 @@ void main()
         }
     }
     // O / l, block by block through shared memory; rows with nothing kept: O = 0, LSE = -inf
-    const float inv = l > 0.0 ? 1.0 / l : 0.0;
+    // (or the sink)
+    float inv = l > 0.0 ? 1.0 / l : 0.0, lse2;
+    kpt_sink(h, m, l, inv, lse2);
     const int rr = lane >> 1, c0 = (lane & 1) * 8, qo = q0 + warp * 16 + rr;
     const float ir = subgroupShuffle(inv, uint(rr));
     const uint obase = G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qo) * G.os[2];
@@ -627,8 +647,7 @@ void main()
         kpt_sub_sync();
     }
     if (live && hf == 0 && G.lo != KPT_NO_LSE)
-        Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
-            l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;
+        Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] = lse2 * KPT_LN2;
     kpt_check_loops();
 }
 
@@ -730,14 +749,14 @@ void main()
     }
     if (!live)
         return;
-    // Rows with nothing kept give O = 0 and LSE = -inf.
-    const float inv = l > 0.0 ? 1.0 / l : 0.0;
+    // Rows with nothing kept give O = 0 and LSE = -inf (or the sink).
+    float inv = l > 0.0 ? 1.0 / l : 0.0, lse2;
+    kpt_sink(h, m, l, inv, lse2);
     const uint obase = G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qi) * G.os[2];
     for (int d = 0; d < KPT_DV; d++)
         Ob.o[obase + uint(d) * G.os[3]] = KPT_ST(acc[d] * inv);
     if (G.lo != KPT_NO_LSE)
-        Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] =
-            l > 0.0 ? (m + log2(l)) * KPT_LN2 : KPT_NINF;
+        Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] = lse2 * KPT_LN2;
     kpt_check_loops();
 }
 #endif // KPT_COOPMAT

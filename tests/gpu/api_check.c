@@ -135,7 +135,7 @@ static int run_case(const gcase *c, uint64_t seed, result *res)
     size_t es = (size_t)kpt_dtype_size(c->dtype);
     size_t no = (size_t)c->B * c->Hq * c->Sq * c->dv, nl = (size_t)c->B * c->Hq * c->Sq;
     hostbuf o = {0}, lse = {0};
-    kpt_buffer *q = NULL, *kk = NULL, *v = NULL, *aux[KPT_MAX_AUX] = {NULL};
+    kpt_buffer *q = NULL, *kk = NULL, *v = NULL, *sk = NULL, *aux[KPT_MAX_AUX] = {NULL};
     kpt_aux_tensor dev_aux[KPT_MAX_AUX];
     check_inputs in;
     if (!check_inputs_make(c, p, seed, &in, res)) {
@@ -144,7 +144,8 @@ static int run_case(const gcase *c, uint64_t seed, result *res)
     }
     int rc = 1;
     bool up = hb_alloc(&o, no * es) && hb_alloc(&lse, nl * 4) && put(&q, in.q, in.q_bytes) &&
-              put(&kk, in.k, in.k_bytes) && put(&v, in.v, in.v_bytes);
+              put(&kk, in.k, in.k_bytes) && put(&v, in.v, in.v_bytes) &&
+              (!c->sinks || put(&sk, in.sinks, (size_t)c->Hq * 4));
     for (int a = 0; up && a < p->num_aux; a++) {
         up = put(&aux[a], in.aux[a], in.aux_bytes[a]);
         dev_aux[a] = in.host_aux[a];
@@ -162,6 +163,8 @@ static int run_case(const gcase *c, uint64_t seed, result *res)
     da.lse = kpt_tensor_contiguous(kpt_buffer_data(lse.d), KPT_DTYPE_F32, 3,
                                    (int64_t[]){c->B, c->Hq, c->Sq});
     da.aux = dev_aux;
+    if (c->sinks)
+        da.sinks.data = kpt_buffer_data(sk);
     if (!run_device(c, k, &da, &o, &lse, in.ref_o, in.ref_l, false, res))
         goto out;
     /* data-dependent masks: again with a block map made by the caller */
@@ -173,6 +176,7 @@ out:
     kpt_buffer_destroy(&q);
     kpt_buffer_destroy(&kk);
     kpt_buffer_destroy(&v);
+    kpt_buffer_destroy(&sk);
     hb_free(&o);
     hb_free(&lse);
     for (int a = 0; a < KPT_MAX_AUX; a++)
@@ -194,7 +198,14 @@ static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, i
     if (ncases == (int)(sizeof(cases) / sizeof(cases[0])) || (bits16 && !f16_ok))
         return;
     const char *scalar = strstr(pat, "$w") ? "w=40" : NULL;
-    cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, 0};
+    cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, 0, false};
+}
+
+/* The last case added, with attention sinks (HIP has none: it refuses them). */
+static void with_sinks(void)
+{
+    if (backend != KPT_BACKEND_HIP && ncases > 0)
+        cases[ncases - 1].sinks = true;
 }
 
 static void build_matrix(bool full, const char *scripts, char paths[][512], int *npaths)
@@ -236,6 +247,16 @@ static void build_matrix(bool full, const char *scripts, char paths[][512], int 
         for (int li = 0; li < 2; li++)
             add(long_pats[(2 * i + li) % 5], dts[(i + li) % 2], dims[i][0], dims[i][1], 1, 1, 1,
                 longs[li][0], longs[li][1], li == 1);
+    /* attention sinks: rows with nothing kept (bottom-right causal, Sq > Skv: O = 0, LSE = the
+     * sink), GQA, both dtypes and kernels' head dims */
+    for (int di = 0; di < 2; di++) {
+        add("causal_bottom_right", dts[di], 64, 64, 2, 4, 2, 77, 45, di == 1);
+        with_sinks();
+        add("softcap(30)+causal", dts[di], dims[1][0], dims[1][1], 1, 4, 1, 130, 130, di == 0);
+        with_sinks();
+        add("document+causal", dts[di], 64, 64, 2, 2, 2, 45, 130, false);
+        with_sinks();
+    }
     if (full)
         for (int pi = 0; pi < NPAT; pi++)
             for (int li = 0; li < 4; li++)
@@ -279,7 +300,7 @@ static double bench_one(kpt_context *c, const char *pat, kpt_dtype dt, int B, in
     kpt_pattern *p = load(pat, d);
     kpt_kernel *k = NULL;
     kpt_kernel_desc desc = {.dtype = dt, .head_dim = D};
-    gcase gc = {pat, dt, D, D, B, H, H, S, S, NULL, false, 0};
+    gcase gc = {pat, dt, D, D, B, H, H, S, S, NULL, false, 0, false};
     size_t n = (size_t)B * H * S * D * (size_t)kpt_dtype_size(dt);
     kpt_buffer *q = NULL, *kv = NULL, *o = NULL;
     double ms[6] = {-1};
@@ -481,7 +502,8 @@ int main(int argc, char **argv)
         double t0 = now_s();
         int rc = run_case(c, seed + (uint64_t)i, &r);
         if (getenv("KPT_CHECK_TIMES"))
-            printf("%.3f s  %s %s d%d/%d S%d/%d\n", now_s() - t0, c->pattern,
+            printf("%.3f s  %s%s %s d%d/%d S%d/%d\n", now_s() - t0, c->pattern,
+                   c->sinks ? " +sinks" : "",
                    kpt_dtype_name(c->dtype), c->dqk, c->dv, c->Sq, c->Skv);
         if (rc == 77) {
             skipped++;
@@ -492,8 +514,8 @@ int main(int argc, char **argv)
             continue;
         }
         fail++;
-        printf("FAIL %s %s d%d/%d B%d H%d/%d S%d/%d %s: %s\n", c->pattern,
-               kpt_dtype_name(c->dtype), c->dqk, c->dv, c->B, c->Hq, c->Hkv, c->Sq, c->Skv,
+        printf("FAIL %s%s %s d%d/%d B%d H%d/%d S%d/%d %s: %s\n", c->pattern,
+               c->sinks ? " +sinks" : "", kpt_dtype_name(c->dtype), c->dqk, c->dv, c->B, c->Hq, c->Hkv, c->Sq, c->Skv,
                c->bshd ? "bshd" : "bhsd", r.why);
     }
     if (!filter && !check_llvmpipe_refusal())

@@ -23,6 +23,7 @@ typedef struct gcase {
     const char *scalar; /* "name=value" or NULL */
     bool bshd;
     double scale; /* the softmax scale; 0: the default, 1/sqrt(Dqk) */
+    bool sinks;   /* with attention sinks (one f32 logit per query head, -2 to 3) */
 } gcase;
 
 /* A [B, H, S, D] tensor, bhsd or bshd. */
@@ -93,6 +94,7 @@ typedef struct check_inputs {
     kpt_scalar_value sv;
     char sname[32];
     double *ref_o, *ref_l;
+    float sinks[64]; /* c->sinks: per query head */
     kpt_attention_args ref;
 } check_inputs;
 
@@ -191,6 +193,11 @@ static bool check_inputs_make(const gcase *c, const kpt_pattern *p, uint64_t see
         .scalars = c->scalar ? &in->sv : NULL, .num_scalars = c->scalar ? 1 : 0,
         .aux = in->host_aux, .num_aux = p->num_aux, .scale = c->scale,
     };
+    if (c->sinks) {
+        for (int h = 0; h < c->Hq && h < 64; h++)
+            in->sinks[h] = (float)(5.0 * kpt_rng_uniform(&rng) - 2.0);
+        in->ref.sinks = kpt_tensor_contiguous(in->sinks, KPT_DTYPE_F32, 1, (int64_t[]){c->Hq});
+    }
     kpt_diag d = {0};
     if (kpt_reference_attention(p, &in->ref, &d)) {
         snprintf(res->why, sizeof(res->why), "reference: %.140s", d.message);

@@ -201,7 +201,7 @@ static void add_scaled(const char *pat, kpt_dtype dt, int dqk, int dv, int B, in
                        int Sq, int Skv, const char *scalar, bool bshd, double scale)
 {
     if (ncases < 4096)
-        cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, scale};
+        cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, scale, false};
 }
 
 static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, int Hkv, int Sq,
