@@ -97,10 +97,6 @@ static kpt_status hip_load(kpt_backend *b, const kpt_pattern *p, const kpt_kerne
 static kpt_status pack(const hip_kernel *k, const kpt_attention_args *args, kpt_kernel_args *a,
                        kpt_diag *diag)
 {
-    if (args && args->sinks.data)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "attention sinks: the HIP backend has none yet (CUDA and the CPU "
-                            "backend do)");
     return kpt_kernel_args_pack(k->pattern, &k->plan, "HIP", args, a, diag);
 }
 

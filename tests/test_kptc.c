@@ -81,7 +81,7 @@ static void test_emit(void **state)
     r = run("emit", "--emit", "glsl", "--head-dim", "64,32", "document+causal", NULL);
     EXPECT(r, 0, out, "#version 450\n");
     EXPECT(r, 0, out, "#define KPT_DQK 64\n#define KPT_DV 32\n");
-    EXPECT(r, 0, out, "layout(std430, set = 0, binding = 8) readonly buffer kpt_aux_buf1");
+    EXPECT(r, 0, out, "layout(std430, set = 0, binding = 9) readonly buffer kpt_aux_buf1");
     r = run("emit", "--emit", "spirv", "--dtype", "f32", "softcap(30)+alibi", NULL);
     EXPECT(r, 0, out, "\x03\x02\x23\x07");
     r = run("emit", "--emit", "spirv", "--blockmap", "document", NULL);

@@ -334,11 +334,22 @@ void kpt_attention(const kpt_args A)
         }
     }
     // the row sum over the four lane groups; rows with nothing kept give O = 0 and LSE = -inf
+    // (or the sink)
     l += kpt_shflf(l, lane ^ 16);
     l += kpt_shflf(l, lane ^ 32);
     if (!live)
         return;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float lse2 = l > 0.0f ? m + __builtin_log2f(l) : KPT_NINF; // log2 units
+    if (A.sinks) { // the sink joins the denominator with no value
+        const float s2 = ((const float *)A.sinks)[(i64)h * A.sink_stride] * KPT_LOG2E;
+        const float mm = lse2 > s2 ? lse2 : s2;
+        const float tot = mm == KPT_NINF ? KPT_NINF
+                                         : mm + __builtin_log2f(__builtin_exp2f(lse2 - mm) +
+                                                                __builtin_exp2f(s2 - mm));
+        inv = l > 0.0f ? inv * __builtin_exp2f(lse2 - tot) : 0.0f;
+        lse2 = tot;
+    }
     u16 *go = (u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)qi * A.os[2];
     for (int e = 0; e < KPT_DV / 16; e++) {
         kpt_s4 v;
@@ -351,7 +362,7 @@ void kpt_attention(const kpt_args A)
     }
     if (A.lse && grp == 0)
         ((float *)A.lse)[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] =
-            l > 0.0f ? (m + __builtin_log2f(l)) * KPT_LN2 : KPT_NINF;
+            lse2 * KPT_LN2;
 }
 
 #if KPT_HAS_BLOCKMAP

@@ -201,10 +201,10 @@ static void add(const char *pat, kpt_dtype dt, int dqk, int dv, int B, int Hq, i
     cases[ncases++] = (gcase){pat, dt, dqk, dv, B, Hq, Hkv, Sq, Skv, scalar, bshd, 0, false};
 }
 
-/* The last case added, with attention sinks (HIP has none: it refuses them). */
+/* The last case added, with attention sinks. */
 static void with_sinks(void)
 {
-    if (backend != KPT_BACKEND_HIP && ncases > 0)
+    if (ncases > 0)
         cases[ncases - 1].sinks = true;
 }
 
