@@ -497,7 +497,10 @@ static void expect_error_with(const char *src, const kpt_lua_params *prm, kpt_st
 static void test_sandbox_limits(void **state)
 {
     (void)state;
-    kpt_lua_params prm = {.name = "t.lua", .max_memory = 8 << 20, .max_instructions = 20000000};
+    /* a wall-clock limit far above the budget's time: these check the budget, and under a
+     * loaded machine (sanitizers, parallel tests) 5 s once ran out first */
+    kpt_lua_params prm = {.name = "t.lua", .max_memory = 8 << 20, .max_instructions = 20000000,
+                          .max_seconds = 120};
     expect_limit("while true do end", &prm, "instruction budget exhausted");
     expect_limit("local x = 0\nfor i = 1, 1e12 do x = x + i end", &prm, "t.lua:2");
     /* catching the budget's error does not help */
