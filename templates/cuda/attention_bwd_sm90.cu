@@ -2,10 +2,11 @@
 // codegen/cuda_source.c for cuda:sm_90a in place of its mma.sync kpt_bwd_dkdv and kpt_bwd_dq;
 // kpt_bwd_prep, kpt_bwd_dsinks and kpt_bwd_daux are shared.
 //
-// The same split as on sm_80, and so the same guarantee: no atomics on the gradients, every sum
-// in a fixed order, bitwise reproducible results. Tiles are 128 x 128 (the plan's bm and bn: tile
-// classes and block maps use them); a CTA is two warpgroups of 64 rows, 256 threads, and every
-// product is a wgmma of 64 rows:
+// In the deterministic mode the same split as on sm_80, and so the same guarantee: no float
+// atomics, every sum in a fixed order, bitwise reproducible results; by default dq is summed with
+// atomics inside kpt_bwd_dkdv instead (below) and kpt_bwd_dq does not run. Tiles are 128 x 128
+// (the plan's bm and bn: tile classes and block maps use them); a CTA is two warpgroups of 64
+// rows, 256 threads, and every product is a wgmma of 64 rows:
 //   kpt_bwd_dkdv  one CTA per (128-key tile, kv head, batch row); warpgroup c owns keys
 //                 c * 64 .. + 63, dK and dV in registers, K and V resident in shared memory. It
 //                 walks the live 128-query tiles of its group's heads in halves of 64 queries,
