@@ -84,13 +84,8 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
 
     for (int j = lo; j <= hi;) {
 #if KPT_HAS_MASK
-#define KPT_CLASS_OF(t) ((t) < KPT_CLS_CAP ? (int)s_cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, (t)))
-        const int cls = KPT_CLASS_OF(j);
-        // The next tile worth loading.
-        int jn = j + 1;
-        while (jn <= hi && KPT_CLASS_OF(jn) == 0)
-            jn++;
-#undef KPT_CLASS_OF
+        const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
+        const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi); // the next worth loading
 #else
         const int cls = 2;
         const int jn = j + 1;
@@ -212,12 +207,8 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention(const kp
         for (int kk = 0; kk < KPT_BN / 16; kk++) {
             u32 pa[KPT_MT][4];
 #pragma unroll
-            for (int mt = 0; mt < KPT_MT; mt++) {
-                pa[mt][0] = kpt_pack(S[mt][2 * kk][0], S[mt][2 * kk][1]);
-                pa[mt][1] = kpt_pack(S[mt][2 * kk][2], S[mt][2 * kk][3]);
-                pa[mt][2] = kpt_pack(S[mt][2 * kk + 1][0], S[mt][2 * kk + 1][1]);
-                pa[mt][3] = kpt_pack(S[mt][2 * kk + 1][2], S[mt][2 * kk + 1][3]);
-            }
+            for (int mt = 0; mt < KPT_MT; mt++)
+                kpt_frag(pa[mt], S[mt][2 * kk], S[mt][2 * kk + 1]);
 #pragma unroll
             for (int dp = 0; dp < KPT_DV / 16; dp++) {
                 u32 bv[4];

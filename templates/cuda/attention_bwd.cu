@@ -240,10 +240,7 @@ __device__ __forceinline__ void kpt_mm_pb(float (&C)[N / 8][4], const float (&P)
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         u32 pa[4];
-        pa[0] = kpt_pack(P[2 * kk][0], P[2 * kk][1]);
-        pa[1] = kpt_pack(P[2 * kk][2], P[2 * kk][3]);
-        pa[2] = kpt_pack(P[2 * kk + 1][0], P[2 * kk + 1][1]);
-        pa[3] = kpt_pack(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+        kpt_frag(pa, P[2 * kk], P[2 * kk + 1]);
 #pragma unroll
         for (int dp = 0; dp < N / 16; dp++) {
             u32 bv[4];
@@ -499,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
     kpt_zero<KPT_DQK>(dQ);
     for (int j = lo; j <= hi; j++) {
 #if KPT_HAS_MASK
-        const int cls = j < KPT_CLS_CAP ? (int)s_cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j);
+        const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
         if (cls == 0) continue;
 #else
         const int cls = 2;

@@ -90,29 +90,6 @@ __device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[
     }
 }
 
-// A 64 x 64 block of probabilities (or dS) to the A fragments of the next product.
-__device__ __forceinline__ void kpt_bwd_frag(u32 (&F)[4][4], const float (&S)[8][4])
-{
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        F[kk][0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
-        F[kk][1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
-        F[kk][2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
-        F[kk][3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
-    }
-}
-
-// D (64 x 64, f32) (+)= A B with both operands in shared memory MN-major (A's rows and B's
-// columns contiguous): dQ = dS K from dS^T and K as they lie.
-__device__ __forceinline__ void kpt_wgmma_ss_n64_tt(float *d, u64 da, u64 db, int scale_d)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC32
-                 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : KPT_D32
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
 // ---- dK, dV (and dQ by atomics) ---------------------------------------------------------------
 //
 // Unless the launch asks for determinism, kpt_bwd_dkdv also adds each step's dQ = dS K into an
@@ -185,8 +162,8 @@ __device__ __forceinline__ void kpt_bwd_dq_atomic(const kpt_args &A, const kpt_g
         kpt_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KPT_BN / 16; kk++)
-            kpt_wgmma_ss_n64_tt(&Q[0][0], kpt_sw128_desc(tDS + kk * 16 * 128, 64 * 128, 1024),
-                                kpt_desc_mn<KPT_BN>(sK + blk * KPT_BN * 128, kk), kk > 0);
+            kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_sw128_desc(tDS + kk * 16 * 128, 64 * 128, 1024),
+                                   kpt_desc_mn<KPT_BN>(sK + blk * KPT_BN * 128, kk), kk > 0);
         kpt_wgmma_commit();
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs<32>(&Q[0][0]);
@@ -281,7 +258,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
         kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, s.h, krow, q0, keep, S, D, lse, nullptr, lane);
         // dV += P^T dO
         u32 F[4][4];
-        kpt_bwd_frag(F, S);
+        kpt_frags<KPT_BWD_SUB>(F, S);
         kpt_wgmma_fence();
         kpt_bwd_rs<KPT_DV, KPT_BWD_SUB>(dV, F, tO);
         kpt_wgmma_commit();
@@ -301,7 +278,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
         // dK += dS^T Q
         kpt_bwd_ds<KPT_BWD_SUB, true>(S, dP, D, del, nullptr, lane);
         u32 E[4][4];
-        kpt_bwd_frag(E, S);
+        kpt_frags<KPT_BWD_SUB>(E, S);
         kpt_wgmma_fence();
         kpt_bwd_rs<KPT_DQK, KPT_BWD_SUB>(dK, E, tQ);
         kpt_wgmma_commit();
@@ -333,21 +310,6 @@ __device__ __forceinline__ void kpt_bwd_load_kv(const kpt_args &A, int b, int hk
     kpt_load_sw<KPT_BN, KPT_DQK>(t, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
     kpt_load_sw<KPT_BN, KPT_DV>(t + KPT_BWD_KB, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
     kpt_cp_commit();
-}
-
-// The live kv tile after j (hi + 1 when none), from the cached classes.
-__device__ __forceinline__ int kpt_bwd_next_kv(const kpt_args &A, const unsigned char *cls, int b,
-                                               int h, int qt, int q0, int q1, int j, int hi)
-{
-#if KPT_HAS_MASK
-    for (j++; j <= hi; j++)
-        if ((j < KPT_CLS_CAP ? (int)cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j)) != 0)
-            break;
-    return j;
-#else
-    (void)A, (void)cls, (void)b, (void)h, (void)qt, (void)q0, (void)q1, (void)hi;
-    return j + 1;
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
@@ -392,15 +354,11 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
     kpt_zero<KPT_DQK>(dQ);
     const bool rows_out = row0 - (warp & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
     for (int j = lo, i = 0; j <= hi; i++) {
-        const int jn = kpt_bwd_next_kv(A, s_cls, b, h, qt, q0, q1, j, hi);
+        const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
         kpt_bwd_landed(); // tile j is in; the other stage is free
         if (jn <= hi)
             kpt_bwd_load_kv(A, b, hk, jn, sK + ((i + 1) & 1) * KPT_BWD_KSTAGE);
-#if KPT_HAS_MASK
-        const int cls = j < KPT_CLS_CAP ? (int)s_cls[j] : kpt_tile_class(A, b, h, qt, q0, q1, j);
-#else
-        const int cls = 2;
-#endif
+        const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
         const u32 tK = sK + (i & 1) * KPT_BWD_KSTAGE, tV = tK + KPT_BWD_KB;
 #pragma unroll 1
         for (int half = 0; half < KPT_BN / KPT_BWD_SUB; half++) {
@@ -426,7 +384,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
             kpt_bwd_ds<KPT_BWD_SUB, false>(S, dP, D, nullptr, del, lane);
             // dQ += dS K: K's keys are the reduced dimension, down the rows
             u32 F[4][4];
-            kpt_bwd_frag(F, S);
+            kpt_frags<KPT_BWD_SUB>(F, S);
             kpt_wgmma_fence();
             kpt_bwd_rs<KPT_DQK, KPT_BN>(dQ, F, hK);
             kpt_wgmma_commit();

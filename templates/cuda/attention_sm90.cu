@@ -58,30 +58,6 @@ static_assert(sizeof(kpt_tma) == 448, "kpt_tma layout");
 #define KPT_PINGPONG 1
 #endif
 
-// The class of kv tile t (0 empty, 1 partial, 2 full): the cached byte for the first
-// KPT_CLS_CAP tiles. Both roles walk the same sequence of live tiles with kpt_next_tile.
-__device__ __forceinline__ int kpt_class_of(const kpt_args &A, const unsigned char *cls, int b,
-                                            int h, int qt, int q0, int q1, int t)
-{
-#if KPT_HAS_MASK
-    return t < KPT_CLS_CAP ? (int)cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, t);
-#else
-    return 2;
-#endif
-}
-__device__ __forceinline__ int kpt_next_tile(const kpt_args &A, const unsigned char *cls, int b,
-                                             int h, int qt, int q0, int q1, int t, int hi)
-{
-#if KPT_HAS_MASK
-    for (t++; t <= hi; t++)
-        if (kpt_class_of(A, cls, b, h, qt, q0, q1, t) != 0)
-            break;
-    return t;
-#else
-    return t + 1;
-#endif
-}
-
 // The mbarriers, in static shared memory: Q's, then per stage K full, V full, K empty, V empty.
 #define KPT_BAR_Q 0
 #define KPT_BAR_KF(s) (1 + (s))
@@ -261,18 +237,6 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
 #define KPT_TILE_KEEP(j, partial) (~0ull)
 #endif
 
-// Probabilities (in S) to the packed A fragments of the P V product.
-__device__ __forceinline__ void kpt_pack_p(u32 (&P)[KPT_BN / 16][4], const float (&S)[KPT_BN / 8][4])
-{
-#pragma unroll
-    for (int kk = 0; kk < KPT_BN / 16; kk++) {
-        P[kk][0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
-        P[kk][1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
-        P[kk][2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
-        P[kk][3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
-    }
-}
-
 // This CTA's q tile, head and batch row. Without a block map, blockIdx order with the last q
 // tiles (the heaviest under causal masks) first. With one, CTAs go by decreasing work over all
 // heads and batch rows (rank r of every (batch row, head), then rank r + 1), each (batch row,
@@ -402,7 +366,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
             grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
             kpt_softmax_exp(S, m, l, sc);
-            kpt_pack_p(P, S);
+            kpt_frags<KPT_BN>(P, S);
         }
         // Then, per tile: S of tile j is issued, O of the previous tile rescaled and its P V
         // issued; the softmax of tile j runs while P V does.
@@ -433,7 +397,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
             kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(sp));
-            kpt_pack_p(P, S);
+            kpt_frags<KPT_BN>(P, S);
         }
         // the last tile's P V
         const int s = i % KPT_STAGES;

@@ -148,6 +148,24 @@ __device__ __forceinline__ u32 kpt_pack(float lo, float hi)
     return r;
 }
 
+// Columns 16 kk .. 16 kk + 15 of an m16 accumulator (its n8 blocks lo = 2 kk and hi = 2 kk + 1,
+// mma.sync / wgmma layout) as the packed A fragment of the next product (P V, dS K, ...).
+__device__ __forceinline__ void kpt_frag(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4])
+{
+    a[0] = kpt_pack(lo[0], lo[1]);
+    a[1] = kpt_pack(lo[2], lo[3]);
+    a[2] = kpt_pack(hi[0], hi[1]);
+    a[3] = kpt_pack(hi[2], hi[3]);
+}
+// The same for a whole 16 x N accumulator: N / 16 fragments.
+template <int N>
+__device__ __forceinline__ void kpt_frags(u32 (&F)[N / 16][4], const float (&S)[N / 8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+        kpt_frag(F[kk], S[2 * kk], S[2 * kk + 1]);
+}
+
 // Copies ROWS rows of D 16-bit elements (row r from src + r * stride) into shared memory with row
 // stride STR; rows at or past `valid` are zero-filled, so padding keys contribute nothing. The
 // trip count is a compile-time constant, so the loop unrolls into straight 16-byte copies whose
@@ -240,6 +258,31 @@ __device__ __forceinline__ void kpt_live_tiles(const kpt_args &A, int b, int h, 
     hi = *s_hi;
 }
 #endif
+
+// The class of kv tile t (0 empty, 1 partial, 2 full) for a CTA that ran kpt_live_tiles: the
+// cached byte for the first KPT_CLS_CAP tiles. kpt_next_tile: the live tile after t, or hi + 1.
+// (Without a mask every tile is full, and cls may be null.)
+__device__ __forceinline__ int kpt_class_of(const kpt_args &A, const unsigned char *cls, int b,
+                                            int h, int qt, int q0, int q1, int t)
+{
+#if KPT_HAS_MASK
+    return t < KPT_CLS_CAP ? (int)cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, t);
+#else
+    return 2;
+#endif
+}
+__device__ __forceinline__ int kpt_next_tile(const kpt_args &A, const unsigned char *cls, int b,
+                                             int h, int qt, int q0, int q1, int t, int hi)
+{
+#if KPT_HAS_MASK
+    for (t++; t <= hi; t++)
+        if (kpt_class_of(A, cls, b, h, qt, q0, q1, t) != 0)
+            break;
+    return t;
+#else
+    return t + 1;
+#endif
+}
 
 // t[0] op ... op t[N-1] as a pairwise tree (N a power of two). The inner bound is a constant
 // so both loops unroll fully and t stays in registers.

@@ -46,14 +46,16 @@ __device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int 
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
-// The same with B 16 x 64: S of 64-key tiles (head dim 256).
+// The same with B 16 x 64: S of 64-key tiles (head dim 256). TA, TB = 1: A or B is MN-major
+// instead (M or N contiguous; the backward's dQ = dS K takes dS^T and K as they lie).
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void kpt_wgmma_ss_n64(float *d, u64 da, u64 db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC32
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
                  : KPT_D32
-                 : "l"(da), "l"(db), "r"(scale_d));
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 // D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *

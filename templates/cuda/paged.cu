@@ -448,10 +448,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 #pragma unroll
         for (int kk = 0; kk < KW / 16; kk++) {
             u32 pa[4];
-            pa[0] = kpt_pack(S[2 * kk][0], S[2 * kk][1]);
-            pa[1] = kpt_pack(S[2 * kk][2], S[2 * kk][3]);
-            pa[2] = kpt_pack(S[2 * kk + 1][0], S[2 * kk + 1][1]);
-            pa[3] = kpt_pack(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+            kpt_frag(pa, S[2 * kk], S[2 * kk + 1]);
 #pragma unroll
             for (int dp = 0; dp < KPT_DV / 16; dp++) {
                 u32 bv[4];
