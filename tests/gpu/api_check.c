@@ -11,6 +11,7 @@
  * dtypes are f32 and f16 on Vulkan, bf16 and f16 on HIP and CUDA. Prints one line per failing
  * case and a summary; exits 0 when every case passes, 1 when one fails, 77 (skip) when the
  * backend has no device. */
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -442,26 +443,32 @@ int main(int argc, char **argv)
     const char *filter = NULL, *scripts = NULL;
     uint64_t seed = 1;
     int device = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--full"))
+    static const struct option opts[] = {
+        {"full", no_argument, NULL, 'F'},          {"bench", no_argument, NULL, 'B'},
+        {"filter", required_argument, NULL, 'f'},  {"seed", required_argument, NULL, 's'},
+        {"scripts", required_argument, NULL, 'd'}, {"device", required_argument, NULL, 'n'},
+        {"backend", required_argument, NULL, 'b'}, {NULL, 0, NULL, 0}};
+    bool bad = false;
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        if (c == 'F')
             full = true;
-        else if (!strcmp(argv[i], "--bench"))
+        else if (c == 'B')
             do_bench = true;
-        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
-            filter = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--scripts") && i + 1 < argc)
-            scripts = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && parse_backend(argv[i + 1]))
-            i++;
-        else {
-            fprintf(stderr, "usage: api_check --backend vulkan|hip|cuda [--full] [--filter TEXT] "
-                            "[--seed N] [--scripts DIR] [--device N] [--bench]\n");
-            return 2;
-        }
+        else if (c == 'f')
+            filter = optarg;
+        else if (c == 's')
+            seed = strtoull(optarg, NULL, 10);
+        else if (c == 'd')
+            scripts = optarg;
+        else if (c == 'n')
+            device = atoi(optarg);
+        else if (c != 'b' || !parse_backend(optarg))
+            bad = true; /* getopt_long (or the backend's name) was wrong */
+    }
+    if (bad || optind != argc) {
+        fprintf(stderr, "usage: api_check --backend vulkan|hip|cuda [--full] [--filter TEXT] "
+                        "[--seed N] [--scripts DIR] [--device N] [--bench]\n");
+        return 2;
     }
     if (backend == KPT_BACKEND_AUTO) {
         fprintf(stderr, "api_check: --backend vulkan|hip|cuda is required\n");

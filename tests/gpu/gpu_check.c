@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <getopt.h>
 #include <time.h>
 
 #include <kpt/kpt.h>
@@ -304,20 +305,27 @@ int main(int argc, char **argv)
     bool quick = false;
     const char *filter = NULL, *scripts = NULL;
     uint64_t seed = (uint64_t)time(NULL);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
+    static const struct option opts[] = {{"quick", no_argument, NULL, 'q'},
+                                         {"filter", required_argument, NULL, 'f'},
+                                         {"seed", required_argument, NULL, 's'},
+                                         {"scripts", required_argument, NULL, 'd'},
+                                         {NULL, 0, NULL, 0}};
+    bool bad = false;
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        if (c == 'q')
             quick = true;
-        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
-            filter = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--scripts") && i + 1 < argc)
-            scripts = argv[++i];
-        else {
-            fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--seed N] "
-                            "[--scripts DIR]\n");
-            return 2;
-        }
+        else if (c == 'f')
+            filter = optarg;
+        else if (c == 's')
+            seed = strtoull(optarg, NULL, 10);
+        else if (c == 'd')
+            scripts = optarg;
+        else
+            bad = true; /* getopt_long said what was wrong */
+    }
+    if (bad || optind != argc) {
+        fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--seed N] [--scripts DIR]\n");
+        return 2;
     }
     kpt_diag d = {0};
     kpt_cuda_device dev;

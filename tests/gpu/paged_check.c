@@ -9,6 +9,7 @@
  * Prints a line per failing case and a summary; exits 0 when every case passes, 1 when one
  * fails, 77 (skip) when the backend has no device. On the CPU backend the kernels are the
  * reference itself: that run checks the API's plumbing only. */
+#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -255,20 +256,28 @@ int main(int argc, char **argv)
     const char *filter = NULL, *backend = "cuda";
     uint64_t seed = 1;
     bool quick = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
+    static const struct option opts[] = {{"quick", no_argument, NULL, 'q'},
+                                         {"filter", required_argument, NULL, 'f'},
+                                         {"seed", required_argument, NULL, 's'},
+                                         {"backend", required_argument, NULL, 'b'},
+                                         {NULL, 0, NULL, 0}};
+    bool bad = false;
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        if (c == 'q')
             quick = true;
-        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
-            filter = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc)
-            backend = argv[++i];
-        else {
-            fprintf(stderr, "usage: paged_check [--backend cuda|cpu] [--quick] [--filter TEXT] "
-                            "[--seed N]\n");
-            return 2;
-        }
+        else if (c == 'f')
+            filter = optarg;
+        else if (c == 's')
+            seed = strtoull(optarg, NULL, 10);
+        else if (c == 'b')
+            backend = optarg;
+        else
+            bad = true; /* getopt_long said what was wrong */
+    }
+    if (bad || optind != argc) {
+        fprintf(stderr, "usage: paged_check [--backend cuda|cpu] [--quick] [--filter TEXT] "
+                        "[--seed N]\n");
+        return 2;
     }
     kpt_context_params cp = {.backend = strcmp(backend, "cpu") ? KPT_BACKEND_CUDA : KPT_BACKEND_CPU,
                              .flags = KPT_CONTEXT_NO_DISK_CACHE};
