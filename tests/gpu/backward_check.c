@@ -160,17 +160,23 @@ static void read_grads(kpt_buffer *gb[7], void *out[6])
     }
 }
 
+/* The forward and backward kernels of p (bf16, head dim D). */
+static kpt_status get_kernels(kpt_context *ctx, const kpt_pattern *p, kpt_kernel **fwd,
+                              kpt_kernel **bwd, kpt_diag *d)
+{
+    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_BF16, .head_dim = D};
+    kpt_status st = kpt_kernel_get(ctx, p, &desc, fwd, d);
+    desc.options = KPT_DESC_BACKWARD;
+    return st ? st : kpt_kernel_get(ctx, p, &desc, bwd, d);
+}
+
 /* The pattern's gradients in one mode: deterministic (the graph's replays must repeat the bits)
  * or the default (on sm_90a, dq by atomics: the replays are checked against the reference). */
 static void run(kpt_context *ctx, const kpt_pattern *p, int det)
 {
     kpt_diag d = {0};
     kpt_kernel *fwd = NULL, *bwd = NULL;
-    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_BF16, .head_dim = D};
-    kpt_status st = kpt_kernel_get(ctx, p, &desc, &fwd, &d);
-    desc.options = KPT_DESC_BACKWARD;
-    if (!st)
-        st = kpt_kernel_get(ctx, p, &desc, &bwd, &d);
+    kpt_status st = get_kernels(ctx, p, &fwd, &bwd, &d);
     CHECK(!st, "kernels: %s", d.message);
     if (st)
         return;
@@ -282,11 +288,7 @@ static void run_sinks(kpt_context *ctx)
     kpt_pattern *p = NULL;
     CHECK(!kpt_pattern_parse("causal+softcap(20)", &p, &d), "pattern: %s", d.message);
     kpt_kernel *fwd = NULL, *bwd = NULL;
-    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_BF16, .head_dim = D};
-    kpt_status st = kpt_kernel_get(ctx, p, &desc, &fwd, &d);
-    desc.options = KPT_DESC_BACKWARD;
-    if (!st)
-        st = kpt_kernel_get(ctx, p, &desc, &bwd, &d);
+    kpt_status st = get_kernels(ctx, p, &fwd, &bwd, &d);
     CHECK(!st, "sinks kernels: %s", d.message);
     float sinks[HQ] = {-1.0f, 0.5f, 2.0f, 4.0f};
     static double o_ref[NQ], lse_ref[B * HQ * S], dq[NQ], dk[NK], dv[NK], ds[HQ];
