@@ -67,6 +67,20 @@ static const char *aux_suffix(kpt_dtype t)
     }
 }
 
+/* A load's indices as the templates' loaders take them: always KPT_AUX_MAX_RANK of them, the
+ * node `<prefix><ref>` of each operand and `pad` for the dimensions the tensor lacks. */
+static void emit_indices(kpt_strbuf *sb, const kpt_ir_node *n, const char *prefix, const char *pad)
+{
+    for (int i = 0; i < KPT_AUX_MAX_RANK; i++) {
+        if (i)
+            kpt_sb_puts(sb, ", ");
+        if (i < n->nargs)
+            kpt_sb_printf(sb, "%s%u", prefix, (unsigned)n->arg[i]);
+        else
+            kpt_sb_puts(sb, pad);
+    }
+}
+
 /* Op spellings, indexed by op: the i32 helper and the f32 function of each arithmetic op (the
  * templates define the same names in every dialect). */
 static const char *const int_fns[KPT_IR_OP_COUNT] = {
@@ -177,9 +191,9 @@ static void emit_value(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r, const
     case KPT_IR_LOAD:
         kpt_sb_printf(sb, d->aux_load, aux_suffix(p->aux[n->imm.index].dtype),
                       (unsigned)n->imm.index);
-        kpt_sb_printf(sb, "%d, v%u, ", n->nargs, (unsigned)a[0]);
-        if (n->nargs > 1) kpt_sb_printf(sb, "v%u, ", (unsigned)a[1]); else kpt_sb_puts(sb, "0, ");
-        if (n->nargs > 2) kpt_sb_printf(sb, "v%u)", (unsigned)a[2]); else kpt_sb_puts(sb, "0)");
+        kpt_sb_printf(sb, "%d, ", n->nargs);
+        emit_indices(sb, n, "v", "0");
+        kpt_sb_puts(sb, ")");
         return;
     case KPT_IR_NOT: kpt_sb_printf(sb, "!v%u", (unsigned)a[0]); return;
     case KPT_IR_NEG:
@@ -393,11 +407,9 @@ void kpt_emit_aux_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_di
         emit_values(sb, p, roots, n, d);
     for (int i = 0; i < p->num_dloads; i++) {
         const kpt_ir_node *ld = kpt_ir_node_get(&p->g, p->dloads[i].load);
-        const uint32_t *a = ld->arg;
-        kpt_sb_printf(sb, "    kpt_daux_add(A, G, %u, %d, v%u, ", (unsigned)ld->imm.index, ld->nargs,
-                      (unsigned)a[0]);
-        if (ld->nargs > 1) kpt_sb_printf(sb, "v%u, ", (unsigned)a[1]); else kpt_sb_puts(sb, "0, ");
-        if (ld->nargs > 2) kpt_sb_printf(sb, "v%u, ", (unsigned)a[2]); else kpt_sb_puts(sb, "0, ");
+        kpt_sb_printf(sb, "    kpt_daux_add(A, G, %u, %d, ", (unsigned)ld->imm.index, ld->nargs);
+        emit_indices(sb, ld, "v", "0");
+        kpt_sb_puts(sb, ", ");
         /* g = 0 (a dropped pair) adds nothing, whatever the derivative there */
         kpt_sb_printf(sb, "g != 0.0f ? g * v%u : 0.0f);\n", (unsigned)p->dloads[i].deriv);
     }
@@ -468,11 +480,8 @@ static void emit_interval(kpt_strbuf *sb, const kpt_pattern *p, kpt_ir_ref r,
     case KPT_IR_LOAD: /* the range of the data over the index box */
         kpt_sb_printf(sb, d->iv_load, n->type == KPT_IR_BOOL ? "true" : "false",
                       (unsigned)n->imm.index);
-        kpt_sb_printf(sb, "%d, i%u", n->nargs, (unsigned)n->arg[0]);
-        for (int i = 1; i < 3; i++) {
-            if (i < n->nargs) kpt_sb_printf(sb, ", i%u", (unsigned)n->arg[i]);
-            else kpt_sb_puts(sb, ", kpt_iv_pt(0)");
-        }
+        kpt_sb_printf(sb, "%d, ", n->nargs);
+        emit_indices(sb, n, "i", "kpt_iv_pt(0)");
         kpt_sb_puts(sb, ")");
         return;
     case KPT_IR_TO_I32: kpt_sb_printf(sb, "i%u", (unsigned)n->arg[0]); return; /* from bool */

@@ -69,19 +69,20 @@ static const char *aux_type(kpt_dtype t)
  * classification (the CUDA template reads it with a warp; here one invocation loops). */
 static void emit_iv_load(kpt_strbuf *sb, unsigned i, kpt_dtype t)
 {
-    kpt_sb_printf(sb, "kpt_iv kpt_iv_load%u(int r, kpt_iv x, kpt_iv y, kpt_iv z)\n{\n", i);
+    kpt_sb_printf(sb, "kpt_iv kpt_iv_load%u(int r, kpt_iv x, kpt_iv y, kpt_iv z, kpt_iv u)\n{\n",
+                  i);
     kpt_sb_puts(sb, "    const int64_t nx = x.h - x.l + 1, ny = y.h - y.l + 1, nz = z.h - z.l + 1;\n"
-                    "    const int64_t lim = KPT_IV_LOAD_MAX;\n"
+                    "    const int64_t nu = u.h - u.l + 1, lim = KPT_IV_LOAD_MAX;\n"
                     "    if (kpt_lt64(lim, nx) || kpt_lt64(lim, ny) || kpt_lt64(lim, nz) ||\n"
-                    "        kpt_lt64(lim, nx * ny * nz))\n");
+                    "        kpt_lt64(lim, nu) || kpt_lt64(lim, nx * ny * nz * nu))\n");
     kpt_sb_printf(sb, "        return %s;\n",
                   t == KPT_DTYPE_BOOL ? "kpt_iv_anyb()" : "kpt_iv_any()");
-    kpt_sb_puts(sb, "    const int n = int(nx * ny * nz), w = int(nx), wy = int(ny);\n"
+    kpt_sb_puts(sb, "    const int n = int(nx * ny * nz * nu), w = int(nx), wy = int(ny), wz = int(nz);\n"
                     "    int lo = KPT_I32_MAX, hi = KPT_I32_MIN;\n"
                     "    for (int e = 0; e < n; e++) {\n"
                     "        const int i0 = int(x.l) + e % w, i1 = int(y.l) + (e / w) % wy;\n"
-                    "        const int i2 = int(z.l) + e / (w * wy);\n");
-    kpt_sb_printf(sb, "        const int v = int(kpt_aux%u(r, i0, i1, i2));\n", i);
+                    "        const int i2 = int(z.l) + (e / (w * wy)) % wz, i3 = int(u.l) + e / (w * wy * wz);\n");
+    kpt_sb_printf(sb, "        const int v = int(kpt_aux%u(r, i0, i1, i2, i3));\n", i);
     kpt_sb_puts(sb, "        lo = min(lo, v);\n        hi = max(hi, v);\n    }\n"
                     "    return kpt_iv_mk(lo, hi);\n}\n");
 }
@@ -95,8 +96,8 @@ static void emit_aux(kpt_strbuf *sb, const kpt_pattern *p)
         kpt_sb_printf(sb, "// aux %u: %s, rank %d\n", i, kpt_dtype_name(t), p->aux[i].rank);
         kpt_sb_printf(sb, "layout(std430, set = 0, binding = %u) readonly buffer kpt_aux_buf%u "
                           "{ uint w[]; } kpt_auxb%u;\n", KPT_GLSL_BIND_AUX0 + i, i, i);
-        kpt_sb_printf(sb, "%s kpt_aux%u(int r, int i0, int i1, int i2)\n{\n", aux_type(t), i);
-        kpt_sb_printf(sb, "    uint e;\n    if (!kpt_aux_index(%u, r, i0, i1, i2, e))\n", i);
+        kpt_sb_printf(sb, "%s kpt_aux%u(int r, int i0, int i1, int i2, int i3)\n{\n", aux_type(t), i);
+        kpt_sb_printf(sb, "    uint e;\n    if (!kpt_aux_index(%u, r, i0, i1, i2, i3, e))\n", i);
         kpt_sb_printf(sb, "        return %s;\n",
                       t == KPT_DTYPE_I32 ? "0" : t == KPT_DTYPE_BOOL ? "false" : "0.0");
         emit_aux_read(sb, i, t);

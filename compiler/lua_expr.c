@@ -35,7 +35,7 @@ typedef struct lexpr {
 typedef struct laux {
     uint32_t aux;
     int n;
-    kpt_ir_ref idx[3];
+    kpt_ir_ref idx[KPT_AUX_MAX_RANK];
 } laux;
 
 static kpt_lua_host *host(lua_State *L)
@@ -861,12 +861,12 @@ static void read_aux(lua_State *L, const char *name, kpt_aux_decl *d, int fills_
     lua_pop(L, 1);
     lua_getfield(L, -1, "shape");
     if (!lua_istable(L, -1))
-        RAISE(L, KPT_ERR_INVALID_ARGUMENT, "aux '%s': shape must be a list of 1 to 3 dimensions, "
-              "e.g. {\"b\", \"sq\"}", name);
+        RAISE(L, KPT_ERR_INVALID_ARGUMENT, "aux '%s': shape must be a list of 1 to %d "
+              "dimensions, e.g. {\"b\", \"sq\"}", name, KPT_AUX_MAX_RANK);
     lua_Integer rank = luaL_len(L, -1);
-    if (rank < 1 || rank > 3)
-        RAISE(L, KPT_ERR_INVALID_ARGUMENT, "aux '%s': rank %lld is not supported (1 to 3)", name,
-              (long long)rank);
+    if (rank < 1 || rank > KPT_AUX_MAX_RANK)
+        RAISE(L, KPT_ERR_INVALID_ARGUMENT, "aux '%s': rank %lld is not supported (1 to %d)", name,
+              (long long)rank, KPT_AUX_MAX_RANK);
     d->rank = (int)rank;
     for (int k = 0; k < d->rank; k++) {
         lua_rawgeti(L, -1, k + 1);

@@ -424,7 +424,7 @@ kpt_status kpt_lua_fill_aux(const char *source, size_t length, const kpt_lua_par
                             const char *aux, int rank, const int64_t *shape, uint64_t seed,
                             double *out, kpt_diag *diag)
 {
-    if (!source || !aux || !shape || !out || rank < 1 || rank > 3)
+    if (!source || !aux || !shape || !out || rank < 1 || rank > KPT_AUX_MAX_RANK)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kpt_lua_fill_aux: bad arguments");
     run_ctx c = {.src = source, .len = length, .prm = params, .fill_aux = aux, .rank = rank,
                  .shape = shape, .seed = seed, .out = out};

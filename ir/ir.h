@@ -18,6 +18,9 @@
 
 typedef uint32_t kpt_ir_ref;
 
+/* The most operands a node has: LOAD's indices into a rank-4 aux tensor. */
+#define KPT_IR_MAX_ARGS 4
+
 typedef enum kpt_ir_type {
     KPT_IR_VOID = 0, /* no type: only for "no node" */
     KPT_IR_I32,
@@ -70,7 +73,7 @@ typedef struct kpt_ir_node {
         uint32_t index; /* SCALAR: scalar index; LOAD: aux index */
         uint32_t bits;  /* for hashing and comparison */
     } imm;
-    kpt_ir_ref arg[3];
+    kpt_ir_ref arg[KPT_IR_MAX_ARGS];
 } kpt_ir_node;
 
 #define KPT_IR_ERROR_MAX 256

@@ -40,9 +40,11 @@ static uint32_t hash_node(const kpt_ir_node *n)
 {
     /* FNV-1a over the fields that define a node; only used in-process for interning. */
     uint32_t h = 2166136261u;
-    uint32_t words[6] = {(uint32_t)n->op | (uint32_t)n->type << 8 | (uint32_t)n->nargs << 16,
-                         n->imm.bits, n->arg[0], n->arg[1], n->arg[2], 0};
-    for (int i = 0; i < 5; i++)
+    uint32_t words[2 + KPT_IR_MAX_ARGS] = {
+        (uint32_t)n->op | (uint32_t)n->type << 8 | (uint32_t)n->nargs << 16, n->imm.bits};
+    for (int i = 0; i < KPT_IR_MAX_ARGS; i++)
+        words[2 + i] = n->arg[i];
+    for (int i = 0; i < 2 + KPT_IR_MAX_ARGS; i++)
         for (int b = 0; b < 4; b++) {
             h ^= (words[i] >> (8 * b)) & 0xff;
             h *= 16777619u;
@@ -53,8 +55,7 @@ static uint32_t hash_node(const kpt_ir_node *n)
 static bool same(const kpt_ir_node *a, const kpt_ir_node *b)
 {
     return a->op == b->op && a->type == b->type && a->nargs == b->nargs &&
-           a->imm.bits == b->imm.bits && a->arg[0] == b->arg[0] && a->arg[1] == b->arg[1] &&
-           a->arg[2] == b->arg[2];
+           a->imm.bits == b->imm.bits && memcmp(a->arg, b->arg, sizeof(a->arg)) == 0;
 }
 
 kpt_ir_ref kpt_ir_find(const kpt_ir_graph *g, const kpt_ir_node *n)
@@ -134,7 +135,7 @@ kpt_ir_ref kpt_ir_build(kpt_ir_graph *g, kpt_ir_op op, kpt_ir_type type, uint32_
 {
     if (g->failed)
         return 0;
-    if ((unsigned)op >= KPT_IR_OP_COUNT || nargs < 0 || nargs > 3) {
+    if ((unsigned)op >= KPT_IR_OP_COUNT || nargs < 0 || nargs > KPT_IR_MAX_ARGS) {
         kpt_ir_fail(g, "internal: bad op %d with %d operands", (int)op, nargs);
         return 0;
     }
@@ -143,7 +144,7 @@ kpt_ir_ref kpt_ir_build(kpt_ir_graph *g, kpt_ir_op op, kpt_ir_type type, uint32_
     n.op = (uint8_t)op;
     n.nargs = (uint8_t)nargs;
     n.imm.bits = imm_bits;
-    kpt_ir_type at[3] = {0};
+    kpt_ir_type at[KPT_IR_MAX_ARGS] = {0};
     for (int i = 0; i < nargs; i++) {
         if (args[i] == 0 || args[i] >= g->count) {
             kpt_ir_fail(g, "internal: '%s' operand %d is not a node", kpt_ir_op_name(op), i + 1);

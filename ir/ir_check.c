@@ -57,9 +57,10 @@ kpt_ir_type kpt_ir_result_type(kpt_ir_op op, int nargs, const kpt_ir_type *args,
     case RULE_VAR_I32: return KPT_IR_I32;
     case RULE_IMM: return KPT_IR_VOID; /* typed by the builder */
     case RULE_LOAD:
-        if (nargs < 1 || nargs > 3) {
+        if (nargs < 1 || nargs > KPT_IR_MAX_ARGS) {
             if (msg && msg_size)
-                snprintf(msg, msg_size, "'load' takes 1 to 3 indices, got %d", nargs);
+                snprintf(msg, msg_size, "'load' takes 1 to %d indices, got %d", KPT_IR_MAX_ARGS,
+                         nargs);
             return KPT_IR_VOID;
         }
         for (int i = 0; i < nargs; i++)
@@ -135,10 +136,10 @@ bool kpt_ir_validate(const kpt_ir_graph *g, char *msg, size_t msg_size)
         const kpt_ir_node *n = &g->nodes[r];
         if (n->op >= KPT_IR_OP_COUNT)
             return fail(msg, msg_size, "%%%u: unknown op%s", r, "");
-        if (n->nargs > 3)
+        if (n->nargs > KPT_IR_MAX_ARGS)
             return fail(msg, msg_size, "%%%u: too many operands%s", r, "");
-        kpt_ir_type at[3] = {0};
-        for (int i = 0; i < 3; i++) {
+        kpt_ir_type at[KPT_IR_MAX_ARGS] = {0};
+        for (int i = 0; i < KPT_IR_MAX_ARGS; i++) {
             if (i >= n->nargs) {
                 if (n->arg[i] != 0)
                     return fail(msg, msg_size, "%%%u: stray operand%s", r, "");

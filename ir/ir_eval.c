@@ -215,7 +215,7 @@ static kpt_ir_value eval_node(const kpt_ir_graph *g, kpt_ir_ref ref, const kpt_i
         return r;
     case KPT_IR_LOAD: return load(n, env, vals);
     default: {
-        kpt_ir_value args[3];
+        kpt_ir_value args[KPT_IR_MAX_ARGS];
         for (int i = 0; i < n->nargs; i++)
             args[i] = vals[n->arg[i]];
         return kpt_ir_apply((kpt_ir_op)n->op, (kpt_ir_type)n->type,

@@ -19,8 +19,8 @@ typedef struct kpt_ir_auxview {
     const void *data;
     kpt_dtype dtype;
     int rank;
-    int64_t shape[3];
-    int64_t stride[3];
+    int64_t shape[KPT_IR_MAX_ARGS];
+    int64_t stride[KPT_IR_MAX_ARGS];
 } kpt_ir_auxview;
 
 typedef struct kpt_ir_env {

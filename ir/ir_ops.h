@@ -1,7 +1,7 @@
 /* The expression IR's op table, defined once.
  *
  * OP(NAME, mnemonic, nargs, rule, flags)
- *   nargs  number of operands; LOAD takes 1..3 (its own check)
+ *   nargs  number of operands; LOAD takes 1..4 (its own check)
  *   rule   the typing rule (enum kpt_ir_rule), shared by the builder and the checker
  *   flags  KPT_IR_COMMUTATIVE: the builder orders operands so a+b and b+a are one node
  *
@@ -30,7 +30,7 @@
     OP(SKV, "skv", 0, RULE_VAR_I32, 0)                              \
     OP(HQ, "hq", 0, RULE_VAR_I32, 0)                                \
     OP(SCALAR, "scalar", 0, RULE_IMM, 0)                            \
-    OP(LOAD, "load", 3, RULE_LOAD, 0)                               \
+    OP(LOAD, "load", 4, RULE_LOAD, 0)                               \
     /* unary */                                                     \
     OP(NEG, "neg", 1, RULE_NUM, 0)                                  \
     OP(ABS, "abs", 1, RULE_NUM, 0)                                  \

@@ -256,8 +256,8 @@ static bool read_aux(reader *rd)
     if (!expect(rd, '['))
         return false;
     do {
-        if (a.rank == 3)
-            return error(rd, "aux tensors have at most 3 dimensions");
+        if (a.rank == KPT_AUX_MAX_RANK)
+            return error(rd, "aux tensors have at most %d dimensions", KPT_AUX_MAX_RANK);
         if (!read_dim(rd, &a.dims[a.rank++]))
             return false;
         skip_space(rd);
@@ -356,10 +356,10 @@ static bool read_node(reader *rd)
     if ((op == KPT_IR_CONST || op == KPT_IR_SCALAR || op == KPT_IR_LOAD) &&
         !read_imm(rd, op, t, &bits))
         return false;
-    kpt_ir_ref args[3];
+    kpt_ir_ref args[KPT_IR_MAX_ARGS];
     int nargs = 0;
     while (!at_eol(rd)) {
-        if (nargs == 3)
+        if (nargs == KPT_IR_MAX_ARGS)
             return error(rd, "too many operands");
         if (!label_ref(rd, &args[nargs++]))
             return false;

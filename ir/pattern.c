@@ -136,9 +136,9 @@ int kpt_pattern_add_aux(kpt_pattern *p, const kpt_aux_decl *decl, char *err, siz
         snprintf(err, err_size, "aux tensor '%s' has an unsupported dtype", decl->name);
         return -1;
     }
-    if (decl->rank < 1 || decl->rank > 3) {
-        snprintf(err, err_size, "aux tensor '%s' must have rank 1 to 3, not %d", decl->name,
-                 decl->rank);
+    if (decl->rank < 1 || decl->rank > KPT_AUX_MAX_RANK) {
+        snprintf(err, err_size, "aux tensor '%s' must have rank 1 to %d, not %d", decl->name,
+                 KPT_AUX_MAX_RANK, decl->rank);
         return -1;
     }
     for (int d = 0; d < decl->rank; d++)
@@ -225,7 +225,7 @@ kpt_status kpt_pattern_rewrite(kpt_pattern *p, kpt_rewrite_fn fn, void *ctx, kpt
         if (!live[r])
             continue;
         const kpt_ir_node *old = &p->g.nodes[r];
-        kpt_ir_ref args[3] = {0};
+        kpt_ir_ref args[KPT_IR_MAX_ARGS] = {0};
         for (int i = 0; i < old->nargs; i++)
             args[i] = map[old->arg[i]];
         map[r] = fn ? fn(&ng, old, args, ctx) : kpt_rewrite_copy(&ng, old, args);
@@ -380,7 +380,7 @@ kpt_status kpt_pattern_aux_info(const kpt_pattern *p, int index, kpt_aux_info *o
     out->name = a->name;
     out->dtype = a->dtype;
     out->rank = a->rank;
-    for (int d = 0; d < 3; d++)
+    for (int d = 0; d < KPT_AUX_MAX_RANK; d++)
         out->dims[d] = d < a->rank ? a->dims[d] : 0;
     return KPT_OK;
 }

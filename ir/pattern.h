@@ -30,11 +30,13 @@ typedef enum kpt_fill_kind {
 typedef struct kpt_aux_decl {
     char name[KPT_NAME_MAX];
     kpt_dtype dtype; /* I32, F32, BOOL, F16, BF16 */
-    int rank;        /* 1..3 */
-    int64_t dims[3]; /* kpt_dim (<= 0) or a fixed size */
+    int rank;                       /* 1..KPT_AUX_MAX_RANK */
+    int64_t dims[KPT_AUX_MAX_RANK]; /* kpt_dim (<= 0) or a fixed size */
     kpt_fill_kind fill;
     double fill_lo, fill_hi;
 } kpt_aux_decl;
+
+_Static_assert(KPT_AUX_MAX_RANK <= KPT_IR_MAX_ARGS, "a load takes one index per dimension");
 
 /* A float aux load of the score mod and the score's derivative with respect to its value: the
  * backward adds dS' * deriv into the gradient of aux[load's index] at the load's indices. */

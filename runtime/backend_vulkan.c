@@ -548,7 +548,7 @@ static kpt_status pack_aux(vk_backend *v, const vk_kernel *k, const kpt_attn_bin
         if (st)
             return st;
         L->geom.aux[i].off = eoff * (uint32_t)es;
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < KPT_AUX_MAX_RANK; d++) {
             L->geom.aux[i].dim[d] = d < av->rank ? (uint32_t)av->shape[d] : 1;
             L->geom.aux[i].stride[d] = d < av->rank ? (uint32_t)av->stride[d] : 0;
         }

@@ -57,7 +57,7 @@ kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_bind
                                 "aux tensor '%s': data pointer not aligned to its element size",
                                 p->aux[i].name);
         out->aux[i].ptr = (uint64_t)(uintptr_t)v->data;
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < KPT_AUX_MAX_RANK; d++) {
             if (d < v->rank && v->shape[d] > INT32_MAX)
                 return kpt_diag_set(diag, KPT_ERR_LIMIT, "aux tensor '%s' is too large",
                                     p->aux[i].name);
@@ -188,7 +188,7 @@ static kpt_status plan_daux(const kpt_pattern *p, const kpt_grad_binding *gb,
                                 p->aux[i].name);
         int64_t n = 1;
         kpt_kernel_daux_out *o = &ws->out[i];
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < KPT_AUX_MAX_RANK; d++) {
             o->dim[d] = d < v->rank ? (int32_t)v->shape[d] : 1; /* the aux tensor's: < 2^31 */
             o->stride[d] = d < v->rank ? v->stride[d] : 0;
             n *= o->dim[d];

@@ -15,9 +15,8 @@
 
 typedef struct kpt_kernel_aux_arg {
     uint64_t ptr;
-    int64_t stride[3];
-    int32_t dim[3];
-    int32_t pad;
+    int64_t stride[KPT_AUX_MAX_RANK];
+    int32_t dim[KPT_AUX_MAX_RANK]; /* unused dimensions: 1 (stride 0) */
 } kpt_kernel_aux_arg;
 
 typedef struct kpt_kernel_args {
@@ -34,8 +33,8 @@ typedef struct kpt_kernel_args {
     int64_t sink_stride;
 } kpt_kernel_args;
 
-_Static_assert(sizeof(kpt_kernel_aux_arg) == 48, "kpt_kernel_aux_arg layout");
-_Static_assert(sizeof(kpt_kernel_args) == 1176, "kpt_kernel_args layout");
+_Static_assert(sizeof(kpt_kernel_aux_arg) == 56, "kpt_kernel_aux_arg layout");
+_Static_assert(sizeof(kpt_kernel_args) == 1304, "kpt_kernel_args layout");
 
 /* The gradient arguments of the backward kernels: the host twin of `struct kpt_gargs` in
  * templates/cuda/attention_bwd.cu. */
@@ -91,11 +90,11 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pla
  * `struct kpt_daux_out`. */
 typedef struct kpt_kernel_daux_out {
     uint64_t acc, flag, out;
-    int64_t stride[3];
-    int32_t dim[3], pad;
+    int64_t stride[KPT_AUX_MAX_RANK];
+    int32_t dim[KPT_AUX_MAX_RANK]; /* unused dimensions: 1 */
 } kpt_kernel_daux_out;
 
-_Static_assert(sizeof(kpt_kernel_daux_out) == 64, "kpt_kernel_daux_out layout");
+_Static_assert(sizeof(kpt_kernel_daux_out) == 72, "kpt_kernel_daux_out layout");
 
 /* The backward's workspace, at offsets from its start (each 256-byte aligned): delta (f32
  * [B, Hq, Sq]), dq's f32 accumulator where the plan sums dq with atomics (sm_90a, not

@@ -17,9 +17,8 @@ typedef struct kpt_vk_push {
 
 typedef struct kpt_vk_auxgeom {
     uint32_t off;       /* bytes from the start of the buffer */
-    uint32_t dim[3];
-    uint32_t stride[3]; /* elements */
-    uint32_t pad;
+    uint32_t dim[4];    /* unused dimensions: 1 */
+    uint32_t stride[4]; /* elements */
 } kpt_vk_auxgeom;
 
 #define KPT_VK_NO_LSE 0xffffffffu
@@ -40,7 +39,7 @@ typedef struct kpt_vk_geom {
 } kpt_vk_geom;
 #define KPT_VK_LOOP_CHECK 2
 
-_Static_assert(sizeof(kpt_vk_auxgeom) == 32, "kpt_vk_auxgeom layout");
-_Static_assert(sizeof(kpt_vk_geom) == 128 + 16 * 32, "kpt_vk_geom layout");
+_Static_assert(sizeof(kpt_vk_auxgeom) == 36, "kpt_vk_auxgeom layout");
+_Static_assert(sizeof(kpt_vk_geom) == 128 + 16 * 36, "kpt_vk_geom layout");
 
 #endif

@@ -305,6 +305,29 @@ static void test_reader_errors(void **state)
     /* a load takes exactly as many indices as its tensor has dimensions */
     expect_read_error("kpt-ir 1\naux d i32 [b, sq] segments\n%1 = i32 q\n%2 = i32 load d %1\n", 4,
                       10, "takes 2 indices (its rank), not 1");
+    expect_read_error("kpt-ir 1\naux d f32 [b, sq, skv, 2, 2] range -1 1\n", 2, 26,
+                      "at most 4 dimensions");
+}
+
+/* A rank-4 aux tensor ([B, N, N, K] edge features) and its four-index load read and round-trip. */
+static void test_rank4_aux(void **state)
+{
+    (void)state;
+    kpt_diag d = {0};
+    kpt_pattern *p = kpt_pattern_read("kpt-ir 1\naux e f32 [b, sq, skv, 3] range -1 1\n"
+                                      "%1 = i32 b\n%2 = i32 q\n%3 = i32 k\n%4 = i32 h\n"
+                                      "%5 = f32 load e %1 %2 %3 %4\n%6 = f32 s\n"
+                                      "%7 = f32 add %6 %5\nscore %7\n", &d);
+    if (!p)
+        fail_msg("%s", d.message);
+    assert_true(p->aux[0].rank == 4 && p->aux[0].dims[3] == 3);
+    const kpt_ir_node *ld = kpt_ir_node_get(&p->g, kpt_ir_node_get(&p->g, p->score)->arg[1]);
+    if (ld->op != KPT_IR_LOAD)
+        ld = kpt_ir_node_get(&p->g, kpt_ir_node_get(&p->g, p->score)->arg[0]);
+    assert_true(ld->op == KPT_IR_LOAD && ld->nargs == 4);
+    assert_int_equal(kpt_ir_node_get(&p->g, ld->arg[3])->op, KPT_IR_H);
+    check_round_trip(p);
+    kpt_pattern_destroy(&p);
 }
 
 /* Mutated IR text never crashes the reader; whatever it accepts validates and round-trips. */
@@ -349,7 +372,8 @@ int main(void)
         cmocka_unit_test(test_interpreter_f32),
         cmocka_unit_test(test_aux_load),
         cmocka_unit_test(test_round_trip_builtins), cmocka_unit_test(test_round_trip_random),
-        cmocka_unit_test(test_reader_errors),     cmocka_unit_test(test_reader_fuzz),
+        cmocka_unit_test(test_reader_errors),
+        cmocka_unit_test(test_rank4_aux),     cmocka_unit_test(test_reader_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -331,6 +331,36 @@ static void test_aux(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* Rank 4 ([B, N, N, K] edge features): four indices make one load of four operands, in order. */
+static void test_aux_rank4(void **state)
+{
+    (void)state;
+    kpt_pattern *p = must_compile(
+        "return kpt.pattern{\n"
+        "  aux = { edge = { dtype = 'float32', shape = {'b', 'sq', 'skv', 3} } },\n"
+        "  score = function(s, b, h, q, k, p) return s + p.edge[b][q][k][h % 3] end,\n"
+        "}");
+    assert_true(p->num_aux == 1 && p->aux[0].rank == 4 && p->aux[0].dims[3] == 3 &&
+                p->aux[0].dims[2] == KPT_DIM_SKV);
+    int loads = 0;
+    for (kpt_ir_ref r = 1; r < p->g.count; r++) {
+        const kpt_ir_node *n = kpt_ir_node_get(&p->g, r);
+        if (n->op != KPT_IR_LOAD)
+            continue;
+        loads++;
+        assert_int_equal(n->nargs, 4);
+        assert_int_equal(kpt_ir_node_get(&p->g, n->arg[0])->op, KPT_IR_B);
+        assert_int_equal(kpt_ir_node_get(&p->g, n->arg[1])->op, KPT_IR_Q);
+        assert_int_equal(kpt_ir_node_get(&p->g, n->arg[2])->op, KPT_IR_K);
+        assert_int_equal(kpt_ir_node_get(&p->g, n->arg[3])->op, KPT_IR_MOD);
+    }
+    assert_int_equal(loads, 1);
+    kpt_aux_info info;
+    assert_int_equal(kpt_pattern_aux_info(p, 0, &info), KPT_OK);
+    assert_true(info.rank == 4 && info.dims[0] == KPT_DIM_B && info.dims[3] == 3);
+    kpt_pattern_destroy(&p);
+}
+
 static void test_fill(void **state)
 {
     (void)state;
@@ -385,6 +415,12 @@ static void test_errors(void **state)
     expect_error("return kpt.pattern{ aux = { d = { dtype = 'int32', shape = {'b', 'sq'} } },\n"
                  " mask = function(b, h, q, k, p)\n  return p.d[b] + 1 end }",
                  KPT_ERR_TYPE, "aux tensor 'd' has rank 2 but was given 1 index", 3);
+    expect_error("return kpt.pattern{ aux = { e = { dtype = 'float32', shape = {'b', 'sq', 'skv', 2} } },\n"
+                 " score = function(s, b, h, q, k, p)\n  return s + p.e[b][q][k][0][1] end }",
+                 KPT_ERR_TYPE, "too many indices: aux tensor 'e' has rank 4", 3);
+    expect_error("return kpt.pattern{ aux = { e = { dtype = 'float32', shape = {'b', 'sq', 'skv', 2} } },\n"
+                 " score = function(s, b, h, q, k, p)\n  return s + p.e[b][q][k] end }",
+                 KPT_ERR_TYPE, "aux tensor 'e' has rank 4 but was given 3 indices", 3);
     expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return q < k end }",
                  KPT_ERR_TYPE, "write a:lt(b)", 3);
     expect_error("return kpt.pattern{\n mask = function(b, h, q, k)\n  return q == k end }",
@@ -405,8 +441,8 @@ static void test_errors(void **state)
                  "unknown field 'maks'", 1);
     expect_error("return kpt.pattern{ aux = { d = { dtype = 'int64', shape = {'sq'} } } }",
                  KPT_ERR_INVALID_ARGUMENT, "dtype must be", 1);
-    expect_error("return kpt.pattern{ aux = { d = { dtype = 'int32', shape = {'b','b','b','b'} } } }",
-                 KPT_ERR_INVALID_ARGUMENT, "rank 4 is not supported", 1);
+    expect_error("return kpt.pattern{ aux = { d = { dtype = 'int32', shape = {'b','b','b','b','b'} } } }",
+                 KPT_ERR_INVALID_ARGUMENT, "rank 5 is not supported", 1);
     expect_error("\n\nlocal x = = 2", KPT_ERR_PARSE, "unexpected symbol", 3);
     expect_error("return kpt.pattern{ mask = function() error('my own message') end }",
                  KPT_ERR_INVALID_ARGUMENT, "my own message", 1);
@@ -692,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_builtins_compose),
         cmocka_unit_test(test_dropped_conditions), cmocka_unit_test(test_params_and_runtime),
         cmocka_unit_test(test_aux),
+        cmocka_unit_test(test_aux_rank4),
         cmocka_unit_test(test_fill),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sandbox_escapes),

@@ -21,13 +21,14 @@ typedef struct run_data {
     int64_t B, Hq, Hkv, S, D;
 } run_data;
 
-static double aux_at(const run_data *r, const char *name, int64_t i0, int64_t i1, int64_t i2)
+static double aux_at4(const run_data *r, const char *name, int64_t i0, int64_t i1, int64_t i2,
+                      int64_t i3)
 {
     for (int a = 0; a < r->naux; a++) {
         if (strcmp(r->aux_names[a], name) != 0)
             continue;
         const kpt_npy *n = &r->aux[a];
-        int64_t idx[3] = {i0, i1, i2}, off = 0;
+        int64_t idx[4] = {i0, i1, i2, i3}, off = 0;
         for (int d = 0; d < n->rank; d++) {
             assert_true(idx[d] >= 0 && idx[d] < n->shape[d]);
             off = off * n->shape[d] + idx[d];
@@ -36,6 +37,11 @@ static double aux_at(const run_data *r, const char *name, int64_t i0, int64_t i1
     }
     fail_msg("no aux tensor %s saved", name);
     return 0;
+}
+
+static double aux_at(const run_data *r, const char *name, int64_t i0, int64_t i1, int64_t i2)
+{
+    return aux_at4(r, name, i0, i1, i2, 0);
 }
 
 /* ---- the examples, written out ------------------------------------------------------------- */
@@ -164,6 +170,15 @@ static double score_graphormer(const run_data *r, double s, int64_t b, int64_t h
     return s + aux_at(r, "bias", h, d > 15 ? 15 : (int64_t)d, 0);
 }
 
+/* graphormer_edges: the mean over K = 4 features of edge[b][q][k][c] * w[h][c] */
+static double score_edges(const run_data *r, double s, int64_t b, int64_t h, int64_t q, int64_t k)
+{
+    double bias = 0;
+    for (int c = 0; c < 4; c++)
+        bias += aux_at4(r, "edge", b, q, k, c) * aux_at(r, "w", h, c, 0);
+    return s + bias / 4;
+}
+
 /* prefix_lm with the runtime scalar prefix = 37 */
 static bool keep_prefix(const run_data *r, int64_t b, int64_t h, int64_t q, int64_t k)
 {
@@ -201,6 +216,7 @@ static const example examples_list[] = {
     {"gemma2.lua", "2,2,2,70,70,16", {"--param", "window=24"}, {NULL}, keep_gemma2,
      score_gemma2},
     {"graphormer.lua", "2,4,4,40,40,16", {NULL}, {"bias", "dist"}, NULL, score_graphormer},
+    {"graphormer_edges.lua", "2,4,2,41,41,16", {NULL}, {"edge", "w"}, NULL, score_edges},
     {"prefix_lm.lua", "1,4,2,81,81,16", {"--scalar", "prefix=37"}, {NULL}, keep_prefix, NULL},
     {"chunked_causal.lua", "1,4,2,75,75,16", {"--param", "chunk=16"}, {NULL}, keep_chunked,
      NULL},

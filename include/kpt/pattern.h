@@ -92,11 +92,14 @@ typedef enum kpt_dim {
     KPT_DIM_SKV = -5, /* kv length */
 } kpt_dim;
 
+/* The most dimensions an aux tensor has ([B, N, N, K] edge features need four). */
+#define KPT_AUX_MAX_RANK 4
+
 typedef struct kpt_aux_info {
-    const char *name; /* valid while the pattern lives */
-    kpt_dtype dtype;  /* I32, F32, BOOL, F16 or BF16 */
-    int rank;         /* 1 to 3 */
-    int64_t dims[3];  /* a kpt_dim (<= 0) or a fixed size (> 0) */
+    const char *name;                /* valid while the pattern lives */
+    kpt_dtype dtype;                 /* I32, F32, BOOL, F16 or BF16 */
+    int rank;                        /* 1 to KPT_AUX_MAX_RANK */
+    int64_t dims[KPT_AUX_MAX_RANK]; /* a kpt_dim (<= 0) or a fixed size (> 0); unused ones 0 */
 } kpt_aux_info;
 
 KPT_API int kpt_pattern_aux_count(const kpt_pattern *p);

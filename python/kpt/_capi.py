@@ -128,7 +128,7 @@ class _LuaParams(ctypes.Structure):
 
 class _AuxInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int),
-                ("dims", ctypes.c_int64 * 3)]
+                ("dims", ctypes.c_int64 * 4)]
 
 
 class _ScalarInfo(ctypes.Structure):

@@ -70,12 +70,12 @@ __device__ __forceinline__ u32 kpt_fix128(float v, u64 &lo, u64 &hi)
     return 0;
 }
 
-// Adds v (this thread's term) to element (i0, i1, i2) of aux slot `slot`'s gradient; nothing
+// Adds v (this thread's term) to element (i0, i1, i2, i3) of aux slot `slot`'s gradient; nothing
 // where the index lies outside the tensor (the load read 0 there). Called by all 32 lanes of a
 // warp together: when they all add to one element (a per-head parameter), the warp sums its
 // terms first (exactly, as integers) and issues one atomic instead of 32.
 KPT_DEV void kpt_daux_add(const kpt_args &A, const kpt_gargs &G, int slot, int rank, int i0, int i1,
-                          int i2, float v)
+                          int i2, int i3, float v)
 {
     if (!G.dacc[slot]) return; // not wanted (uniform across the grid)
     const kpt_aux &a = A.aux[slot];
@@ -88,6 +88,10 @@ KPT_DEV void kpt_daux_add(const kpt_args &A, const kpt_gargs &G, int slot, int r
     if (rank > 2) {
         in = in & ((u32)i2 < (u32)a.dim[2]);
         e = e * a.dim[2] + i2;
+    }
+    if (rank > 3) {
+        in = in & ((u32)i3 < (u32)a.dim[3]);
+        e = e * a.dim[3] + i3;
     }
     u64 lo, hi;
     u32 flag = kpt_fix128(v, lo, hi);
@@ -122,24 +126,24 @@ KPT_DEV void kpt_aux_grads(const kpt_args &A, const kpt_uniform &U, const kpt_ga
 @AUXGRAD@
 }
 
-// One output of kpt_bwd_daux: an aux gradient, rank 1 to 3 (unused dims 1), f32 with strides.
+// One output of kpt_bwd_daux: an aux gradient, rank 1 to 4 (unused dims 1), f32 with strides.
 struct kpt_daux_out {
     u64 acc, flag, out;
-    i64 stride[3];
-    int dim[3], pad;
+    i64 stride[4];
+    int dim[4];
 };
 
 extern "C" __global__ void __launch_bounds__(256) kpt_bwd_daux(const kpt_daux_out O)
 {
     const i64 e = (i64)blockIdx.x * 256 + threadIdx.x;
-    const i64 n12 = (i64)O.dim[1] * O.dim[2];
-    if (e >= (i64)O.dim[0] * n12) return;
+    const i64 n23 = (i64)O.dim[2] * O.dim[3], n123 = O.dim[1] * n23;
+    if (e >= (i64)O.dim[0] * n123) return;
     const u64 *acc = (const u64 *)O.acc + 2 * e;
     const u32 flag = ((const u32 *)O.flag)[e];
     float v = (float)((double)(i64)acc[1] + (double)acc[0] * 5.421010862427522e-20); // 2^-64
     if (flag) v = flag & 1 || (flag & 6) == 6 ? __int_as_float(0x7fc00000) : flag & 2 ? KPT_INF : -KPT_INF;
-    const i64 i0 = e / n12, i1 = e / O.dim[2] % O.dim[1], i2 = e % O.dim[2];
-    ((float *)O.out)[i0 * O.stride[0] + i1 * O.stride[1] + i2 * O.stride[2]] = v;
+    const i64 i0 = e / n123, i1 = e / n23 % O.dim[1], i2 = e / O.dim[3] % O.dim[2], i3 = e % O.dim[3];
+    ((float *)O.out)[i0 * O.stride[0] + i1 * O.stride[1] + i2 * O.stride[2] + i3 * O.stride[3]] = v;
 }
 
 __device__ __forceinline__ float kpt_x2f(u16 x)

@@ -63,9 +63,8 @@ layout(push_constant) uniform kpt_push {
 #define KPT_NO_SINK 0xffffffffu
 struct kpt_auxgeom {
     uint off;
-    uint dim[3];
-    uint stride[3];
-    uint pad;
+    uint dim[4];    // unused dimensions: 1
+    uint stride[4]; // elements
 };
 layout(std430, set = 0, binding = 6) buffer kpt_geom_buf {
     readonly uint qo, ko, vo, oo, lo, bmo;
@@ -178,7 +177,7 @@ float kpt_ffmod(float a, float b)
 }
 
 // Aux tensors: an index out of range reads 0 (false), in every backend. `e` is the element index.
-bool kpt_aux_index(int slot, int rank, int i0, int i1, int i2, out uint e)
+bool kpt_aux_index(int slot, int rank, int i0, int i1, int i2, int i3, out uint e)
 {
     e = 0u;
     if (uint(i0) >= G.aux[slot].dim[0]) return false;
@@ -190,6 +189,10 @@ bool kpt_aux_index(int slot, int rank, int i0, int i1, int i2, out uint e)
     if (rank > 2) {
         if (uint(i2) >= G.aux[slot].dim[2]) return false;
         e += uint(i2) * G.aux[slot].stride[2];
+    }
+    if (rank > 3) {
+        if (uint(i3) >= G.aux[slot].dim[3]) return false;
+        e += uint(i3) * G.aux[slot].stride[3];
     }
     return true;
 }

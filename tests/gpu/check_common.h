@@ -128,7 +128,7 @@ static bool check_fill_aux(const gcase *c, const kpt_pattern *p, kpt_rng *rng, u
         cuts[i] = kpt_rng_uniform(rng);
     for (int a = 0; a < p->num_aux; a++) {
         const kpt_aux_decl *ad = &p->aux[a];
-        int64_t shape[3] = {1, 1, 1}, count = 1;
+        int64_t shape[KPT_AUX_MAX_RANK] = {1, 1, 1, 1}, count = 1;
         kpt_attn_shape s = {c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->dqk, c->dv};
         for (int i = 0; i < ad->rank; i++) {
             int64_t n = kpt_attn_dim_size(ad->dims[i], &s);

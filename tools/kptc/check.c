@@ -180,7 +180,7 @@ static int make_aux(check_ctx *c)
     for (int a = 0; a < c->p->num_aux; a++) {
         const kpt_aux_decl *d = &c->p->aux[a];
         const char *file = files[a];
-        int64_t shape[3] = {1, 1, 1}, count = 1;
+        int64_t shape[KPT_AUX_MAX_RANK] = {1, 1, 1, 1}, count = 1;
         kpt_npy npy = {0};
         if (file) {
             kpt_diag diag = {0};
