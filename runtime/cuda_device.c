@@ -376,7 +376,7 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
         kpt_kernel_daux_out o = ws->out[i];
         o.acc = g->dacc[i];
         o.flag = g->dflag[i];
-        uint64_t n = (uint64_t)o.dim[0] * (uint64_t)o.dim[1] * (uint64_t)o.dim[2];
+        const uint64_t n = (uint64_t)kpt_kernel_daux_count(&o);
         void *p[] = {&o};
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_daux, (unsigned)((n + 255) / 256), 1, 1, 256, 1, 1,
                                           0, stream, p, NULL));

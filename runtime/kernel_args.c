@@ -186,13 +186,12 @@ static kpt_status plan_daux(const kpt_pattern *p, const kpt_grad_binding *gb,
             return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                                 "the gradient of aux tensor '%s': data pointer not 4-byte aligned",
                                 p->aux[i].name);
-        int64_t n = 1;
         kpt_kernel_daux_out *o = &ws->out[i];
         for (int d = 0; d < KPT_AUX_MAX_RANK; d++) {
             o->dim[d] = d < v->rank ? (int32_t)v->shape[d] : 1; /* the aux tensor's: < 2^31 */
             o->stride[d] = d < v->rank ? v->stride[d] : 0;
-            n *= o->dim[d];
         }
+        const int64_t n = kpt_kernel_daux_count(o);
         if (n > (int64_t)255 * INT32_MAX) /* kpt_bwd_daux: 256 elements a block, 2^31 - 1 blocks */
             return kpt_diag_set(diag, KPT_ERR_LIMIT,
                                 "the gradient of aux tensor '%s' is too large for the %s backward "

@@ -96,6 +96,19 @@ typedef struct kpt_kernel_daux_out {
 
 _Static_assert(sizeof(kpt_kernel_daux_out) == 72, "kpt_kernel_daux_out layout");
 
+/* The number of elements of an aux gradient (its kpt_bwd_daux launch covers them all);
+ * INT64_MAX where it would overflow (broadcast tensors may have huge sizes). */
+static inline int64_t kpt_kernel_daux_count(const kpt_kernel_daux_out *o)
+{
+    int64_t n = 1;
+    for (int d = 0; d < KPT_AUX_MAX_RANK; d++) {
+        if (o->dim[d] > 0 && n > INT64_MAX / o->dim[d])
+            return INT64_MAX;
+        n *= o->dim[d];
+    }
+    return n;
+}
+
 /* The backward's workspace, at offsets from its start (each 256-byte aligned): delta (f32
  * [B, Hq, Sq]), dq's f32 accumulator where the plan sums dq with atomics (sm_90a, not
  * deterministic: [B, Hq, Sq, Dqk]), then for each aux gradient wanted its accumulators (16 bytes
