@@ -332,9 +332,10 @@ static void test_reference_f32(void **state)
 }
 
 /* Masks built from bit operations, run on lavapipe against the reference: the kernels classify
- * tiles with interval rules for bit operations (templates: kpt_iv_band ...), so a rule that is
- * not sound drops kept pairs and the check fails. Negative operands, shifts by a key-dependent
- * count and counts past 31 included. */
+ * tiles with interval and known-bits rules for bit operations (templates: kpt_iv_band ...), so
+ * a rule that is not sound drops kept pairs and the check fails. Negative operands, shifts by a
+ * key-dependent count and counts past 31, logical shifts of negative values, shifts into the sign
+ * bit and Morton decoding included. */
 static void test_bit_masks(void **state)
 {
     (void)state;
@@ -344,6 +345,9 @@ static void test_bit_masks(void **state)
         "(q:ashr(2) - k:ashr(2)):le(3) & (~k & 15):ne(0)",
         "((q ~ (k << 2)) & 0x1F0):eq(0) | (q >> (k & 3)):eq(k >> 2)",
         "((q - 200) & (k - 100)):ge(0) & (q << (k - 20)):ne(0) & (q:ashr(k - 300)):le(q)",
+        "(((k - 150) >> 3) & 0x1F0):eq((q >> 3) & 0x1F0) | ((q - k):ashr(2) & -4):eq(-8)",
+        "(~q & ~k & 0x55):eq(0) | ((q ~ -k) & 0x300):eq(0x100) | ((q | 0x40000000) << 1):eq(k - 9)",
+        "((q & 0x55) | ((q >> 1) & 0x2A)):eq((k & 0x55) | ((k >> 1) & 0x2A)) & (~(q << 28)):lt(k)",
     };
     for (size_t i = 0; i < sizeof(masks) / sizeof(masks[0]); i++) {
         char path[] = "/tmp/kpt_test_bitsXXXXXX.lua", src[400];

@@ -202,6 +202,7 @@ bool kpt_aux_index(int slot, int rank, int i0, int i1, int i2, int i3, out uint 
 // because i32 arithmetic wraps.
 struct kpt_iv {
     int64_t l, h;
+    uint z, o; // bits known zero and known one (templates/common/expr.inc)
 };
 // 64-bit comparisons from 32-bit halves: Mesa 22.3's lavapipe evaluates `int64_t < int64_t`
 // wrongly at run time (0 < 1000 is false), so no interval code compares 64-bit values directly.
@@ -215,6 +216,12 @@ bool kpt_eq64(int64_t a, int64_t b) { return int(a >> 32) == int(b >> 32) && uin
 int64_t kpt_min64(int64_t a, int64_t b) { return kpt_lt64(b, a) ? b : a; }
 int64_t kpt_max64(int64_t a, int64_t b) { return kpt_lt64(a, b) ? b : a; }
 
+// The bits every value of [l, h] shares: those above the highest bit where the ends differ.
+uint kpt_iv_span(uint l, uint h)
+{
+    const uint d = l ^ h;
+    return d == 0u ? 0u : (0xffffffffu >> uint(31 - findMSB(d)));
+}
 kpt_iv kpt_iv_mk(int64_t l, int64_t h)
 {
     kpt_iv r;
@@ -224,6 +231,21 @@ kpt_iv kpt_iv_mk(int64_t l, int64_t h)
     }
     r.l = l;
     r.h = h;
+    const uint f = kpt_lt64(l, 0) == kpt_lt64(h, 0) ? kpt_iv_span(uint(l), uint(h)) : 0xffffffffu;
+    r.z = ~uint(l) & ~f;
+    r.o = uint(l) & ~f;
+    return r;
+}
+// [l, h] with the known bits z and o besides; a known sign bit lets the bits bound the value.
+kpt_iv kpt_iv_bits(int64_t l, int64_t h, uint z, uint o)
+{
+    kpt_iv r = kpt_iv_mk(l, h);
+    r.z |= z;
+    r.o |= o;
+    if (((r.z | r.o) >> 31) != 0u) {
+        r.l = kpt_max64(r.l, int64_t(int(r.o)));
+        r.h = kpt_min64(r.h, int64_t(int(~r.z)));
+    }
     return r;
 }
 kpt_iv kpt_iv_pt(int64_t v) { return kpt_iv_mk(v, v); }
@@ -300,48 +322,40 @@ kpt_iv kpt_iv_ne(kpt_iv a, kpt_iv b)
     kpt_iv e = kpt_iv_eq(a, b);
     return kpt_iv_mk(1 - e.h, 1 - e.l);
 }
-// Bit operations, as templates/common/expr.inc: a result's bits are known where both operands'
-// are (the bits above the highest one where an interval's ends differ), so its value lies between
-// every free bit clear and every free bit set. Ends stay within i32 (kpt_iv_mk), so the bit work
-// is done on 32-bit words, and no 64-bit value is compared directly.
-uint kpt_iv_free(kpt_iv a)
-{
-    const uint d = uint(a.l) ^ uint(a.h);
-    return d == 0u ? 0u : (0xffffffffu >> uint(31 - findMSB(d)));
-}
-kpt_iv kpt_iv_u(uint l, uint h) { return kpt_iv_mk(int64_t(int(l)), int64_t(int(h))); }
+// Bit operations, as templates/common/expr.inc: the known bits propagate through them, and the
+// interval is what the bits allow intersected with a cheap bound from the operands' intervals.
+// Ends stay within i32 (kpt_iv_mk), so the bit work is done on 32-bit words, and no 64-bit value
+// is compared directly.
 kpt_iv kpt_iv_band(kpt_iv a, kpt_iv b)
 {
     const bool pa = kpt_le64(0, a.l), pb = kpt_le64(0, b.l);
-    if (pa && pb) {
-        const uint ma = kpt_iv_free(a), mb = kpt_iv_free(b);
-        const uint ka = uint(a.l) & ~ma, kb = uint(b.l) & ~mb;
-        return kpt_iv_u(ka & kb, (ka | ma) & (kb | mb));
-    }
-    if (pa) return kpt_iv_mk(0, a.h);
-    if (pb) return kpt_iv_mk(0, b.h);
-    return kpt_iv_any();
+    int64_t l = int64_t(KPT_I32_MIN), h = int64_t(KPT_I32_MAX);
+    if (pa || pb) l = 0;
+    if (pa) h = a.h;
+    if (pb) h = kpt_min64(h, b.h);
+    return kpt_iv_bits(l, h, a.z | b.z, a.o & b.o);
 }
 kpt_iv kpt_iv_bor(kpt_iv a, kpt_iv b)
 {
-    if (kpt_lt64(a.l, 0) || kpt_lt64(b.l, 0)) return kpt_iv_any();
-    const uint ma = kpt_iv_free(a), mb = kpt_iv_free(b);
-    const uint ka = uint(a.l) & ~ma, kb = uint(b.l) & ~mb;
-    return kpt_iv_u(ka | kb, (ka | ma) | (kb | mb));
+    int64_t l = int64_t(KPT_I32_MIN);
+    if (kpt_le64(0, a.l) && kpt_le64(0, b.l)) l = kpt_max64(a.l, b.l);
+    return kpt_iv_bits(l, int64_t(KPT_I32_MAX), a.z & b.z, a.o | b.o);
 }
 kpt_iv kpt_iv_bxor(kpt_iv a, kpt_iv b)
 {
-    if (kpt_lt64(a.l, 0) || kpt_lt64(b.l, 0)) return kpt_iv_any();
-    const uint m = kpt_iv_free(a) | kpt_iv_free(b), k = (uint(a.l) ^ uint(b.l)) & ~m;
-    return kpt_iv_u(k, k | m);
+    return kpt_iv_bits(int64_t(KPT_I32_MIN), int64_t(KPT_I32_MAX), (a.z & b.z) | (a.o & b.o),
+                       (a.z & b.o) | (a.o & b.z));
 }
-kpt_iv kpt_iv_bnot(kpt_iv a) { return kpt_iv_mk(-a.h - 1, -a.l - 1); }
+kpt_iv kpt_iv_bnot(kpt_iv a) { return kpt_iv_bits(-a.h - 1, -a.l - 1, a.o, a.z); }
 kpt_iv kpt_iv_shl(kpt_iv a, kpt_iv n)
 {
     if (!kpt_eq64(n.l, n.h)) return kpt_iv_any();
     if (kpt_lt64(n.l, 0) || kpt_lt64(31, n.l)) return kpt_iv_pt(0);
-    const int64_t f = int64_t(1) << int(n.l);
-    return kpt_iv_mk(a.l * f, a.h * f);
+    const int c = int(n.l);
+    const int64_t f = int64_t(1) << c, l = a.l * f, h = a.h * f;
+    const bool fits = kpt_le64(int64_t(KPT_I32_MIN), l) && kpt_le64(h, int64_t(KPT_I32_MAX));
+    return kpt_iv_bits(fits ? l : int64_t(KPT_I32_MIN), fits ? h : int64_t(KPT_I32_MAX),
+                       (a.z << uint(c)) | ((1u << uint(c)) - 1u), a.o << uint(c));
 }
 kpt_iv kpt_iv_shr(kpt_iv a, kpt_iv n)
 {
@@ -349,15 +363,19 @@ kpt_iv kpt_iv_shr(kpt_iv a, kpt_iv n)
     if (kpt_lt64(n.l, 0) || kpt_lt64(31, n.l))
         return kpt_iv_mk(kpt_lt64(a.l, 0) ? -1 : 0, kpt_lt64(a.h, 0) ? -1 : 0);
     const int c = int(n.l); // an arithmetic shift of the 32-bit ends: floor division, monotone
-    return kpt_iv_mk(int64_t(int(a.l) >> c), int64_t(int(a.h) >> c));
+    return kpt_iv_bits(int64_t(int(a.l) >> c), int64_t(int(a.h) >> c), uint(int(a.z) >> c),
+                       uint(int(a.o) >> c));
 }
 kpt_iv kpt_iv_shru(kpt_iv a, kpt_iv n)
 {
-    if (kpt_lt64(a.l, 0)) return kpt_iv_any();
-    if (!kpt_eq64(n.l, n.h)) return kpt_iv_mk(0, a.h);
+    if (!kpt_eq64(n.l, n.h)) return kpt_le64(0, a.l) ? kpt_iv_mk(0, a.h) : kpt_iv_any();
     if (kpt_lt64(n.l, 0) || kpt_lt64(31, n.l)) return kpt_iv_pt(0);
     const int c = int(n.l);
-    return kpt_iv_mk(int64_t(int(a.l) >> c), int64_t(int(a.h) >> c));
+    if (c == 0) return a;
+    const uint z = (a.z >> uint(c)) | ~(0xffffffffu >> uint(c)), o = a.o >> uint(c);
+    if (kpt_le64(0, a.l))
+        return kpt_iv_bits(int64_t(int(a.l) >> c), int64_t(int(a.h) >> c), z, o);
+    return kpt_iv_bits(0, int64_t(KPT_I32_MAX), z, o); // a negative value shifts to a large one
 }
 kpt_iv kpt_iv_and(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l & b.l, a.h & b.h); }
 kpt_iv kpt_iv_or(kpt_iv a, kpt_iv b) { return kpt_iv_mk(a.l | b.l, a.h | b.h); }
