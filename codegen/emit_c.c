@@ -306,13 +306,13 @@ static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
     return true;
 }
 
-static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, const kpt_ir_ref *roots,
-                        int nroots, const kpt_c_dialect *d)
+/* The statements of the nodes in `live`; a node with inputs[r] = i + 1 is not computed but read
+ * from kv[i] (the key values of a split mask, below). */
+static void emit_live(kpt_strbuf *sb, const kpt_pattern *p, const uint8_t *live,
+                      const uint8_t *inputs, const kpt_c_dialect *d)
 {
-    uint8_t *live = live_set(p, roots, nroots);
     uniform_info u = {0};
-    if (!live || !uniform_analyse(p, &u)) {
-        free(live);
+    if (!uniform_analyse(p, &u)) {
         uniform_free(&u);
         sb->failed = true;
         return;
@@ -320,15 +320,29 @@ static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, const kpt_ir_ref *
     for (kpt_ir_ref r = 1; r < p->g.count; r++) {
         if (!live[r] || (u.invariant[r] && !u.boundary[r]))
             continue;
-        kpt_sb_printf(sb, "    const %s v%u = ", type_name(kpt_ir_type_of(&p->g, r), d), (unsigned)r);
-        if (u.uniform[r])
+        kpt_ir_type t = kpt_ir_type_of(&p->g, r);
+        kpt_sb_printf(sb, "    const %s v%u = ", type_name(t, d), (unsigned)r);
+        if (inputs && inputs[r])
+            kpt_sb_printf(sb, t == KPT_IR_BOOL ? "kv[%d] != 0" : "kv[%d]", inputs[r] - 1);
+        else if (u.uniform[r])
             kpt_sb_printf(sb, "U.u%u", (unsigned)r);
         else
             emit_value(sb, p, r, d);
         kpt_sb_puts(sb, ";\n");
     }
-    free(live);
     uniform_free(&u);
+}
+
+static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, const kpt_ir_ref *roots,
+                        int nroots, const kpt_c_dialect *d)
+{
+    uint8_t *live = live_set(p, roots, nroots);
+    if (!live) {
+        sb->failed = true;
+        return;
+    }
+    emit_live(sb, p, live, NULL, d);
+    free(live);
 }
 
 void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p,
@@ -376,6 +390,96 @@ void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_diale
 void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
 {
     emit_root_body(sb, p, p->mask, "true", d);
+}
+
+/* ---- masks split into key values and a pair test --------------------------------------------- */
+
+/* Key nodes: live in the mask, computed from k (and b, h, lengths, scalars) but not from q or the
+ * score, and not aux loads (their data may change per call: kept out for simplicity). The key
+ * values are the key nodes a per-pair node reads (or the mask itself, when it is one). */
+static int mask_key_values(const kpt_pattern *p, const uint8_t *live, kpt_ir_ref *vals,
+                           int *key_nodes)
+{
+    const kpt_ir_graph *g = &p->g;
+    uint16_t *deps = calloc(g->count ? g->count : 1, sizeof(*deps));
+    uint8_t *key = calloc(g->count ? g->count : 1, 1), *val = calloc(g->count ? g->count : 1, 1);
+    int n = -1;
+    if (!deps || !key || !val)
+        goto out;
+    kpt_ir_deps(g, deps);
+    n = 0;
+    *key_nodes = 0;
+    if (deps[p->mask] & KPT_DEP_AUX)
+        goto out;
+    for (kpt_ir_ref r = 1; r < g->count; r++) {
+        const kpt_ir_node *nd = kpt_ir_node_get(g, r);
+        key[r] = live[r] && nd->nargs > 0 && (deps[r] & KPT_DEP_K) &&
+                 !(deps[r] & (KPT_DEP_Q | KPT_DEP_S));
+        *key_nodes += key[r];
+    }
+    for (kpt_ir_ref r = 1; r < g->count; r++) {
+        const kpt_ir_node *nd = kpt_ir_node_get(g, r);
+        if (!live[r] || key[r] || !(deps[r] & KPT_DEP_Q))
+            continue;
+        for (int i = 0; i < nd->nargs; i++)
+            val[nd->arg[i]] |= key[nd->arg[i]];
+    }
+    val[p->mask] |= key[p->mask];
+    for (kpt_ir_ref r = 1; r < g->count && n <= KPT_MASK_KEY_VALUES; r++)
+        if (val[r]) {
+            if (kpt_ir_type_of(g, r) == KPT_IR_F32 || n == KPT_MASK_KEY_VALUES) {
+                n = 0; /* floats or too many values: no split */
+                break;
+            }
+            vals[n++] = r;
+        }
+out:
+    free(deps);
+    free(key);
+    free(val);
+    return n;
+}
+
+int kpt_emit_mask_split(kpt_strbuf *keys, kpt_strbuf *pair, const kpt_pattern *p,
+                        const kpt_c_dialect *d)
+{
+    kpt_ir_ref vals[KPT_MASK_KEY_VALUES];
+    int key_nodes = 0, n = 0;
+    uint8_t *live = p->mask ? live_set(p, &p->mask, 1) : NULL;
+    uint8_t *inputs = p->mask ? calloc(p->g.count, 1) : NULL;
+    if (p->mask && (!live || !inputs ||
+                    (n = mask_key_values(p, live, vals, &key_nodes)) < 0)) {
+        keys->failed = pair->failed = true;
+        n = 0;
+    }
+    /* each value costs a shuffle per key: worth it only when it saves several nodes */
+    if (n > 0 && key_nodes >= 4 * n) {
+        emit_values(keys, p, vals, n, d);
+        for (int i = 0; i < n; i++) {
+            kpt_sb_printf(keys, "    kv[%d] = (int)v%u;\n", i, (unsigned)vals[i]);
+            inputs[vals[i]] = (uint8_t)(i + 1);
+        }
+        /* the pair test's nodes: the mask's cone, cut at the key values */
+        memset(live, 0, p->g.count);
+        live[p->mask] = 1;
+        for (kpt_ir_ref r = p->mask; r > 0; r--) {
+            const kpt_ir_node *nd = kpt_ir_node_get(&p->g, r);
+            if (live[r] && !inputs[r])
+                for (int i = 0; i < nd->nargs; i++)
+                    live[nd->arg[i]] = 1;
+        }
+        kpt_sb_puts(pair, "    (void)A, (void)U, (void)b, (void)h, (void)q, (void)k, (void)kv;\n");
+        emit_live(pair, p, live, inputs, d);
+        kpt_sb_printf(pair, "    return v%u;", (unsigned)p->mask);
+    } else {
+        n = 0;
+        kpt_sb_puts(pair, "    (void)A, (void)U, (void)b, (void)h, (void)q, (void)k, (void)kv;\n"
+                          "    return true;");
+    }
+    kpt_sb_puts(keys, "    (void)A, (void)U, (void)b, (void)h, (void)k, (void)kv;");
+    free(live);
+    free(inputs);
+    return n;
 }
 
 void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)

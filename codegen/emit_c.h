@@ -53,6 +53,18 @@ void kpt_emit_uniform(kpt_strbuf *fields, kpt_strbuf *init, const kpt_pattern *p
 void kpt_emit_score_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
 /* Body of `bool kpt_mask(const kpt_args &A, const kpt_uniform &U, int b, int h, int q, int k)`. */
 void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
+/* The most key values of a split mask (kpt_emit_mask_split). */
+#define KPT_MASK_KEY_VALUES 4
+
+/* A mask split for evaluation over a tile, where each key is paired with many queries: the body
+ * of `void kpt_mask_keys(const kpt_args &A, const kpt_uniform &U, int b, int h, int k, int
+ * (&kv)[N])`, which computes the values the mask derives from the key alone (a Morton key's
+ * decoded x and y), and of `bool kpt_mask_pair(..., int q, int k, const int (&kv)[N])`, the rest
+ * of the mask given them. Returns N: 0 when the mask does not split usefully (no mask, aux loads,
+ * float or more than KPT_MASK_KEY_VALUES key values, or key values that save few nodes); the
+ * bodies are then trivial. */
+int kpt_emit_mask_split(kpt_strbuf *keys, kpt_strbuf *pair, const kpt_pattern *p,
+                        const kpt_c_dialect *d);
 /* Body of `float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float s, int b, int h,
  * int q, int k, float &ds)` for a derived pattern (kpt_diff_score): returns the score mod's value
  * at s and sets ds to its derivative d s'/d s. */

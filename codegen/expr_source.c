@@ -10,29 +10,33 @@ extern const char kpt_tmpl_common_expr[]; /* templates/common/expr.inc, embedded
 kpt_status kpt_expr_source(kpt_strbuf *out, const kpt_pattern *p, const kpt_c_dialect *d,
                            kpt_diag *diag)
 {
-    kpt_strbuf score = {0}, mask = {0}, tile = {0}, ufields = {0}, uinit = {0};
+    kpt_strbuf score = {0}, mask = {0}, tile = {0}, ufields = {0}, uinit = {0}, keys = {0},
+               pair = {0}, nk = {0};
     kpt_emit_uniform(&ufields, &uinit, p, d);
     kpt_emit_score_body(&score, p, d);
     kpt_emit_mask_body(&mask, p, d);
     kpt_emit_tile_body(&tile, p, d);
+    kpt_sb_printf(&nk, "%d", kpt_emit_mask_split(&keys, &pair, p, d));
     kpt_status st = KPT_OK;
     char err[256];
-    if (score.failed || mask.failed || tile.failed || ufields.failed || uinit.failed) {
+    kpt_strbuf *all[] = {&score, &mask, &tile, &ufields, &uinit, &keys, &pair, &nk};
+    bool failed = false;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        failed |= all[i]->failed;
+    if (failed) {
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (%s codegen)", d->name);
     } else {
         const kpt_hole holes[] = {
             {"SCORE", score.data},          {"MASK", mask.data},
             {"TILE", tile.data},            {"UNIFORM_FIELDS", ufields.data},
-            {"UNIFORM_INIT", uinit.data},
+            {"UNIFORM_INIT", uinit.data},   {"MASK_KEYS", keys.data},
+            {"MASK_PAIR", pair.data},       {"MASK_NK", nk.data},
         };
-        if (!kpt_template_fill(out, kpt_tmpl_common_expr, holes, 5, err, sizeof(err)))
+        if (!kpt_template_fill(out, kpt_tmpl_common_expr, holes, 8, err, sizeof(err)))
             st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "expression template: %s", err);
     }
-    kpt_sb_free(&score);
-    kpt_sb_free(&mask);
-    kpt_sb_free(&tile);
-    kpt_sb_free(&ufields);
-    kpt_sb_free(&uinit);
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        kpt_sb_free(all[i]);
     return st;
 }
 

@@ -81,12 +81,27 @@ static void test_deterministic_no_user_text(void **state)
     /* a mask that loads is evaluated in a loop, and its tiles are bounded by the loaded ranges */
     assert_non_null(strstr(a, "#define KPT_MASK_UNROLL _Pragma(\"unroll 1\")"));
     assert_non_null(strstr(a, "kpt_iv_load<false>(A.aux[0], 2, "));
+    assert_non_null(strstr(a, "#define KPT_MASK_NK 0")); /* a mask that loads does not split */
     free(a);
     free(b);
     char *c = source_of("causal", KPT_DTYPE_F16, 64, 64, 90);
     assert_non_null(strstr(c, "#define KPT_HAS_BLOCKMAP 0"));
     assert_non_null(strstr(c, "#define KPT_MASK_UNROLL _Pragma(\"unroll\")")); /* short: unrolled */
+    assert_non_null(strstr(c, "#define KPT_MASK_NK 0")); /* nothing computed from k alone */
     free(c);
+    /* a Morton-decoded window splits: each key's x and y once per warp, then the pair tests */
+    const char *morton =
+        "local function c(v) v = v & 0x55555555; v = (v | (v >> 1)) & 0x33333333\n"
+        "  v = (v | (v >> 2)) & 0x0F0F0F0F; return (v | (v >> 4)) & 0x00FF00FF end\n"
+        "return kpt.pattern{ mask = function(b, h, q, k)\n"
+        "  return kpt.abs(c(q) - c(k)):le(3) & kpt.abs(c(q >> 1) - c(k >> 1)):le(3) end }";
+    kpt_pattern *mp = NULL;
+    kpt_diag md = {0};
+    assert_int_equal(kpt_pattern_from_lua(morton, strlen(morton), NULL, &mp, &md), KPT_OK);
+    char *m = source_of_pattern(mp, KPT_DTYPE_BF16, 128, 128, 90);
+    assert_non_null(strstr(m, "#define KPT_MASK_NK 2"));
+    assert_non_null(strstr(m, "kv[1] = (int)v"));
+    free(m);
     /* nor from Lua scripts: names, params, aux tensors and strings stay out */
     const char *script =
         "return kpt.pattern{ name = 'zqxname', params = { zqxparam = kpt.runtime('zqxrt', 3) },\n"

@@ -165,6 +165,39 @@ __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_unifor
                                              int h, int row0, int k0, int lane, bool partial)
 {
     u64 keep = ~0ull;
+#if KPT_MASK_NK > 0 && !KPT_HAS_BLOCKMAP
+    // A mask that splits (kpt_mask_keys / kpt_mask_pair): a thread's 64 pairs hold 32 keys, each
+    // shared with 7 other lanes, so the warp computes each key's values once (lane l: keys
+    // k0 + l + 32 j) and passes them round with shuffles; only the pair test runs per pair.
+    static_assert(KPT_BN % 32 == 0, "a warp's lanes cover the tile's keys in groups of 32");
+    if (partial) {
+        int kv[KPT_BN / 32][KPT_MASK_NK];
+#pragma unroll
+        for (int j = 0; j < KPT_BN / 32; j++)
+            kpt_mask_keys(A, U, b, h, k0 + lane + 32 * j, kv[j]);
+#pragma unroll
+        for (int j = 0; j < KPT_BN / 32; j++)
+#pragma unroll 1
+            for (int m = 0; m < 4; m++) {
+                u32 drop = 0; // bit e: pair e of the 8-key group n = 4 j + m is masked out
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    const int t = m * 8 + (lane & 3) * 2 + e1, ki = k0 + 32 * j + t;
+                    int kvs[KPT_MASK_NK];
+#pragma unroll
+                    for (int f = 0; f < KPT_MASK_NK; f++)
+                        kvs[f] = __shfl_sync(0xffffffffu, kv[j][f], t);
+#pragma unroll
+                    for (int e0 = 0; e0 < 2; e0++) {
+                        const int qi = row0 + (lane >> 2) + e0 * 8;
+                        const bool kp = (ki < A.Skv) & kpt_mask_pair(A, U, b, h, qi, ki, kvs);
+                        drop |= (u32)!kp << (e0 * 2 + e1);
+                    }
+                }
+                keep &= ~((u64)drop << ((4 * j + m) * 4));
+            }
+    }
+#else
     if (partial) {
 #if KPT_HAS_BLOCKMAP
 #pragma unroll 4
@@ -180,6 +213,7 @@ __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_unifor
                 keep &= ~((u64)!kp << (n * 4 + e));
             }
     }
+#endif
     return keep;
 }
 #endif
