@@ -7,7 +7,9 @@ tensors' device pointers and torch's current stream.
 
 For every case: kpt's output (poisoned with NaN first) is compared with every peer's (max
 |a - b| / max |b|), then each is timed with CUDA events after warm-up, the median of --reps runs,
-with the L2 cache flushed (a 512 MiB write) before every run. TFLOP/s follow DESIGN.md §8:
+with the L2 cache flushed (a 512 MiB write) before every run (burst figures); with --sustain N
+also the mean of N calls back to back (sustained figures: the card at its power limit, clocks
+lower). TFLOP/s follow DESIGN.md §8:
 4·B·Hq·S·S·D times the exact fraction of (b, q, k) pairs the mask keeps. Compilation is timed
 per kernel (kpt cold, from the disk cache, from memory; FlexAttention's first call), and so are
 block-map builds (kpt's and FlexAttention's create_block_mask).
@@ -72,6 +74,19 @@ class Timer:
             e1.synchronize()
             times.append(e0.elapsed_time(e1))
         return statistics.median(times)
+
+    def sustained(self, fn, n):
+        """Mean milliseconds of fn() over n calls back to back (no flush): the card then runs at
+        its power limit, as in training or serving, and clocks drop."""
+        fn()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(n):
+            fn()
+        e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1) / n
 
 
 def wall_ms(fn):
@@ -193,6 +208,8 @@ def run_case(args, kernels, timer, flex, name, S, D, dtype_name):
     row["kpt_nan"] = bool(torch.isnan(o).any())
     ref = o.clone()
     row["kpt_ms"] = timer(run_kpt)
+    if args.sustain:
+        row["kpt_sus_ms"] = timer.sustained(run_kpt, args.sustain)
 
     peers = sdpa_peers(case, q, k, v, S, hq, dtype) if not args.no_sdpa else {}
     bmask = None
@@ -215,12 +232,15 @@ def run_case(args, kernels, timer, flex, name, S, D, dtype_name):
             out = fn()
             row[pname + "_err"] = max_rel(ref, out)
             row[pname + "_ms"] = timer(fn)
+            if args.sustain:
+                row[pname + "_sus_ms"] = timer.sustained(fn, args.sustain)
         except Exception as e:  # a backend that refuses this case says why
             row[pname + "_error"] = str(e).strip().splitlines()[0][:160]
     row["peers"] = list(peers)
     for pname in ["kpt"] + list(peers):
-        if pname + "_ms" in row:
-            row[pname + "_tflops"] = flops / (row[pname + "_ms"] * 1e-3) / 1e12
+        for kind in ["", "_sus"]:
+            if pname + kind + "_ms" in row:
+                row[pname + kind + "_tflops"] = flops / (row[pname + kind + "_ms"] * 1e-3) / 1e12
     bad = [p for p in peers if row.get(p + "_err", 0) > AGREE[dtype_name]]
     row["agree"] = not bad and not row["kpt_nan"]
     return row
@@ -241,8 +261,10 @@ def print_row(r):
     peers = "  ".join(f"{p} {r[p + '_tflops']:.0f} (x{r['kpt_tflops'] / r[p + '_tflops']:.2f}, "
                       f"err {r[p + '_err']:.1e})" for p in r["peers"] if p + "_tflops" in r)
     refused = [p for p in r["peers"] if p + "_error" in r]
+    sus = "".join(f"  sustained: {p} {r[p + '_sus_tflops']:.0f}" for p in ["kpt"] + r["peers"]
+                  if p + "_sus_tflops" in r)
     print(f"{r['dtype']} D={r['D']} {r['pattern']:20s} S={r['S']:6d} B={r['B']:3d} kept "
-          f"{r['kept']:.3f}  kpt {r['kpt_tflops']:.0f} TFLOP/s ({r['kpt_ms']:.3f} ms)  {peers}"
+          f"{r['kept']:.3f}  kpt {r['kpt_tflops']:.0f} TFLOP/s ({r['kpt_ms']:.3f} ms)  {peers}{sus}"
           + (f"  refused: {','.join(refused)}" if refused else "")
           + ("" if r["agree"] else "  ** DISAGREE **"), flush=True)
 
@@ -343,6 +365,8 @@ def main():
     ap.add_argument("--dtypes", default="bf16,f16")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--sustain", type=int, default=0,
+                    help="also time N calls back to back (sustained figures; 0: burst only)")
     ap.add_argument("--no-sdpa", action="store_true", help="FlexAttention as the only peer")
     ap.add_argument("--time-limit", type=float, default=530,
                     help="seconds; cases left when it is reached are skipped (and listed)")
