@@ -111,6 +111,34 @@ def test_aux_tensors():
         assert_close(o[b:b + 1], want)
 
 
+def test_rank4_aux_edge_features():
+    """Graphormer-style [B, N, N, K] edge features, read as edge[b][q][k][c], and a strided view
+    (a slice of a wider array) to show the fourth stride is honoured."""
+    q, k, v = qkv(Sq=23, Skv=23)
+    rng = np.random.default_rng(3)
+    wide = rng.uniform(-1, 1, (2, 23, 23, 5)).astype(np.float32)
+    edge, w = wide[..., 1:4], rng.uniform(-1, 1, (4, 3)).astype(np.float32)
+    o = kpt.attention(q, k, v, os.path.join(EXAMPLES, "patterns", "graphormer_edges.lua"),
+                      aux={"edge": np.ascontiguousarray(np.pad(edge, ((0, 0),) * 3 + ((0, 1),))),
+                           "w": np.pad(w, ((0, 0), (0, 1)))})
+    script = """return kpt.pattern{ aux = {
+      edge = { dtype = 'float32', shape = {'b', 'sq', 'skv', 3} },
+      w = { dtype = 'float32', shape = {'hq', 3} } },
+      score = function(s, b, h, q, k, p)
+        return s + p.edge[b][q][k][0] * p.w[h][0] + p.edge[b][q][k][1] * p.w[h][1]
+                 + p.edge[b][q][k][2] * p.w[h][2] end }"""
+    o3 = kpt.attention(q, k, v, script, aux={"edge": edge, "w": w})
+    for b in range(2):
+        bias = np.einsum("ijc,hc->hij", edge[b].astype(np.float64), w.astype(np.float64))
+        want, _ = oracle(q[b:b + 1], k[b:b + 1], v[b:b + 1], lambda i, j: i >= 0,
+                         lambda s, i, j, h: s + bias)
+        assert_close(o3[b:b + 1], want, tol=1e-4)
+        # the example's K = 4 with the fourth feature 0 and the mean over 4: bias / 4
+        want4, _ = oracle(q[b:b + 1], k[b:b + 1], v[b:b + 1], lambda i, j: i >= 0,
+                          lambda s, i, j, h: s + bias / 4)
+        assert_close(o[b:b + 1], want4, tol=1e-4)
+
+
 def test_errors_are_clear():
     q, k, v = qkv()
     with pytest.raises(kpt.Error) as e:
