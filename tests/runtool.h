@@ -9,16 +9,17 @@
 #include <unistd.h>
 
 typedef struct tool_result {
-    int status; /* the exit status, or 128 + the signal */
-    char out[65536];
+    int status;      /* the exit status, or 128 + the signal */
+    char out[1 << 18]; /* generated kernel source is ~70 KB; more is cut off */
     char err[8192];
 } tool_result;
 
+/* Reads fd into buf until the end or until buf is full (then the rest is cut off). */
 static inline void tool_drain(int fd, char *buf, size_t cap)
 {
     size_t n = 0;
     ssize_t r;
-    while ((r = read(fd, buf + n, cap - 1 - n)) > 0 && n + (size_t)r < cap - 1)
+    while (n < cap - 1 && (r = read(fd, buf + n, cap - 1 - n)) > 0)
         n += (size_t)r;
     buf[n] = 0;
 }

@@ -480,7 +480,7 @@ static void test_offline_caches(void **state)
     assert_int_equal(stats(ctx).compiles, 1);
     kpt_context_destroy(&ctx);
     const char *argv[] = {self_path, "--child", dir, NULL};
-    tool_result r;
+    static tool_result r; /* large */
     assert_true(tool_run(&r, argv));
     if (r.status || !strstr(r.out, "compiles=0 disk_hits=1"))
         fail_msg("child: %d %s %s", r.status, r.out, r.err);
@@ -775,7 +775,7 @@ static void test_kptc_bundle(void **state)
     char *dir = temp_dir(), path[128], path2[128];
     snprintf(path, sizeof(path), "%s/b.kpt", dir);
     snprintf(path2, sizeof(path2), "%s/b2.kpt", dir);
-    tool_result r;
+    static tool_result r; /* large */
     const char *argv[] = {kptc_path, "bundle", "-o", path, "--target", "cuda:sm_80,cuda:sm_90a",
                           "--head-dim", "64", "--dtype", "bf16", "-j", "2", "causal",
                           "alibi+causal", NULL};
@@ -901,7 +901,7 @@ static void test_kptc_bundle_other_targets(void **state)
     (void)state;
     char *dir = temp_dir(), path[128];
     snprintf(path, sizeof(path), "%s/o.kpt", dir);
-    tool_result r;
+    static tool_result r; /* large */
     /* spirv with the default dtypes: f32 and f16 (Vulkan has no bf16) */
     const char *argv[] = {kptc_path, "bundle", "-o", path, "--target", "spirv", "--head-dim",
                           "64", "causal", "document", NULL};
