@@ -19,7 +19,8 @@ SCRIPTS = os.path.join(HERE, "..", "examples", "patterns")
 BUILTIN = ["full", "causal", "sliding_window", "alibi+causal", "softcap+causal", "prefix_lm",
            "document", "gqa_causal"]
 LUA = ["alibi", "chunked_causal", "dilated_window", "document_logical", "gemma2", "graphormer",
-       "longformer", "natten_2d", "natten_morton", "gelu_scores", "prefix_lm", "t5_buckets"]
+       "longformer", "natten_2d", "natten_morton", "gelu_scores", "prefix_lm", "t5_buckets",
+       "sliding_tile", "sliding_tile_3d"]
 SPARSE = ["sliding_window", "document"]  # also run at S = 32k and 64k
 DENSE_MASK_MAX_S = 16384  # SDPA's materialised boolean mask: S*S bytes
 DENSE_BIAS_MAX_S = 8192   # SDPA's materialised bias: H*S*S elements
@@ -183,6 +184,34 @@ def _lua_case(script, B, S, H, dev):
             x0 = (qx - K // 2).clamp(0, side - K)
             y0 = (qy - K // 2).clamp(0, side - K)
             return (kx >= x0) & (kx < x0 + K) & (ky >= y0) & (ky < y0 + K)
+        c.mask_mod = mask
+    elif script in ("sliding_tile", "sliding_tile_3d"):
+        # STA (examples/patterns/sliding_tile.lua): 2-D, a square canvas in 8 x 8 tiles and a
+        # 5 x 5 tile window; 3-D, 16 frames of a square canvas in 4 x 4 x 4 tiles, 3 x 3 x 3
+        c.kpt = "lua:sliding_tile"
+        if script == "sliding_tile":
+            frames, side, tile, win = 1, math.isqrt(S), (1, 8, 8), (1, 5, 5)
+        else:
+            frames, side, tile, win = 16, math.isqrt(S // 16), (4, 4, 4), (3, 3, 3)
+        if frames * side * side != S or side % tile[1]:
+            raise ValueError(f"{script}: S = {S} is not a canvas of whole tiles")
+        c.lua_params = {"frames": frames, "height": side, "width": side, "tile_f": tile[0],
+                        "tile_h": tile[1], "tile_w": tile[2], "win_f": win[0], "win_h": win[1],
+                        "win_w": win[2]}
+        nf, nh, nw = frames // tile[0], side // tile[1], side // tile[2]
+        vol = tile[0] * tile[1] * tile[2]
+
+        def tile_of(t):
+            i = t // vol
+            return i // (nh * nw), i // nw % nh, i % nw
+
+        def mask(b, h, q, k):
+            (qf, qh, qw), (kf, kh, kw) = tile_of(q), tile_of(k)
+            f0 = (qf - win[0] // 2).clamp(0, nf - win[0])
+            h0 = (qh - win[1] // 2).clamp(0, nh - win[1])
+            w0 = (qw - win[2] // 2).clamp(0, nw - win[2])
+            return ((kf >= f0) & (kf < f0 + win[0]) & (kh >= h0) & (kh < h0 + win[1])
+                    & (kw >= w0) & (kw < w0 + win[2]))
         c.mask_mod = mask
     elif script == "gelu_scores":
         c.score_mod = lambda s, b, h, q, k: s * 0.5 * (1 + torch.erf(s / math.sqrt(2)))

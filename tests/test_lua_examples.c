@@ -49,7 +49,7 @@ static double aux_at(const run_data *r, const char *name, int64_t i0, int64_t i1
 typedef struct example {
     const char *file;
     const char *shape;        /* --shape */
-    const char *options[6];   /* more kptc options */
+    const char *options[20];  /* more kptc options */
     const char *aux[3];       /* aux tensors the script declares */
     bool (*keep)(const run_data *r, int64_t b, int64_t h, int64_t q, int64_t k);
     double (*score)(const run_data *r, double s, int64_t b, int64_t h, int64_t q, int64_t k);
@@ -108,6 +108,34 @@ static bool keep_natten(const run_data *r, int64_t b, int64_t h, int64_t q, int6
     int64_t qx = q % 12, qy = q / 12, kx = k % 12, ky = k / 12;
     int64_t x0 = window_start(qx, 12), y0 = window_start(qy, 10);
     return kx >= x0 && kx < x0 + 5 && ky >= y0 && ky < y0 + 5;
+}
+
+/* sliding_tile in 3-D: an 8 x 8 x 16 (frames x height x width) canvas in tiles of 2 x 4 x 4
+ * pixels, numbered tile by tile; a query sees the 3 x 1 x 3 tiles around its own, the window
+ * shifted inwards at the borders. Tiles from pixels: a token's pixel, then the pixel's tile. */
+static void sta_tile(int64_t t, int64_t tile[3])
+{
+    const int64_t size[3] = {2, 4, 4}, ntiles[3] = {4, 2, 4};
+    int64_t i = t / 32, o = t % 32;
+    int64_t ti[3] = {i / (ntiles[1] * ntiles[2]), i / ntiles[2] % ntiles[1], i % ntiles[2]};
+    int64_t px[3] = {ti[0] * size[0] + o / 16, ti[1] * size[1] + o / 4 % 4, ti[2] * size[2] + o % 4};
+    for (int d = 0; d < 3; d++)
+        tile[d] = px[d] / size[d];
+}
+
+static bool keep_sta(const run_data *r, int64_t b, int64_t h, int64_t q, int64_t k)
+{
+    const int64_t ntiles[3] = {4, 2, 4}, win[3] = {3, 1, 3};
+    int64_t tq[3], tk[3];
+    sta_tile(q, tq);
+    sta_tile(k, tk);
+    for (int d = 0; d < 3; d++) {
+        int64_t start = tq[d] - win[d] / 2;
+        start = start < 0 ? 0 : start > ntiles[d] - win[d] ? ntiles[d] - win[d] : start;
+        if (tk[d] < start || tk[d] >= start + win[d])
+            return false;
+    }
+    return true;
 }
 
 /* natten_morton on a 16 x 16 canvas in Z order, kernel 5: x and y are a token's even and odd
@@ -224,6 +252,11 @@ static const example examples_list[] = {
     {"natten_morton.lua", "1,2,1,256,256,16", {"--param", "side=16", "--param", "kernel=5"},
      {NULL}, keep_morton, NULL},
     {"gelu_scores.lua", "1,4,2,70,70,16", {NULL}, {NULL}, keep_causal, score_gelu},
+    {"sliding_tile.lua", "1,2,1,1024,1024,16",
+     {"--param", "frames=8", "--param", "height=8", "--param", "width=16", "--param", "tile_f=2",
+      "--param", "tile_h=4", "--param", "tile_w=4", "--param", "win_f=3", "--param", "win_h=1",
+      "--param", "win_w=3"},
+     {NULL}, keep_sta, NULL},
 };
 
 /* ---- the check ------------------------------------------------------------------------------ */
@@ -243,10 +276,10 @@ static void check_example(const example *ex)
     assert_non_null(mkdtemp(dir));
     char script[600];
     snprintf(script, sizeof(script), "%s/%s", examples, ex->file);
-    const char *argv[24] = {kptc, "check", script, "--backend", "cpu", "--shape", ex->shape,
+    const char *argv[40] = {kptc, "check", script, "--backend", "cpu", "--shape", ex->shape,
                             "--dtype", "f32", "--seed", "7", "--save", dir};
     int argc = 13;
-    for (int i = 0; i < 6 && ex->options[i]; i++)
+    for (int i = 0; i < 20 && ex->options[i]; i++)
         argv[argc++] = ex->options[i];
     argv[argc] = NULL;
     static tool_result res;
