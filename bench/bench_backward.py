@@ -25,25 +25,12 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import bench  # noqa: E402  (Timer, max_rel, sdpa_peers, meta, setup_peers)
+import bench  # noqa: E402  (Timer (burst and sustained), max_rel, sdpa_peers, meta, setup_peers)
 import cases  # noqa: E402
 from bench import kpt  # noqa: E402
 
 CASES = ["full", "causal", "gqa_causal", "sliding_window", "alibi+causal", "softcap+causal",
          "prefix_lm", "document"]
-
-
-def sustained_ms(fn, n):
-    """Mean milliseconds of fn() over n runs back to back."""
-    fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(n):
-        fn()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) / n
 
 
 def run_case(args, ctx, timer, flex, name, S, D, dtype):
@@ -124,7 +111,7 @@ def run_case(args, ctx, timer, flex, name, S, D, dtype):
     for iname, (bwd, both) in impls.items():
         for what, fn, mult in (("bwd", bwd, 2.5), ("fwdbwd", both, 3.5)):
             burst = timer(fn)
-            sus = sustained_ms(fn, args.sustain)
+            sus = timer.sustained(fn, args.sustain)
             row[f"{iname}_{what}_ms"] = burst
             row[f"{iname}_{what}_sus_ms"] = sus
             row[f"{iname}_{what}_tflops"] = mult * fwd_flops / (burst * 1e-3) / 1e12
