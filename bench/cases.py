@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "examples", "patterns")
 
 BUILTIN = ["full", "causal", "sliding_window", "alibi+causal", "softcap+causal", "prefix_lm",
-           "document", "gqa_causal"]
+           "document", "gqa_causal", "docs12_causal"]
 LUA = ["alibi", "chunked_causal", "dilated_window", "document_logical", "gemma2", "graphormer",
        "longformer", "natten_2d", "natten_morton", "gelu_scores", "prefix_lm", "t5_buckets",
        "sliding_tile", "sliding_tile_3d"]
@@ -104,6 +104,11 @@ def make_case(name, B, S, H, dev="cuda"):
         ids, _ = doc_ids(B, S, dev, S)
         return Case(name, "document", aux={"doc_q": ids, "doc_kv": ids},
                     mask_mod=lambda b, h, q, k: ids[b, q] == ids[b, k], sdpa="mask", hq=H, hkv=H)
+    if name == "docs12_causal":  # many short documents: 12 causal ones packed (~4 % kept at 16k)
+        ids, _ = doc_ids(B, S, dev, S, docs=12)
+        return Case(name, "document+causal", aux={"doc_q": ids, "doc_kv": ids},
+                    mask_mod=lambda b, h, q, k: (ids[b, q] == ids[b, k]) & (q >= k), sdpa="mask",
+                    hq=H, hkv=H)
     raise ValueError(f"unknown case {name}")
 
 
