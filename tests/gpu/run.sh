@@ -36,6 +36,22 @@ if [ $QUICK_ONLY = 0 ]; then
     grep -E "FAIL|^    |passed|skipped|device:|SKIP" "$OUT/gpu_check.log" | head -60
 fi
 
+# masks of bit operations (tests/bit_masks.lua): the tile classifier's interval and known-bits
+# rules must be sound in the CUDA kernels too (CI runs the same masks on lavapipe); both kernel
+# generations where the device has wgmma
+KPTC=${KPTC:-"$(dirname "$CHECK")/../../kptc"}
+if [ -x "$KPTC" ]; then
+    : >"$OUT/bit_masks.log"
+    for i in 1 2 3 4 5 6 7 8; do
+        for wgmma in 1 0; do
+            KPT_CUDA_WGMMA=$wgmma "$KPTC" check tests/bit_masks.lua --param which=$i \
+                --backend cuda --shape 1,2,1,300,333,64 >>"$OUT/bit_masks.log" 2>&1 ||
+                { status=1; echo "bit_masks.lua which=$i (KPT_CUDA_WGMMA=$wgmma): FAILED"; }
+        done
+    done
+    echo "bit masks: $(grep -c 'cuda       cuda' "$OUT/bit_masks.log") of 16 checks ran"
+fi
+
 # the runtime API end to end: caches, bundles, block maps, threads
 RTCHECK="$(dirname "$CHECK")/runtime_check"
 "$RTCHECK" >"$OUT/runtime_check.log" 2>&1 || status=1
