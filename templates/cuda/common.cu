@@ -36,6 +36,7 @@ __device__ __forceinline__ float kpt_ex2(float x)
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float kpt_lg2(float x) { return __log2f(x); }
 // Fast forms for score mods (docs/architecture.md, "Transcendentals"): ex2.approx has a relative
 // error near 2^-22, tanh.approx.f32 near 2^-11; both far inside the bf16/fp16 output budget.
 __device__ __forceinline__ float kpt_fexp(float x) { return kpt_ex2(x * KPT_LOG2E); }
@@ -380,8 +381,7 @@ __device__ __forceinline__ void kpt_store_rows(const kpt_args &A, int b, int h, 
         if (qi >= A.Sq) continue;
         if (A.sinks) { // the sink joins the denominator with no value
             const float s2 = ((const float *)A.sinks)[(i64)h * A.sink_stride] * KPT_LOG2E;
-            const float mm = fmaxf(lse2, s2);
-            const float tot = mm == KPT_NINF ? KPT_NINF : mm + __log2f(kpt_ex2(lse2 - mm) + kpt_ex2(s2 - mm));
+            const float tot = kpt_sink_lse2(lse2, s2);
             inv = sum > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
             lse2 = tot;
         }

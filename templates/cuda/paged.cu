@@ -213,8 +213,7 @@ __device__ __forceinline__ void kpt_pg_finish(const kpt_args &A, const kpt_pargs
     float tot = lse2;
     if (P.sinks) {
         const float s2 = ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E;
-        const float mm = fmaxf(lse2, s2);
-        tot = mm == KPT_NINF ? KPT_NINF : mm + __log2f(kpt_ex2(lse2 - mm) + kpt_ex2(s2 - mm));
+        tot = kpt_sink_lse2(lse2, s2);
         o *= L > 0.0f ? kpt_ex2(lse2 - tot) : 0.0f;
     }
     kpt_pg_store(A, x.t, x.h, d, d < 0 ? tot * KPT_LN2 : o);

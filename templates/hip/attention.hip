@@ -45,6 +45,7 @@ KPT_DEV float kpt_fmodf(float a, float b) { return __builtin_fmodf(a, b); }
 #define logf(x) (__builtin_log2f(x) * KPT_LN2)
 #define powf(x, y) kpt_powf(x, y)
 KPT_DEV float kpt_ex2(float x) { return __builtin_exp2f(x); }
+KPT_DEV float kpt_lg2(float x) { return __builtin_log2f(x); }
 KPT_DEV float kpt_fexp(float x) { return __builtin_exp2f(x * KPT_LOG2E); }
 // x / y within a few ulp: a reciprocal and a product, no IEEE division sequence per element.
 KPT_DEV float kpt_fdiv(float x, float y) { return x * __builtin_amdgcn_rcpf(y); }
@@ -343,11 +344,8 @@ void kpt_attention(const kpt_args A)
     float lse2 = l > 0.0f ? m + __builtin_log2f(l) : KPT_NINF; // log2 units
     if (A.sinks) { // the sink joins the denominator with no value
         const float s2 = ((const float *)A.sinks)[(i64)h * A.sink_stride] * KPT_LOG2E;
-        const float mm = lse2 > s2 ? lse2 : s2;
-        const float tot = mm == KPT_NINF ? KPT_NINF
-                                         : mm + __builtin_log2f(__builtin_exp2f(lse2 - mm) +
-                                                                __builtin_exp2f(s2 - mm));
-        inv = l > 0.0f ? inv * __builtin_exp2f(lse2 - tot) : 0.0f;
+        const float tot = kpt_sink_lse2(lse2, s2);
+        inv = l > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
         lse2 = tot;
     }
     u16 *go = (u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)qi * A.os[2];
