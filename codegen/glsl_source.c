@@ -8,10 +8,20 @@
 
 extern const char kpt_tmpl_glsl_attention[]; /* templates/glsl/attention.comp, embedded */
 
+/* the template spells the serving kernel's bindings as numbers */
+_Static_assert(KPT_GLSL_BIND_PAGE_TABLE == 8 && KPT_GLSL_BIND_CU_Q == 9 &&
+                   KPT_GLSL_BIND_KV_LENS == 10,
+               "templates/glsl/attention.comp's serving bindings");
+
 static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_plan *pl)
 {
-    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d\n", kpt_dtype_name(pl->cfg.dtype),
-                  pl->cfg.dqk, pl->cfg.dv);
+    const bool paged = pl->cfg.kind == KPT_KERNEL_PAGED;
+    kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d%s\n", kpt_dtype_name(pl->cfg.dtype),
+                  pl->cfg.dqk, pl->cfg.dv, paged ? ", paged" : "");
+    kpt_sb_printf(sb, "#define KPT_ENTRY_PAGED %d\n", paged);
+    if (paged) /* rows of one workgroup span heads: classify per head? */
+        kpt_sb_printf(sb, "#define KPT_MASK_PER_H %d\n#define KPT_MASK_AUX %d\n", pl->bm_per_h,
+                      pl->mask_loads);
     kpt_sb_printf(sb, "#define KPT_F16 %d\n", pl->cfg.dtype == KPT_DTYPE_F16);
     kpt_sb_printf(sb, "#define KPT_BF16 %d\n", pl->cfg.dtype == KPT_DTYPE_BF16);
     kpt_sb_printf(sb, "#define KPT_DQK %d\n#define KPT_DV %d\n", pl->cfg.dqk, pl->cfg.dv);

@@ -50,6 +50,10 @@ int kpt_glsl_chunk(int dqk, int dv);
  * invocation of the scalar GLSL kernel of plan `pl` runs over n_kt kv tiles: what Mesa's
  * llvmpipe limits (runtime/backend_vulkan.c). */
 int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt);
+/* The same for the serving kernel (kind paged): n_kt tiles of a sequence, `group` query heads
+ * per kv head, and `overflow_rows` rows past the plan's that it fills with NaN. */
+int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group,
+                                       int64_t overflow_rows);
 
 /* The HIP kernel (templates/hip/attention.hip) for cfg->gfx: 4 wavefronts of 16 query rows,
  * kv tiles of 64 keys (32 for head dims over 128) in LDS; f16 or bf16; the CUDA head dims. */

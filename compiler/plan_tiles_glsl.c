@@ -34,6 +34,16 @@ int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt)
     return n_kt * per_tile + once;
 }
 
+int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group,
+                                       int64_t overflow_rows)
+{
+    /* the tile class's loop over the workgroup's query heads, and the NaN rows past the plan
+     * (a loop of KPT_BM rows, each a loop over Dv) */
+    const int64_t per_tile = pl->bm_per_h && !pl->mask_loads ? group : 0;
+    const int64_t nan = (overflow_rows + pl->bm - 1) / pl->bm * (pl->cfg.dv + 2) + 1;
+    return kpt_glsl_loop_iterations(pl, n_kt) + n_kt * per_tile + nan;
+}
+
 static kpt_status plan_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                                kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -91,12 +101,20 @@ kpt_status kpt_plan_tiles_glsl(const kpt_pattern *p, const kpt_kernel_config *cf
                                kpt_kernel_plan *out, kpt_diag *diag)
 {
     int portable = smem_limit > KPT_GLSL_PLAN_SMEM ? KPT_GLSL_PLAN_SMEM : smem_limit;
-    if (cfg->coopmat) {
+    if (cfg->coopmat && cfg->kind == KPT_KERNEL_FORWARD) {
         kpt_status st = plan_glsl(p, cfg, smem_limit, out, diag);
         if (st || out->cfg.coopmat)
             return st;
     }
     kpt_kernel_config c = *cfg;
     c.coopmat = false;
-    return plan_glsl(p, &c, portable, out, diag);
+    kpt_status st = plan_glsl(p, &c, portable, out, diag);
+    if (!st && cfg->kind == KPT_KERNEL_PAGED) {
+        /* the serving kernel (templates/glsl/attention.comp, KPT_ENTRY_PAGED) is the scalar
+         * kernel's loop over a sequence's rows: no block map (the lengths live on the device),
+         * masks that read aux data are evaluated per element */
+        out->has_blockmap = false;
+        out->bm_per_b = false;
+    }
+    return st;
 }

@@ -21,6 +21,7 @@
 #include "runtime/attention_args.h"
 #include "runtime/backend.h"
 #include "runtime/backend_vulkan.h"
+#include "runtime/paged_args.h"
 #include "vendor/rtc_glslang.h"
 #include "vendor/api_vulkan.h"
 #include "runtime/vulkan_args.h"
@@ -471,10 +472,10 @@ static kpt_status check_io(const kpt_tensor *t, const char *name, kpt_dtype dt, 
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s is %s; this kernel was made for %s", name,
                             kpt_dtype_name(t->dtype), kpt_dtype_name(dt));
-    if (t->shape[3] != d)
+    if (t->shape[t->rank - 1] != d)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s has head dim %lld; this kernel was made for %d", name,
-                            (long long)t->shape[3], d);
+                            (long long)t->shape[t->rank - 1], d);
     if (span_of(t) < 0)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s: the Vulkan backend needs strides from 0 to 2^32", name);
@@ -486,6 +487,36 @@ static uint32_t float_bits(float f)
     uint32_t u;
     memcpy(&u, &f, sizeof(u));
     return u;
+}
+
+/* Q, K, V and O (their dtype and head dims checked) and the LSE into their bindings, offsets
+ * and strides (as many as each has). */
+static kpt_status pack_io(vk_backend *v, const kpt_tensor *const io[4], int64_t es,
+                          const kpt_tensor *lse, vk_launch *L, kpt_diag *diag)
+{
+    uint32_t *offs[4] = {&L->geom.qo, &L->geom.ko, &L->geom.vo, &L->geom.oo};
+    uint32_t *strides[4] = {L->geom.qs, L->geom.ks, L->geom.vs, L->geom.os};
+    static const char *const names[4] = {"q", "k", "v", "o"};
+    kpt_status st;
+    for (int i = 0; i < 4; i++) {
+        if ((st = resolve(v, names[i], io[i]->data, es, span_of(io[i]), &L->bufs[i], offs[i],
+                          diag)))
+            return st;
+        for (int d = 0; d < io[i]->rank; d++)
+            strides[i][d] = (uint32_t)io[i]->stride[d];
+    }
+    L->geom.lo = KPT_VK_NO_LSE;
+    if (!lse->data)
+        return KPT_OK;
+    if (lse->dtype != KPT_DTYPE_F32 || span_of(lse) < 0)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor lse must be f32 with strides from 0 to 2^32 on Vulkan");
+    if ((st = resolve(v, "lse", lse->data, 4, span_of(lse), &L->bufs[KPT_GLSL_BIND_LSE],
+                      &L->geom.lo, diag)))
+        return st;
+    for (int d = 0; d < lse->rank; d++)
+        L->geom.ls[d] = (uint32_t)lse->stride[d];
+    return KPT_OK;
 }
 
 static kpt_status pack_tensors(vk_backend *v, const vk_kernel *k, const kpt_attention_args *a,
@@ -501,29 +532,7 @@ static kpt_status pack_tensors(vk_backend *v, const vk_kernel *k, const kpt_atte
         (st = check_io(&a->o, "o", dt, pl->cfg.dv, diag)))
         return st;
     const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};
-    uint32_t *offs[4] = {&L->geom.qo, &L->geom.ko, &L->geom.vo, &L->geom.oo};
-    uint32_t *strides[4] = {L->geom.qs, L->geom.ks, L->geom.vs, L->geom.os};
-    static const char *const names[4] = {"q", "k", "v", "o"};
-    for (int i = 0; i < 4; i++) {
-        if ((st = resolve(v, names[i], io[i]->data, es, span_of(io[i]), &L->bufs[i], offs[i],
-                          diag)))
-            return st;
-        for (int d = 0; d < 4; d++)
-            strides[i][d] = (uint32_t)io[i]->stride[d];
-    }
-    L->bufs[KPT_GLSL_BIND_LSE] = v->dummy.buf;
-    L->geom.lo = KPT_VK_NO_LSE;
-    if (a->lse.data) {
-        if (a->lse.dtype != KPT_DTYPE_F32 || span_of(&a->lse) < 0)
-            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                                "tensor lse must be f32 with strides from 0 to 2^32 on Vulkan");
-        if ((st = resolve(v, "lse", a->lse.data, 4, span_of(&a->lse), &L->bufs[KPT_GLSL_BIND_LSE],
-                          &L->geom.lo, diag)))
-            return st;
-        for (int d = 0; d < 3; d++)
-            L->geom.ls[d] = (uint32_t)a->lse.stride[d];
-    }
-    return KPT_OK;
+    return pack_io(v, io, es, &a->lse, L, diag);
 }
 
 static kpt_status pack_aux(vk_backend *v, const vk_kernel *k, const kpt_attn_binding *bind,
@@ -561,29 +570,37 @@ static kpt_status pack_aux(vk_backend *v, const vk_kernel *k, const kpt_attn_bin
  * says nothing: the kernel then writes garbage. */
 #define KPT_VK_LLVMPIPE_LOOPS 65535
 
-/* On llvmpipe, refuses a launch whose attention kernel would pass the loop limit (the scalar
- * kernel's count: kpt_glsl_loop_iterations, an upper bound; 2 bn + 3 iterations per tile measured
- * on Mesa 22.3 with the head-dim loops unrolled whole). Block-map kernels loop over one tile pair,
- * whatever the lengths; kpt_check_loops catches the rest. */
-static kpt_status loop_budget(const vk_backend *v, const vk_kernel *k, const kpt_vk_push *P,
-                              kpt_diag *diag)
+/* On llvmpipe, refuses a launch whose kernel would pass the loop limit: `once` + `per_tile`
+ * iterations per kv tile (the scalar kernels' counts, kpt_glsl_loop_iterations and
+ * kpt_glsl_paged_loop_iterations: upper bounds; 2 bn + 3 iterations per tile measured on Mesa
+ * 22.3 with the head-dim loops unrolled whole) over `keys` keys, named `what` in the message.
+ * Block-map kernels loop over one tile pair, whatever the lengths; kpt_check_loops catches the
+ * rest. */
+static kpt_status loop_budget(const vk_backend *v, const vk_kernel *k, int64_t keys,
+                              int64_t once, int64_t per_tile, const char *what, kpt_diag *diag)
 {
     if (!v->llvmpipe || k->plan.cfg.coopmat)
         return KPT_OK;
-    const int64_t need = kpt_glsl_loop_iterations(&k->plan, P->n_kt);
+    const int64_t n_kt = (keys + k->plan.bn - 1) / k->plan.bn, need = once + per_tile * n_kt;
     if (need <= KPT_VK_LLVMPIPE_LOOPS)
         return KPT_OK;
-    /* the count is linear in the tiles */
-    const int64_t once = kpt_glsl_loop_iterations(&k->plan, 0);
-    const int64_t per_tile = kpt_glsl_loop_iterations(&k->plan, 1) - once;
     const int64_t max_tiles =
         once < KPT_VK_LLVMPIPE_LOOPS ? (KPT_VK_LLVMPIPE_LOOPS - once) / per_tile : 0;
     return kpt_diag_set(diag, KPT_ERR_LIMIT,
-                        "Skv = %d is too long for %s: Mesa's llvmpipe stops a shader's loops after "
-                        "%d iterations in all, and this kernel (head dims %d/%d) would need %lld; "
-                        "it takes at most %lld keys on this device (docs/vulkan.md)",
-                        P->Skv, v->base.device_name, KPT_VK_LLVMPIPE_LOOPS, k->plan.cfg.dqk,
-                        k->plan.cfg.dv, (long long)need, (long long)(max_tiles * k->plan.bn));
+                        "%s = %lld is too long for %s: Mesa's llvmpipe stops a shader's loops "
+                        "after %d iterations in all, and this kernel (head dims %d/%d) would need "
+                        "%lld; it takes at most %lld keys on this device (docs/vulkan.md)",
+                        what, (long long)keys, v->base.device_name, KPT_VK_LLVMPIPE_LOOPS,
+                        k->plan.cfg.dqk, k->plan.cfg.dv, (long long)need,
+                        (long long)(max_tiles * k->plan.bn));
+}
+
+static kpt_status forward_budget(const vk_backend *v, const vk_kernel *k, const kpt_vk_push *P,
+                                 kpt_diag *diag)
+{
+    const int64_t once = kpt_glsl_loop_iterations(&k->plan, 0);
+    return loop_budget(v, k, P->Skv, once, kpt_glsl_loop_iterations(&k->plan, 1) - once, "Skv",
+                       diag);
 }
 
 static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const char *what,
@@ -598,21 +615,39 @@ static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const c
 }
 
 /* The sinks (f32 [Hq], checked against the shapes by kpt_attn_bind), or the dummy buffer. */
-static kpt_status pack_sinks(vk_backend *v, const kpt_attention_args *a, vk_launch *L,
+static kpt_status pack_sinks(vk_backend *v, const kpt_tensor *sinks, vk_launch *L,
                              kpt_diag *diag)
 {
     L->bufs[KPT_GLSL_BIND_SINKS] = v->dummy.buf;
     L->geom.so = KPT_VK_NO_SINK;
     L->geom.ss = 0;
-    if (!a->sinks.data)
+    if (!sinks->data)
         return KPT_OK;
-    if (a->sinks.dtype != KPT_DTYPE_F32 || span_of(&a->sinks) < 0 ||
-        a->sinks.stride[0] > UINT32_MAX)
+    if (sinks->dtype != KPT_DTYPE_F32 || span_of(sinks) < 0 || sinks->stride[0] > UINT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor sinks must be f32 with a stride from 0 to 2^32 on Vulkan");
-    L->geom.ss = (uint32_t)a->sinks.stride[0];
-    return resolve(v, "sinks", a->sinks.data, 4, span_of(&a->sinks), &L->bufs[KPT_GLSL_BIND_SINKS],
+    L->geom.ss = (uint32_t)sinks->stride[0];
+    return resolve(v, "sinks", sinks->data, 4, span_of(sinks), &L->bufs[KPT_GLSL_BIND_SINKS],
                    &L->geom.so, diag);
+}
+
+/* The push constants every kernel shares: the scale and the runtime scalars. */
+static void pack_scalars(const vk_kernel *k, const kpt_attn_binding *bind, kpt_vk_push *P)
+{
+    P->scale = (float)bind->scale;
+    P->scale_log2 = (float)(bind->scale * 1.4426950408889634);
+    for (int i = 0; i < k->pattern->num_scalars; i++)
+        P->scalars[i] = k->pattern->scalars[i].type == KPT_IR_F32
+                            ? float_bits((float)bind->scalars[i].f)
+                            : (uint32_t)bind->scalars[i].i;
+}
+
+/* Bindings a kernel does not read get the dummy buffer. */
+static void bind_dummies(vk_backend *v, vk_launch *L)
+{
+    for (uint32_t i = 0; i < KPT_VK_MAX_BINDINGS; i++)
+        L->bufs[i] = v->dummy.buf;
+    L->bufs[KPT_GLSL_BIND_GEOMETRY] = v->geom.buf;
 }
 
 /* Validates the call and fills L (lock held: it looks up allocations). */
@@ -623,6 +658,7 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "attention args are NULL");
     memset(L, 0, sizeof(*L));
     L->k = k;
+    bind_dummies(v, L);
     kpt_attn_binding bind;
     kpt_status st = kpt_attn_bind(k->pattern, a, &bind, diag);
     if (!st)
@@ -630,7 +666,7 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
     if (!st)
         st = pack_aux(v, k, &bind, L, diag);
     if (!st)
-        st = pack_sinks(v, a, L, diag);
+        st = pack_sinks(v, &a->sinks, L, diag);
     if (st)
         return st;
     const kpt_attn_shape *s = &bind.shape;
@@ -644,12 +680,7 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
     P->group = (int32_t)(s->Hq / s->Hkv);
     P->n_qt = (int32_t)((s->Sq + pl->bm - 1) / pl->bm);
     P->n_kt = (int32_t)((s->Skv + pl->bn - 1) / pl->bn);
-    P->scale = (float)bind.scale;
-    P->scale_log2 = (float)(bind.scale * 1.4426950408889634);
-    for (int i = 0; i < k->pattern->num_scalars; i++)
-        P->scalars[i] = k->pattern->scalars[i].type == KPT_IR_F32
-                            ? float_bits((float)bind.scalars[i].f)
-                            : (uint32_t)bind.scalars[i].i;
+    pack_scalars(k, &bind, P);
     /* block map layout [b?][h?][q tile][kv tile], one u32 per entry */
     uint64_t per_h = (uint64_t)P->n_qt * (uint64_t)P->n_kt;
     uint64_t per_b = per_h * (pl->bm_per_h ? (uint64_t)s->Hq : 1);
@@ -664,10 +695,8 @@ static kpt_status pack(vk_backend *v, const vk_kernel *k, const kpt_attention_ar
     L->bm_groups[0] = (uint32_t)((per_h + KPT_GLSL_BLOCKMAP_GROUP - 1) / KPT_GLSL_BLOCKMAP_GROUP);
     L->bm_groups[1] = pl->bm_per_h ? (uint32_t)s->Hq : 1;
     L->bm_groups[2] = pl->bm_per_b ? (uint32_t)s->B : 1;
-    L->bufs[KPT_GLSL_BIND_BLOCKMAP] = v->dummy.buf;
-    L->bufs[KPT_GLSL_BIND_GEOMETRY] = v->geom.buf;
     if ((st = check_groups(v, L->groups, "attention kernel", diag)) ||
-        (st = loop_budget(v, k, P, diag)))
+        (st = forward_budget(v, k, P, diag)))
         return st;
     return pl->has_blockmap ? check_groups(v, L->bm_groups, "block-map kernel", diag) : KPT_OK;
 }
@@ -838,6 +867,144 @@ static kpt_status vk_blockmap_build(kpt_backend *b, void *kernel, const kpt_atte
     return run(b, kernel, args, mem, false, stream, diag);
 }
 
+/* ---- serving --------------------------------------------------------------------------------- */
+
+/* The serving kernel's workgroups hold KPT_BM rows of (query token, query head) of one sequence
+ * and kv head: a plan is how many such row blocks cover a sequence's queries. Nothing is split
+ * over the keys (no combine launch, no workspace). */
+static kpt_status vk_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_shape *shape,
+                                kpt_paged_plan *out, kpt_diag *diag)
+{
+    (void)b;
+    const vk_kernel *k = kernel;
+    if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "not a serving kernel (get it with KPT_DESC_PAGED)");
+    kpt_status st = kpt_paged_plan_compute(shape, 0, 0, k->plan.cfg.dv, out, diag);
+    if (st)
+        return st;
+    const int64_t group = out->num_heads_q / out->num_heads_kv, bm = k->plan.bm;
+    const int64_t rows = (int64_t)out->max_q * group, blocks = (rows + bm - 1) / bm;
+    if (blocks > INT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "%lld query rows in one sequence",
+                            (long long)rows);
+    out->rows = (int)bm;
+    out->q_blocks = blocks > 0 ? (int)blocks : 1;
+    out->q_per_block = group < bm ? (int)(bm / group) : 1;
+    return KPT_OK;
+}
+
+/* A serving call's i32 array (cu_seqlens_q, kv_lens, the page table) into its binding. */
+static kpt_status pack_index(vk_backend *v, const char *name, const kpt_tensor *t, int binding,
+                             vk_launch *L, uint32_t *off, kpt_diag *diag)
+{
+    int64_t span = span_of(t);
+    if (span < 0)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s: the Vulkan backend needs strides from 0 to 2^32", name);
+    return resolve(v, name, t->data, 4, span, &L->bufs[binding], off, diag);
+}
+
+/* Validates a serving call against `plan` and fills L (lock held). Returns with L->groups all
+ * 0 when the batch is empty. */
+static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_plan *plan,
+                             const kpt_paged_args *a, vk_launch *L, kpt_diag *diag)
+{
+    memset(L, 0, sizeof(*L));
+    L->k = k;
+    bind_dummies(v, L);
+    kpt_paged_binding pb;
+    kpt_status st = kpt_paged_bind(k->pattern, a, plan ? plan->max_kv : 0, &pb, diag);
+    if (!st)
+        st = kpt_paged_check_plan(plan, &pb, diag);
+    if (st)
+        return st;
+    const kpt_kernel_plan *pl = &k->plan;
+    if (plan->rows != pl->bm || plan->q_blocks < 1 || plan->splits != 1)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the plan was not made by kpt_paged_plan_make for this kernel");
+    kpt_dtype dt = pl->cfg.dtype;
+    const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};
+    if ((st = check_io(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
+        (st = check_io(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
+        (st = check_io(&a->v, "v", dt, pl->cfg.dv, diag)) ||
+        (st = check_io(&a->o, "o", dt, pl->cfg.dv, diag)))
+        return st;
+    if (!pb.B)
+        return KPT_OK;
+    if ((st = pack_io(v, io, kpt_dtype_size(dt), &a->lse, L, diag)) ||
+        (st = pack_aux(v, k, &pb.bind, L, diag)) || (st = pack_sinks(v, &a->sinks, L, diag)) ||
+        (st = pack_index(v, "cu_seqlens_q", &a->cu_seqlens_q, KPT_GLSL_BIND_CU_Q, L,
+                         &L->geom.cuo, diag)) ||
+        (st = pack_index(v, "kv_lens", &a->kv_lens, KPT_GLSL_BIND_KV_LENS, L, &L->geom.kvo,
+                         diag)) ||
+        (pb.paged && (st = pack_index(v, "page_table", &a->page_table,
+                                      KPT_GLSL_BIND_PAGE_TABLE, L, &L->geom.po, diag))))
+        return st;
+    if (pb.paged)
+        L->geom.ps = (uint32_t)a->page_table.stride[0];
+    L->geom.page_size = (uint32_t)pb.page_size;
+    L->geom.num_pages = (uint32_t)pb.num_pages;
+    L->geom.max_pages = (uint32_t)pb.max_pages;
+    L->geom.T = (uint32_t)pb.T;
+    kpt_vk_push *P = &L->push;
+    P->B = (int32_t)pb.B;
+    P->Hq = (int32_t)pb.Hq;
+    P->Hkv = (int32_t)pb.Hkv;
+    P->Sq = P->Skv = plan->max_kv; /* each workgroup sets its sequence's own */
+    P->group = (int32_t)(pb.Hq / pb.Hkv);
+    P->n_qt = plan->q_blocks;
+    pack_scalars(k, &pb.bind, P);
+    L->groups[0] = (uint32_t)plan->q_blocks;
+    L->groups[1] = (uint32_t)pb.Hkv;
+    L->groups[2] = (uint32_t)pb.B;
+    L->attention = true;
+    const int64_t once = kpt_glsl_paged_loop_iterations(pl, 0, P->group, 0);
+    const int64_t per_tile = kpt_glsl_paged_loop_iterations(pl, 1, P->group, 0) - once;
+    if ((st = check_groups(v, L->groups, "serving kernel", diag)) ||
+        (st = loop_budget(v, k, plan->max_kv, once, per_tile, "the plan's kv length", diag)))
+        return st;
+    return KPT_OK;
+}
+
+static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
+                                  const kpt_paged_args *args, uint64_t workspace,
+                                  size_t workspace_bytes, void *stream, kpt_diag *diag)
+{
+    (void)workspace;
+    (void)workspace_bytes; /* the plans split nothing: no workspace */
+    vk_backend *v = vb(b);
+    const vk_kernel *k = kernel;
+    if (b->offline)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "this context compiles offline: no device");
+    if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "not a serving kernel (get it with KPT_DESC_PAGED)");
+    if (!args)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "args is NULL");
+    if (stream)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the Vulkan backend has no streams: launches run synchronously on its "
+                            "own queue (pass stream NULL)");
+    vk_launch *L = malloc(sizeof(*L));
+    if (!L)
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    pthread_mutex_lock(&v->lock);
+    kpt_status st = pack_paged(v, k, plan, args, L, diag);
+    if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
+        st = bind_set(v, L, diag);
+        if (!st)
+            st = submit(v, record_launch, L, diag);
+        if (!st)
+            read_timestamps(v);
+        if (!st)
+            st = check_status(v, diag);
+    }
+    pthread_mutex_unlock(&v->lock);
+    free(L);
+    return st;
+}
+
 double kpt_backend_vulkan_last_ms(const kpt_backend *b)
 {
     return b && b->ops->kind == KPT_BACKEND_VULKAN ? ((const vk_backend *)b)->last_ms : -1.0;
@@ -976,6 +1143,8 @@ static const kpt_backend_ops vk_ops = {
     .synchronize = vk_synchronize,
     .blockmap_size = vk_blockmap_size,
     .blockmap_build = vk_blockmap_build,
+    .paged_plan = vk_paged_plan,
+    .launch_paged = vk_launch_paged,
 };
 
 static int type_rank(VkPhysicalDeviceType t)

@@ -35,11 +35,15 @@ typedef struct kpt_vk_geom {
     uint32_t ls[3], bms[3];
     uint32_t so, ss;
     uint32_t n_check, status;
+    /* serving: the page table's start and row stride, the starts of cu_seqlens_q and kv_lens
+     * (elements), rows per page, pages in the cache, page-table columns (0: no page table) and
+     * tokens T of q and o */
+    uint32_t po, ps, cuo, kvo, page_size, num_pages, max_pages, T;
     kpt_vk_auxgeom aux[16];
 } kpt_vk_geom;
 #define KPT_VK_LOOP_CHECK 2
 
 _Static_assert(sizeof(kpt_vk_auxgeom) == 36, "kpt_vk_auxgeom layout");
-_Static_assert(sizeof(kpt_vk_geom) == 128 + 16 * 36, "kpt_vk_geom layout");
+_Static_assert(sizeof(kpt_vk_geom) == 160 + 16 * 36, "kpt_vk_geom layout");
 
 #endif

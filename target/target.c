@@ -21,8 +21,8 @@ extern const kpt_rtc kpt_rtc_nvrtc, kpt_rtc_hip, kpt_rtc_glslang; /* generate.c 
      &kpt_rtc_hip, KIND(FORWARD), DT(F16) | DT(BF16), KPT_DTYPE_BF16, 0, CUDA_DIMS, "code object"}
 #define SPIRV(nm, coop, smem) \
     {nm, KPT_BACKEND_VULKAN, &kpt_dialect_glsl, {.coopmat = coop}, kpt_plan_tiles_glsl, \
-     kpt_glsl_source, &kpt_rtc_glslang, KIND(FORWARD), DT(F16) | DT(BF16) | DT(F32), \
-     KPT_DTYPE_F16, smem, "1 to 256", "SPIR-V"}
+     kpt_glsl_source, &kpt_rtc_glslang, KIND(FORWARD) | KIND(PAGED), \
+     DT(F16) | DT(BF16) | DT(F32), KPT_DTYPE_F16, smem, "1 to 256", "SPIR-V"}
 
 /* spirv:coopmat is spirv on a device with cooperative matrices (NVIDIA's 48 KiB of shared
  * memory without a device): Vulkan contexts call both "spirv", and bundles hold spirv. */

@@ -43,11 +43,12 @@ static bool make_pages(kpt_paged_batch *pb, kpt_rng *r)
 }
 
 bool kpt_paged_batch_make(kpt_paged_batch *pb, int B, const int *q, const int *kv, int page,
-                          bool head_major, kpt_dtype dtype, int hq, int hkv, int d, kpt_rng *r)
+                          bool head_major, kpt_dtype dtype, int hq, int hkv, int d, int dv,
+                          kpt_rng *r)
 {
     memset(pb, 0, sizeof(*pb));
-    *pb = (kpt_paged_batch){.B = B, .hq = hq, .hkv = hkv, .d = d, .dtype = dtype, .page = page,
-                            .head_major = head_major};
+    *pb = (kpt_paged_batch){.B = B, .hq = hq, .hkv = hkv, .d = d, .dv = dv ? dv : d,
+                            .dtype = dtype, .page = page, .head_major = head_major};
     pb->cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
     pb->kv = malloc(sizeof(int32_t) * (size_t)(B ? B : 1));
     if (!pb->cu || !pb->kv)
@@ -64,10 +65,10 @@ bool kpt_paged_batch_make(kpt_paged_batch *pb, int B, const int *q, const int *k
         return false;
     if (!page)
         pb->P = B ? B : 1;
-    size_t cache = (size_t)pb->P * pb->rows * hkv * d;
+    size_t cache = (size_t)pb->P * pb->rows * hkv;
     pb->q = normal((size_t)pb->T * hq * d, dtype, r);
-    pb->k = normal(cache, dtype, r);
-    pb->v = normal(cache, dtype, r);
+    pb->k = normal(cache * d, dtype, r);
+    pb->v = normal(cache * pb->dv, dtype, r);
     pb->sinks = malloc(sizeof(float) * (size_t)hq);
     pb->docs = malloc(kpt_paged_batch_doc_bytes(pb));
     if (!pb->q || !pb->k || !pb->v || !pb->sinks || !pb->docs)
@@ -107,6 +108,11 @@ size_t kpt_paged_batch_cache_bytes(const kpt_paged_batch *pb)
     return (size_t)pb->P * pb->rows * pb->hkv * pb->d * (size_t)kpt_dtype_size(pb->dtype);
 }
 
+size_t kpt_paged_batch_v_bytes(const kpt_paged_batch *pb)
+{
+    return (size_t)pb->P * pb->rows * pb->hkv * pb->dv * (size_t)kpt_dtype_size(pb->dtype);
+}
+
 size_t kpt_paged_batch_pt_bytes(const kpt_paged_batch *pb)
 {
     return pb->pt ? sizeof(int32_t) * (size_t)pb->B * pb->maxp : 0;
@@ -117,11 +123,11 @@ size_t kpt_paged_batch_doc_bytes(const kpt_paged_batch *pb)
     return sizeof(int32_t) * (size_t)(pb->B ? pb->B : 1) * (size_t)(pb->maxkv ? pb->maxkv : 1);
 }
 
-static kpt_tensor cache_view(const kpt_paged_batch *pb, void *data)
+static kpt_tensor cache_view(const kpt_paged_batch *pb, void *data, int64_t d)
 {
     kpt_tensor t = {.data = data, .dtype = pb->dtype, .rank = 4,
-                    .shape = {pb->P, pb->rows, pb->hkv, pb->d}};
-    int64_t d = pb->d, rows = pb->rows, hkv = pb->hkv;
+                    .shape = {pb->P, pb->rows, pb->hkv, d}};
+    int64_t rows = pb->rows, hkv = pb->hkv;
     t.stride[3] = 1;
     t.stride[2] = pb->head_major ? rows * d : d;
     t.stride[1] = pb->head_major ? d : hkv * d;
@@ -133,14 +139,15 @@ kpt_paged_args kpt_paged_batch_args(const kpt_paged_batch *pb, const kpt_paged_b
                                     const kpt_aux_tensor *aux, int naux)
 {
     kpt_paged_args a = {0};
-    int64_t q3[3] = {pb->T, pb->hq, pb->d}, l2[2] = {pb->T, pb->hq};
+    int64_t q3[3] = {pb->T, pb->hq, pb->d}, o3[3] = {pb->T, pb->hq, pb->dv};
+    int64_t l2[2] = {pb->T, pb->hq};
     int64_t pt2[2] = {pb->B, pb->maxp}, cu1[1] = {pb->B + 1}, kv1[1] = {pb->B}, s1[1] = {pb->hq};
     a.q = kpt_tensor_contiguous(m->q, pb->dtype, 3, q3);
-    a.o = kpt_tensor_contiguous(m->o, m->o_dtype, 3, q3);
+    a.o = kpt_tensor_contiguous(m->o, m->o_dtype, 3, o3);
     if (m->lse)
         a.lse = kpt_tensor_contiguous(m->lse, m->lse_dtype, 2, l2);
-    a.k = cache_view(pb, m->k);
-    a.v = cache_view(pb, m->v);
+    a.k = cache_view(pb, m->k, pb->d);
+    a.v = cache_view(pb, m->v, pb->dv);
     if (pb->page)
         a.page_table = kpt_tensor_contiguous(m->pt, KPT_DTYPE_I32, 2, pt2);
     a.cu_seqlens_q = kpt_tensor_contiguous(m->cu, KPT_DTYPE_I32, 1, cu1);

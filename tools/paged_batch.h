@@ -13,7 +13,7 @@
 #include "tools/rng.h"
 
 typedef struct kpt_paged_batch {
-    int B, hq, hkv, d;
+    int B, hq, hkv, d, dv; /* dv: V's and O's head dim */
     kpt_dtype dtype;
     int page;        /* rows per page; 0: no page table (the cache's dimension 0 is the sequence) */
     bool head_major; /* cache memory [pages, Hkv, page, D] instead of [pages, page, Hkv, D] */
@@ -22,18 +22,20 @@ typedef struct kpt_paged_batch {
     int32_t *cu, *kv, *pt;    /* [B + 1], [B], [B, maxp] (NULL without paging) */
     int32_t *docs;            /* sorted document ids [B, maxkv], for masks that read them */
     float *sinks;             /* [hq] */
-    void *q, *k, *v;          /* dtype: [T, hq, d], caches of P pages */
+    void *q, *k, *v;          /* dtype: [T, hq, d], caches of P pages (rows of d, dv) */
 } kpt_paged_batch;
 
-/* Builds a batch of B sequences with q[b] queries and kv[b] keys (kv[b] >= q[b]); false when out
- * of memory. */
+/* Builds a batch of B sequences with q[b] queries and kv[b] keys (kv[b] >= q[b]), head dims d
+ * (q and k) and dv (v and o; 0: d); false when out of memory. */
 bool kpt_paged_batch_make(kpt_paged_batch *pb, int B, const int *q, const int *kv, int page,
-                          bool head_major, kpt_dtype dtype, int hq, int hkv, int d, kpt_rng *r);
+                          bool head_major, kpt_dtype dtype, int hq, int hkv, int d, int dv,
+                          kpt_rng *r);
 void kpt_paged_batch_free(kpt_paged_batch *pb);
 
-/* Bytes of q, of one cache, of the page table and of the document ids. */
+/* Bytes of q, of the K cache, of the V cache, of the page table and of the document ids. */
 size_t kpt_paged_batch_q_bytes(const kpt_paged_batch *pb);
 size_t kpt_paged_batch_cache_bytes(const kpt_paged_batch *pb);
+size_t kpt_paged_batch_v_bytes(const kpt_paged_batch *pb);
 size_t kpt_paged_batch_pt_bytes(const kpt_paged_batch *pb);
 size_t kpt_paged_batch_doc_bytes(const kpt_paged_batch *pb);
 

@@ -49,12 +49,21 @@
 
 // ---- arguments (the host twin is runtime/vulkan_args.h) ----------------------------------------
 
-// Sizes and runtime scalars: push constants, so changing a scalar records nothing new.
-layout(push_constant) uniform kpt_push {
+// Sizes and runtime scalars: push constants, so changing a scalar records nothing new. The
+// pattern's expressions read them as A.Sq, A.scalars[i] and so on.
+struct kpt_args {
     int B, Hq, Hkv, Sq, Skv, group, n_qt, n_kt;
     float scale, scale_log2;
     uint scalars[KPT_NSCALARS];
-} A;
+};
+#if KPT_ENTRY_PAGED
+layout(push_constant) uniform kpt_push { kpt_args P; };
+// P with Sq = Skv = the workgroup's sequence's kv length (main sets it): the expressions then
+// see logical positions, as in a prefill of the whole sequence (docs/serving.md)
+kpt_args A;
+#else
+layout(push_constant) uniform kpt_push { kpt_args A; };
+#endif
 
 // Where each tensor starts in its buffer and its strides, in elements (aux: bytes and elements).
 // lo (the LSE's start) is KPT_NO_LSE when the caller asked for none. n_check and status belong to
@@ -73,6 +82,9 @@ layout(std430, set = 0, binding = 6) buffer kpt_geom_buf {
     readonly uint so, ss; // the sinks' start (KPT_NO_SINK: none) and stride
     readonly uint n_check;
     uint status;
+    // serving: the page table's start and row stride, the starts of cu_seqlens_q and kv_lens,
+    // rows per page, pages in the cache, page-table columns (0: no page table) and tokens T
+    readonly uint po, ps, cuo, kvo, page_size, num_pages, max_pages, T;
     readonly kpt_auxgeom aux[KPT_NAUX];
 } G;
 
@@ -82,6 +94,11 @@ layout(std430, set = 0, binding = 2) readonly buffer kpt_v_buf { KPT_ELEM v[]; }
 layout(std430, set = 0, binding = 3) writeonly buffer kpt_o_buf { KPT_ELEM o[]; } Ob;
 layout(std430, set = 0, binding = 4) writeonly buffer kpt_lse_buf { float lse[]; } Lb;
 layout(std430, set = 0, binding = 7) readonly buffer kpt_sink_buf { float sink[]; } Sb;
+#if KPT_ENTRY_PAGED
+layout(std430, set = 0, binding = 8) readonly buffer kpt_pt_buf { int pt[]; } PTb;
+layout(std430, set = 0, binding = 9) readonly buffer kpt_cu_buf { int cu[]; } CUb;
+layout(std430, set = 0, binding = 10) readonly buffer kpt_kvl_buf { int kv[]; } KVb;
+#endif
 #if KPT_BF16
 uint kpt_bf16_bits(float v)
 {
@@ -673,7 +690,7 @@ void main()
 }
 
 #else
-// ---- the attention kernel ---------------------------------------------------------------------
+// ---- the scalar kernels ----------------------------------------------------------------------
 layout(local_size_x = KPT_BM) in;
 
 shared float sK[KPT_BN * KPT_DQK];
@@ -692,6 +709,191 @@ shared float sV[KPT_BN * KPT_DV];
         stmt;                                                                                      \
     }
 
+// Invocation r (< KPT_BN) stages key r of a tile: its K row from element kr of K, its V row from
+// vr of V (zeros when `has` is false: keys past the end, pages outside the cache).
+void kpt_stage_kv(int r, bool has, uint kr, uint vr)
+{
+    KPT_DLOOP(d, KPT_DQK, sK[r * KPT_DQK + d] = has ? KPT_LD(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
+    KPT_DLOOP(d, KPT_DV, sV[r * KPT_DV + d] = has ? KPT_LD(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
+}
+
+// Folds the staged tile (nk keys from k0, class cls) into one query row's state: its
+// accumulator, running maximum m and sum l (base 2). qi is the row's position as the pattern
+// sees it.
+void kpt_row_tile(kpt_uniform U, int b, int h, int qi, int k0, int nk, int cls,
+                  float qr[KPT_DQK], inout float acc[KPT_DV], inout float m, inout float l)
+{
+    // scores of the tile in base 2, masked ones -inf, then one rescale of the accumulator
+    float s[KPT_BN];
+    float mx = m;
+    // The key loops stay loops: unrolled into the head-dim loops they are thousands of
+    // instructions, which took lavapipe's LLVM minutes to compile at D = 32.
+    [[dont_unroll]] for (int j = 0; j < nk; j++) {
+        float dot = 0.0;
+        KPT_DLOOP(d, KPT_DQK, dot += qr[d] * sK[j * KPT_DQK + d])
+#if KPT_HAS_SCORE
+        float x = kpt_score(U, dot * A.scale, b, h, qi, k0 + j) * KPT_LOG2E;
+#else
+        float x = dot * A.scale_log2;
+#endif
+#if KPT_HAS_MASK
+        if (cls == 1 && !kpt_mask(U, b, h, qi, k0 + j))
+            x = KPT_NINF;
+#endif
+        s[j] = x;
+        mx = max(mx, x);
+    }
+    if (mx == KPT_NINF)
+        return; // nothing kept so far: no -inf - -inf
+    const float alpha = m == KPT_NINF ? 0.0 : exp2(m - mx);
+    l *= alpha;
+    KPT_DLOOP(d, KPT_DV, acc[d] *= alpha)
+    m = mx;
+    [[dont_unroll]] for (int j = 0; j < nk; j++) {
+        const float p = s[j] == KPT_NINF ? 0.0 : exp2(s[j] - m);
+        l += p;
+        KPT_DLOOP(d, KPT_DV, acc[d] += p * sV[j * KPT_DV + d])
+    }
+}
+
+// Writes a finished row: O from element obase (stride os3), its LSE at element lidx unless the
+// call has none. Rows with nothing kept give O = 0 and LSE = -inf (or the sink).
+void kpt_row_store(int h, float m, float l, float acc[KPT_DV], uint obase, uint os3, uint lidx)
+{
+    float inv = l > 0.0 ? 1.0 / l : 0.0, lse2;
+    kpt_sink(h, m, l, inv, lse2);
+    for (int d = 0; d < KPT_DV; d++)
+        Ob.o[obase + uint(d) * os3] = KPT_ST(acc[d] * inv);
+    if (G.lo != KPT_NO_LSE)
+        Lb.lse[lidx] = lse2 * KPT_LN2;
+}
+
+#if KPT_ENTRY_PAGED
+// ---- the serving kernel (kpt_paged_run; docs/serving.md) -------------------------------------
+// One workgroup owns KPT_BM rows of one sequence for one kv head: row R of the sequence is its
+// query token R / group with query head hk * group + R % group, so each K/V tile staged in
+// shared memory serves every query head of the kv head. The workgroups are (row block, kv
+// head, sequence); a plan covers n_qt row blocks, and rows of a sequence past them get NaN.
+// Tiles are classified by interval analysis over the workgroup's positions and heads; masks
+// that read aux data are evaluated per element (no block map: the lengths live on the device).
+
+// Where key j of sequence b starts in K and V: row j % page_size of page pt[b][j / page_size],
+// or row j of cache row b without a page table. False for pages outside the table or the cache
+// and rows past a contiguous cache: those keys read as zeros, never out of bounds.
+bool kpt_pg_key(int b, int hk, int j, out uint kr, out uint vr)
+{
+    kr = 0u;
+    vr = 0u;
+    int page = b, row = j;
+    if (G.max_pages != 0u) {
+        const int pi = j / int(G.page_size);
+        if (uint(pi) >= G.max_pages)
+            return false;
+        page = PTb.pt[G.po + uint(b) * G.ps + uint(pi)];
+        row = j - pi * int(G.page_size);
+    } else if (uint(j) >= G.page_size) {
+        return false;
+    }
+    if (uint(page) >= G.num_pages)
+        return false;
+    kr = G.ko + uint(page) * G.ks[0] + uint(row) * G.ks[1] + uint(hk) * G.ks[2];
+    vr = G.vo + uint(page) * G.vs[0] + uint(row) * G.vs[1] + uint(hk) * G.vs[2];
+    return true;
+}
+
+// The class of a tile for query heads hk * group + g0 .. g1 at positions qa .. qz: the
+// heads' classes agree, or the tile is partial.
+int kpt_pg_class(int b, int hk, int g0, int g1, int qa, int qz, int k0, int k1)
+{
+#if KPT_HAS_MASK && !KPT_MASK_AUX
+    int c = kpt_tile_interval(b, hk * A.group + g0, qa, qz, k0, k1);
+#if KPT_MASK_PER_H
+    for (int g = g0 + 1; g <= g1 && c != 1; g++)
+        if (kpt_tile_interval(b, hk * A.group + g, qa, qz, k0, k1) != c)
+            c = 1;
+#endif
+    return c;
+#elif KPT_HAS_MASK
+    return 1;
+#else
+    return 2;
+#endif
+}
+
+void kpt_pg_nan(int tok, int h)
+{
+    if (uint(tok) >= G.T)
+        return;
+    const uint obase = G.oo + uint(tok) * G.os[0] + uint(h) * G.os[1];
+    for (int d = 0; d < KPT_DV; d++)
+        Ob.o[obase + uint(d) * G.os[2]] = KPT_ST(uintBitsToFloat(0x7fc00000u));
+    if (G.lo != KPT_NO_LSE)
+        Lb.lse[G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]] = uintBitsToFloat(0x7fc00000u);
+}
+
+void main()
+{
+    const int tid = int(gl_LocalInvocationID.x);
+    const int blk = int(gl_WorkGroupID.x), hk = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
+    A = P;
+    const int t0 = CUb.cu[G.cuo + uint(b)];
+    const int q_len = max(CUb.cu[G.cuo + uint(b) + 1u] - t0, 0);
+    const int kv_len = max(KVb.kv[G.kvo + uint(b)], 0);
+    A.Sq = kv_len;
+    A.Skv = kv_len;
+    const int group = A.group, rows = q_len * group, r0 = blk * KPT_BM;
+    if (blk == A.n_qt - 1) // rows past the plan's
+        for (int R = A.n_qt * KPT_BM + tid; R < rows; R += KPT_BM)
+            kpt_pg_nan(t0 + R / group, hk * group + R % group);
+    if (r0 >= rows)
+        return; // the whole workgroup: no rows of this sequence here
+    const int R = min(r0 + tid, rows - 1), rz = min(r0 + KPT_BM, rows) - 1;
+    const int i = R / group, h = hk * group + (R - i * group), tok = t0 + i;
+    const int qi = kv_len - q_len + i; // the row's logical position
+    const bool live = r0 + tid < rows && uint(tok) < G.T;
+    // the workgroup's positions and heads, for tile classes
+    const int qa = kv_len - q_len + r0 / group, qz = kv_len - q_len + rz / group;
+    int g0 = 0, g1 = group - 1;
+    if (rz - r0 + 1 < group && r0 % group <= rz % group) {
+        g0 = r0 % group;
+        g1 = rz % group;
+    }
+    kpt_uniform U;
+    kpt_uniform_init(b, h, U);
+
+    float qr[KPT_DQK];
+    const uint qbase = G.qo + uint(tok) * G.qs[0] + uint(h) * G.qs[1];
+    for (int d = 0; d < KPT_DQK; d++)
+        qr[d] = live ? KPT_LD(Qb.q[qbase + uint(d) * G.qs[2]]) : 0.0;
+    float acc[KPT_DV];
+    for (int d = 0; d < KPT_DV; d++)
+        acc[d] = 0.0;
+    float m = KPT_NINF, l = 0.0;
+    const int n_kt = (kv_len + KPT_BN - 1) / KPT_BN;
+    for (int t = 0; t < n_kt; t++) {
+        const int k0 = t * KPT_BN, nk = min(KPT_BN, kv_len - k0);
+        const int cls = kpt_pg_class(b, hk, g0, g1, qa, qz, k0, k0 + nk - 1);
+        if (cls == 0)
+            continue; // uniform: every invocation skips the tile together
+        barrier();
+        if (tid < KPT_BN) {
+            uint kr, vr;
+            const bool has = tid < nk && kpt_pg_key(b, hk, k0 + tid, kr, vr);
+            kpt_stage_kv(tid, has, kr, vr);
+        }
+        barrier();
+        if (live)
+            kpt_row_tile(U, b, h, qi, k0, nk, cls, qr, acc, m, l);
+    }
+    if (!live)
+        return;
+    kpt_row_store(h, m, l, acc, G.oo + uint(tok) * G.os[0] + uint(h) * G.os[1], G.os[2],
+                  G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]);
+    kpt_check_loops();
+}
+
+#else
+// ---- the attention kernel ---------------------------------------------------------------------
 void main()
 {
     const int tid = int(gl_LocalInvocationID.x);
@@ -724,61 +926,19 @@ void main()
         const int k0 = t * KPT_BN, nk = min(KPT_BN, A.Skv - k0);
         barrier();
         // invocation r copies key r's rows of K and V (the planner keeps KPT_BN <= KPT_BM)
-        if (tid < KPT_BN) {
-            const int r = tid;
-            const bool has = r < nk;
-            const uint kr = kbase + uint(k0 + r) * G.ks[2], vr = vbase + uint(k0 + r) * G.vs[2];
-            KPT_DLOOP(d, KPT_DQK,
-                      sK[r * KPT_DQK + d] = has ? KPT_LD(Kb.k[kr + uint(d) * G.ks[3]]) : 0.0)
-            KPT_DLOOP(d, KPT_DV,
-                      sV[r * KPT_DV + d] = has ? KPT_LD(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
-        }
+        if (tid < KPT_BN)
+            kpt_stage_kv(tid, tid < nk, kbase + uint(k0 + tid) * G.ks[2],
+                         vbase + uint(k0 + tid) * G.vs[2]);
         barrier();
-        if (!live)
-            continue;
-        // scores of the tile in base 2, masked ones -inf, then one rescale of the accumulator
-        float s[KPT_BN];
-        float mx = m;
-        // The key loops stay loops: unrolled into the head-dim loops they are thousands of
-        // instructions, which took lavapipe's LLVM minutes to compile at D = 32.
-        [[dont_unroll]] for (int j = 0; j < nk; j++) {
-            float dot = 0.0;
-            KPT_DLOOP(d, KPT_DQK, dot += qr[d] * sK[j * KPT_DQK + d])
-#if KPT_HAS_SCORE
-            float x = kpt_score(U, dot * A.scale, b, h, qi, k0 + j) * KPT_LOG2E;
-#else
-            float x = dot * A.scale_log2;
-#endif
-#if KPT_HAS_MASK
-            if (cls == 1 && !kpt_mask(U, b, h, qi, k0 + j))
-                x = KPT_NINF;
-#endif
-            s[j] = x;
-            mx = max(mx, x);
-        }
-        if (mx == KPT_NINF)
-            continue; // nothing kept so far: no -inf - -inf
-        const float alpha = m == KPT_NINF ? 0.0 : exp2(m - mx);
-        l *= alpha;
-        KPT_DLOOP(d, KPT_DV, acc[d] *= alpha)
-        m = mx;
-        [[dont_unroll]] for (int j = 0; j < nk; j++) {
-            const float p = s[j] == KPT_NINF ? 0.0 : exp2(s[j] - m);
-            l += p;
-            KPT_DLOOP(d, KPT_DV, acc[d] += p * sV[j * KPT_DV + d])
-        }
+        if (live)
+            kpt_row_tile(U, b, h, qi, k0, nk, cls, qr, acc, m, l);
     }
     if (!live)
         return;
-    // Rows with nothing kept give O = 0 and LSE = -inf (or the sink).
-    float inv = l > 0.0 ? 1.0 / l : 0.0, lse2;
-    kpt_sink(h, m, l, inv, lse2);
-    const uint obase = G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qi) * G.os[2];
-    for (int d = 0; d < KPT_DV; d++)
-        Ob.o[obase + uint(d) * G.os[3]] = KPT_ST(acc[d] * inv);
-    if (G.lo != KPT_NO_LSE)
-        Lb.lse[G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]] = lse2 * KPT_LN2;
+    kpt_row_store(h, m, l, acc, G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qi) * G.os[2],
+                  G.os[3], G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]);
     kpt_check_loops();
 }
+#endif // KPT_ENTRY_PAGED
 #endif // KPT_COOPMAT
 #endif // KPT_ENTRY_BLOCKMAP

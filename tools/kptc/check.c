@@ -459,15 +459,13 @@ static int parse_paged(check_ctx *c, kptc_paged_opts *po)
     int64_t page = 16;
     if (!rc && c->o.page_size && !kptc_parse_int(c->o.page_size, 0, 256, &page))
         rc = kptc_usage_error("--page-size wants 0 (contiguous) to 256, got '%s'", c->o.page_size);
-    if (!rc && c->Dv != c->Dqk)
-        rc = kptc_usage_error("serving mode: Dv must equal Dqk");
     if (!rc && c->o.backward)
         rc = kptc_usage_error("serving mode has no --backward");
     if (rc)
         return rc;
     po->page = (int)page;
     po->sinks = c->o.sinks != NULL;
-    po->hq = (int)c->Hq, po->hkv = (int)c->Hkv, po->d = (int)c->Dqk;
+    po->hq = (int)c->Hq, po->hkv = (int)c->Hkv, po->d = (int)c->Dqk, po->dv = (int)c->Dv;
     po->dtype = c->dtype;
     po->seed = c->seed;
     int maxkv = 1;

@@ -69,7 +69,8 @@ static kpt_status device_run(kpt_context *ctx, const kpt_pattern *p, const kpt_p
         st = kptc_upload(&r, &a.lse, false, d);
     kpt_buffer *lb = st ? NULL : r.bufs[r.nbufs - 1];
     kpt_kernel *k = NULL;
-    kpt_kernel_desc desc = {.dtype = pb->dtype, .head_dim = pb->d, .options = KPT_DESC_PAGED};
+    kpt_kernel_desc desc = {.dtype = pb->dtype, .head_dim = pb->d, .head_dim_v = pb->dv,
+                            .options = KPT_DESC_PAGED};
     kpt_paged_shape shape = {.batch = pb->B, .cu_seqlens_q = pb->cu, .kv_lens = pb->kv,
                              .num_heads_q = pb->hq, .num_heads_kv = pb->hkv};
     if (!st)
@@ -102,13 +103,13 @@ int kptc_check_paged(kpt_context *dev, const kpt_pattern *p, const kptc_paged_op
     kpt_paged_batch pb;
     kpt_diag d = {0};
     if (!kpt_paged_batch_make(&pb, po->n, po->q, po->kv, po->page, false, po->dtype, po->hq,
-                              po->hkv, po->d, &rng)) {
+                              po->hkv, po->d, po->dv, &rng)) {
         kpt_paged_batch_free(&pb);
         fprintf(stderr, "kptc: out of memory\n");
         return 1;
     }
     size_t rows = (size_t)pb.T * pb.hq;
-    double *o = calloc(rows * pb.d + 1, sizeof(double)), *lse = calloc(rows + 1, sizeof(double));
+    double *o = calloc(rows * pb.dv + 1, sizeof(double)), *lse = calloc(rows + 1, sizeof(double));
     kpt_paged_batch_mem m = {pb.q, pb.k, pb.v, o, lse, pb.pt, pb.cu, pb.kv,
                              po->sinks ? pb.sinks : NULL, KPT_DTYPE_F64, KPT_DTYPE_F64};
     kpt_paged_args a = kpt_paged_batch_args(&pb, &m, aux, naux);
@@ -127,9 +128,9 @@ int kptc_check_paged(kpt_context *dev, const kpt_pattern *p, const kptc_paged_op
     for (int b = 0; b < pb.B; b++)
         for (size_t r = (size_t)pb.cu[b] * pb.hq; r < (size_t)pb.cu[b + 1] * pb.hq; r++) {
             bool zero = true, finite = true;
-            for (int e = 0; e < pb.d; e++) {
-                zero &= o[r * pb.d + e] == 0;
-                finite &= isfinite(o[r * pb.d + e]) != 0;
+            for (int e = 0; e < pb.dv; e++) {
+                zero &= o[r * pb.dv + e] == 0;
+                finite &= isfinite(o[r * pb.dv + e]) != 0;
             }
             empty += lse[r] == -INFINITY;
             bad += lse[r] == -INFINITY ? !zero : !finite || !isfinite(lse[r]);
@@ -139,8 +140,10 @@ int kptc_check_paged(kpt_context *dev, const kpt_pattern *p, const kptc_paged_op
     printf("  batch      %d sequences (queries:keys", pb.B);
     for (int b = 0; b < pb.B && b < 8; b++)
         printf("%s%d:%d", b ? ", " : " ", po->q[b], po->kv[b]);
-    printf("%s), Hq=%d Hkv=%d D=%d, %s\n", pb.B > 8 ? ", ..." : "", pb.hq, pb.hkv, pb.d,
-           kpt_dtype_name(pb.dtype));
+    printf("%s), Hq=%d Hkv=%d D=%d", pb.B > 8 ? ", ..." : "", pb.hq, pb.hkv, pb.d);
+    if (pb.dv != pb.d)
+        printf(" Dv=%d", pb.dv);
+    printf(", %s\n", kpt_dtype_name(pb.dtype));
     if (pb.page)
         printf("  cache      %d pages of %d rows, shuffled; page table [%d, %d]\n", pb.P, pb.page,
                pb.B, pb.maxp);
@@ -158,7 +161,7 @@ int kptc_check_paged(kpt_context *dev, const kpt_pattern *p, const kptc_paged_op
     }
     if (dev) {
         size_t es = (size_t)kpt_dtype_size(pb.dtype);
-        void *go = malloc(rows * pb.d * es + 16);
+        void *go = malloc(rows * pb.dv * es + 16);
         float *gl = malloc(rows * sizeof(float) + 16);
         kpt_paged_plan plan;
         st = go && gl ? device_run(dev, p, &pb, a, go, gl, &plan, &d) : KPT_ERR_NO_MEMORY;
@@ -174,9 +177,9 @@ int kptc_check_paged(kpt_context *dev, const kpt_pattern *p, const kptc_paged_op
                         lerr = gl[r] == -INFINITY ? lerr : INFINITY;
                     else
                         lerr = fmax(lerr, fabs(gl[r] - lse[r]) / fmax(1.0, fabs(lse[r])));
-                    for (int e = 0; e < pb.d; e++) {
-                        double x = kpt_load_as_double(go, pb.dtype, (int64_t)(r * pb.d + e));
-                        double y = o[r * pb.d + e];
+                    for (int e = 0; e < pb.dv; e++) {
+                        double x = kpt_load_as_double(go, pb.dtype, (int64_t)(r * pb.dv + e));
+                        double y = o[r * pb.dv + e];
                         nan += isnan(x) != 0;
                         num += (x - y) * (x - y);
                         den += y * y;

@@ -138,7 +138,7 @@ typedef struct kptc_paged_opts {
     int n, q[KPTC_MAX_SEQS], kv[KPTC_MAX_SEQS]; /* --seqlens */
     int page;                                   /* --page-size; 0: contiguous cache */
     bool sinks;
-    int hq, hkv, d;
+    int hq, hkv, d, dv; /* dv: V's and O's head dim */
     kpt_dtype dtype;
     uint64_t seed;
 } kptc_paged_opts;
