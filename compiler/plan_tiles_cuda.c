@@ -38,6 +38,8 @@ static bool wgmma_dim(int d)
  * kpt_bwd_dq keeps Q and dO of its 128 queries and streams 128-key tiles of K and V through two
  * stages. The launches share one dynamic shared-memory size, the larger (kpt_bwd_dq's: 193 KB
  * at D = 128). */
+#define KPT_BWD_AUX_CHUNK 16 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
+
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
                                 kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -59,9 +61,12 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     if (st)
         return st;
     size_t row = 2 * (size_t)(cfg->dqk + cfg->dv); /* bytes of a Q and a dO row, or K and V */
+    /* kpt_bwd_aux's staging of (s, g) pairs (templates/cuda/attention_bwd.cu, KPT_AUX_CHUNK),
+     * where the score has aux gradients */
+    size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
     if (pl.cfg.wgmma) {
         /* kpt_bwd_dkdv: K and V, two stages of Q and dO, their row vectors (1 KB), dS^T */
-        size_t dkdv = (size_t)pl.bn * row + 2 * 64 * row + 1024 + (size_t)pl.bn * 128;
+        size_t dkdv = (size_t)pl.bn * row + 2 * 64 * row + 1024 + (size_t)pl.bn * 128 + aux;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv); /* + the 1024-byte alignment */
         *out = pl;
@@ -69,7 +74,7 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     }
     size_t rows = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8) +
                   (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
-    pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float);
+    pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float) + aux;
     *out = pl;
     return KPT_OK;
 }

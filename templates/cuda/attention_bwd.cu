@@ -360,24 +360,49 @@ __device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&d
 }
 
 #if KPT_AUX_GRADS
+// Pairs of a warp's (s, g) staged in shared memory at a time by kpt_bwd_aux: the twin of
+// KPT_BWD_AUX_CHUNK in compiler/plan_tiles_cuda.c, which plans KPT_WARPS * this * 32 float2.
+#define KPT_AUX_CHUNK 16
+
 // The aux gradients of a 16 x N block of kpt_bwd_dkdv (keys are rows, layout as kpt_bwd_probs):
-// X the raw scores, P the probabilities, dP = dO V^T, del_col the queries' delta.
+// X the raw scores, P the probabilities, dP = dO V^T, del_col the queries' delta; `stage` this
+// warp's KPT_AUX_CHUNK * 32 float2 of shared memory. The pairs' (s, g) go through `stage`
+// KPT_AUX_CHUNK at a time and kpt_aux_grads runs in a loop that is not unrolled: inlined once
+// per pair, its loads and scatters (a warp vote, shuffles and atomics each) made kpt_bwd_dkdv
+// thousands of instructions long, spilled it (a 1.7 KB stack frame at sm_90a for Graphormer's
+// edge encoding) and took ptxas tens of seconds; a loop over registers would index the
+// accumulators dynamically and put them in local memory.
 template <int N>
 __device__ __forceinline__ void kpt_bwd_aux(const kpt_args &A, const kpt_uniform &U,
                                             const kpt_gargs &G, int b, int h, int row0, int col0,
                                             const float (&X)[N / 8][4], const float (&P)[N / 8][4],
                                             const float (&dP)[N / 8][4], const float *del_col,
-                                            int lane)
+                                            float2 *stage, int lane)
 {
+    constexpr int PAIRS = N / 2;
+    static_assert(PAIRS % KPT_AUX_CHUNK == 0, "whole chunks");
+#pragma unroll 1
+    for (int c0 = 0; c0 < PAIRS; c0 += KPT_AUX_CHUNK) {
+        __syncwarp();
 #pragma unroll
-    for (int n = 0; n < N / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int t = 0; t < PAIRS; t++) {
+            const int n = t / 4, e = t % 4, c = n * 8 + (lane & 3) * 2 + (e & 1);
+            if (t >= c0 && t < c0 + KPT_AUX_CHUNK) {
+                const float g = P[n][e] * (dP[n][e] - del_col[c]);
+                stage[(t - c0) * 32 + lane] =
+                    make_float2(X[n][e] * A.scale, P[n][e] != 0.0f ? g : 0.0f);
+            }
+        }
+        __syncwarp();
+#pragma unroll 1
+        for (int i = 0; i < KPT_AUX_CHUNK; i++) {
+            const int t = c0 + i, n = t / 4, e = t % 4;
             const int c = n * 8 + (lane & 3) * 2 + (e & 1);
             const int ki = row0 + (lane >> 2) + (e >> 1) * 8;
-            const float g = P[n][e] * (dP[n][e] - del_col[c]);
-            kpt_aux_grads(A, U, G, X[n][e] * A.scale, b, h, col0 + c, ki, P[n][e] != 0.0f ? g : 0.0f);
+            const float2 sg = stage[i * 32 + lane];
+            kpt_aux_grads(A, U, G, sg.x, b, h, col0 + c, ki, sg.y);
         }
+    }
 }
 #endif
 
@@ -393,6 +418,9 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
     const u32 sO = sQ + KPT_BM * KPT_QSTR * 2; // dO
     float *s_lse = (float *)(kpt_smem + KPT_BWD_ROWS * 2);
     float *s_del = s_lse + KPT_BM;
+#if KPT_AUX_GRADS
+    float2 *s_aux = (float2 *)(s_del + KPT_BM); // kpt_bwd_aux's staging, a share per warp
+#endif
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -446,7 +474,8 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             if (G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
                 float X[KPT_BM / 8][4];
                 kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(X, sK + wrow * KPT_KSTR * 2, sQ, lane);
-                kpt_bwd_aux<KPT_BM>(A, U, G, b, h, k0 + wrow, q0, X, S, dP, s_del, lane);
+                kpt_bwd_aux<KPT_BM>(A, U, G, b, h, k0 + wrow, q0, X, S, dP, s_del,
+                                    s_aux + warp * KPT_AUX_CHUNK * 32, lane);
             }
 #endif
             // dS^T

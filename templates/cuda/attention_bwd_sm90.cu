@@ -209,6 +209,9 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
     const u32 sQ = sV + KPT_BN * KPT_DV * 2; // two stages
     float *s_rv = (float *)(kpt_smem + (sQ + 2 * KPT_BWD_STAGE - s0)); // per stage: lse, delta
     const u32 sDS = sQ + 2 * KPT_BWD_STAGE + 1024; // dS^T for the atomic dQ, 1024-byte aligned
+#if KPT_AUX_GRADS
+    float2 *s_aux = (float2 *)(kpt_smem + (sDS + KPT_BN * 128 - s0)); // kpt_bwd_aux's staging
+#endif
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = warp >> 2;
     const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -272,7 +275,8 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
             kpt_wgmma_commit();
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&X[0][0]);
-            kpt_bwd_aux<KPT_BWD_SUB>(A, U, G, b, s.h, krow, q0, X, S, dP, del, lane);
+            kpt_bwd_aux<KPT_BWD_SUB>(A, U, G, b, s.h, krow, q0, X, S, dP, del,
+                                     s_aux + warp * KPT_AUX_CHUNK * 32, lane);
         }
 #endif
         // dK += dS^T Q
