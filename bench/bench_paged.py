@@ -163,13 +163,18 @@ def main():
     ap.add_argument("--pages", default="16", help="page sizes of the paged variants (comma list)")
     ap.add_argument("--flex", action="store_true", help="FlexAttention too (compiled per shape)")
     ap.add_argument("--only", help="B,Sq,Skv cases only, e.g. 8,1,32768;8,4,32768")
+    ap.add_argument("--dim", type=int, default=128, help="head dim (Dqk = Dv)")
+    ap.add_argument("--heads", default="32:8", help="query heads:kv heads")
     args = ap.parse_args()
+    D = args.dim
+    HQ, HKV = (int(x) for x in args.heads.split(":"))
     capi = load_kpt(args.lib)
     ctx = capi.Context("cuda")
     from torch.nn.attention import SDPBackend
     out = {"device": torch.cuda.get_device_name(), "kpt_target": ctx.target, "rows": []}
-    kern = ctx.kernel(capi.Pattern("full"), "bf16", 128, paged=True)
-    out["graph"] = graph_check(capi, kern)
+    kern = ctx.kernel(capi.Pattern("full"), "bf16", D, paged=True)
+    out["dim"], out["heads"] = D, [HQ, HKV]
+    out["graph"] = graph_check(capi, ctx.kernel(capi.Pattern("full"), "bf16", 128, paged=True))
     print("graph:", out["graph"], flush=True)
     bw = copy_bandwidth()
     out["copy_GBps"] = bw
@@ -191,14 +196,14 @@ def main():
             for Skv in Skvs:
                 if only and (B, Sq, Skv) not in only:
                     continue
-                c = Case(capi, ctx, kern, B, Sq, Skv)
+                c = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D)
                 # the paged variant over the same data
                 paged = {}
                 for ps in pages:
-                    cp = Case(capi, ctx, kern, B, Sq, Skv, page=ps)
+                    cp = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D, page=ps)
                     cp.q.copy_(c.q)
-                    cp.kp[cp.pt.view(-1).long()] = c.kd.view(-1, ps, 8, 128)
-                    cp.vp[cp.pt.view(-1).long()] = c.vd.view(-1, ps, 8, 128)
+                    cp.kp[cp.pt.view(-1).long()] = c.kd.view(-1, ps, HKV, D)
+                    cp.vp[cp.pt.view(-1).long()] = c.vd.view(-1, ps, HKV, D)
                     paged[f"kpt_p{ps}"] = cp
                 row = {"B": B, "Sq": Sq, "Skv": Skv}
                 ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
@@ -214,7 +219,7 @@ def main():
                         row[name + "_error"] = str(e).splitlines()[0][:120]
                         continue
                     if ref is not None:
-                        o2 = o.view(B, Sq, 32, 128) if name.startswith("kpt") else o
+                        o2 = o.view(B, Sq, HQ, D) if name.startswith("kpt") else o
                         row[name + "_err"] = agree(o2, ref)
                     burst, sus = timed(fn)
                     res[name] = (c.kv_bytes() / burst / 1e6, c.kv_bytes() / sus / 1e6)
@@ -235,9 +240,9 @@ def main():
                 del c, paged, cp
                 torch.cuda.empty_cache()
     # a sliding window decode: time follows the window, not the cache
-    win = ctx.kernel(capi.Pattern("sliding_window(1024)"), "bf16", 128, paged=True)
+    win = ctx.kernel(capi.Pattern("sliding_window(1024)"), "bf16", D, paged=True)
     for Skv in [4096, 32768]:
-        c = Case(capi, ctx, win, 8, 1, Skv, page=16)
+        c = Case(capi, ctx, win, 8, 1, Skv, hq=HQ, hkv=HKV, d=D, page=16)
         burst, sus = timed(c.kpt)
         out["rows"].append({"window": 1024, "B": 8, "Sq": 1, "Skv": Skv, "burst_ms": burst,
                             "sustained_ms": sus})

@@ -79,6 +79,10 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     return KPT_OK;
 }
 
+/* paged.cu's static shared memory and its copy of kpt_args, roughly (runtime/paged_args.h's
+ * KPT_PAGED_STATIC_SMEM and sizeof(kpt_kernel_args)) */
+#define KPT_PAGED_STATIC (2048 + 8192 + 1400)
+
 /* The serving kernels (templates/cuda/paged.cu): a CTA of four warps holds up to 64 query rows
  * (the query tokens of one sequence times the query heads of one kv head, so each K/V byte is
  * read once) and streams 64-key tiles through a ring of cp.async stages; the warps split the
@@ -92,10 +96,6 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
 static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                              kpt_kernel_plan *out, kpt_diag *diag)
 {
-    if (cfg->dqk > 128 || cfg->dv > 128)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "head dims Dqk = %d, Dv = %d: the CUDA serving kernels support 32, 64, "
-                            "96 and 128", cfg->dqk, cfg->dv);
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
     pl.cfg.wgmma = false;
@@ -111,8 +111,22 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     pl.bm_per_b = false;
     size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8);
     size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
-    pl.stages = 2; /* 87 KB at most (D = 128), plus 11 KB static: every sm_80+ device takes it */
-    pl.smem_bytes = q + (size_t)pl.stages * stage;
+    /* Two stages: 87 KB at most up to D = 128, plus 11 KB static, which every sm_80+ device
+     * takes. At D = 256 two stages are 169 KB: the H100's 227 KB hold them, an A100's 163 KB or
+     * the 99 KB of sm_86/89 do not, so those devices (smem_limit) get one stage (101 KB; 86 and
+     * 89 still refuse it at load, with the numbers). */
+    pl.stages = 2;
+    if (smem_limit > 0 && q + 2 * stage + KPT_PAGED_STATIC + 1024 > (size_t)smem_limit)
+        pl.stages = 1;
+    /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
+     * warp (paged.cu's scratch), more than one stage holds where Dv passes Dqk by 16 */
+    size_t ring = (size_t)pl.stages * stage, scratch = (size_t)pl.warps * (16 * cfg->dv + 32) * 4;
+    pl.smem_bytes = q + (ring > scratch ? ring : scratch);
+    if (smem_limit > 0 && pl.smem_bytes + KPT_PAGED_STATIC > (size_t)smem_limit)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the serving kernel needs %zu bytes of "
+                            "shared memory a CTA; this device allows %d", cfg->dqk, cfg->dv,
+                            pl.smem_bytes + KPT_PAGED_STATIC, smem_limit);
     *out = pl;
     return KPT_OK;
 }

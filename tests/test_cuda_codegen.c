@@ -211,6 +211,38 @@ static void test_plan_backward(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* The serving kernels' plans: two stages where the device's shared memory holds them (every
+ * sm_80+ device up to head dim 128; at 256 the H100's 227 KB), one at 256 on an A100 (163 KB),
+ * a refusal with the numbers on sm_86/89 (99 KB); the warps' merge scratch always fits after Q
+ * (Dv far above Dqk). */
+static void test_plan_paged(void **state)
+{
+    (void)state;
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
+    kpt_kernel_plan plan;
+    kpt_kernel_config c = {.kind = KPT_KERNEL_PAGED, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                           .dv = 128, .sm = 86};
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_OK);
+    assert_int_equal(plan.stages, 2);
+    c.dqk = c.dv = 256, c.sm = 90;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+    assert_int_equal(plan.stages, 2);
+    assert_true(plan.smem_bytes + 11640 <= 232448);
+    c.sm = 80;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 166912, &plan, &d), KPT_OK);
+    assert_int_equal(plan.stages, 1);
+    c.sm = 86;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(d.message, "bytes of shared memory a CTA; this device allows 101376"));
+    c.dqk = 64; /* one stage of 64 + 256 columns is less than the merge scratch */
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_OK);
+    assert_int_equal(plan.stages, 1);
+    assert_true(plan.smem_bytes >= 2 * 64 * (64 + 8) + 4 * (16 * 256 + 32) * 4);
+    kpt_pattern_destroy(&p);
+}
+
 /* NVRTC's flags follow the plan: sm_90a for the Hopper kernel, and modules with block-map kernels
  * (a mask that reads aux data) compiled kernel by kernel in parallel; one-kernel modules not. */
 static void test_nvrtc_flags(void **state)
@@ -515,7 +547,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_template_fill),
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
-        cmocka_unit_test(test_plan_backward),
+        cmocka_unit_test(test_plan_backward), cmocka_unit_test(test_plan_paged),
         cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),
     };

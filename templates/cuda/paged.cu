@@ -381,10 +381,18 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     }
     kpt_cp_wait<KPT_STAGES - 1>(); // Q has arrived
     __syncthreads();
+    // This warp's 16 rows of Q as A fragments: in registers up to head dim 128; at 256 they would
+    // take 64 registers beside O's 128, so they are read from shared memory at each tile instead.
+#if KPT_DQK <= 128
     u32 qf[KPT_DQK / 16][4];
 #pragma unroll
     for (int kk = 0; kk < KPT_DQK / 16; kk++)
         kpt_ldsm4(qf[kk], sQ + ((wr * 16 + (lane & 15)) * KPT_QSTR + kk * 16 + (lane >> 4) * 8) * 2);
+#define KPT_PG_QF(kk) qf[kk]
+#else
+    u32 qs[4];
+#define KPT_PG_QF(kk) qs
+#endif
 
     int stage = 0;
     for (int j = next_live(lo); j <= hi; j = next_live(j + 1)) {
@@ -418,20 +426,24 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         }
         float S[KW / 8][4];
 #pragma unroll
-        for (int kk = 0; kk < KPT_DQK / 16; kk++)
+        for (int kk = 0; kk < KPT_DQK / 16; kk++) {
+#if KPT_DQK > 128
+            kpt_ldsm4(qs, sQ + ((wr * 16 + (lane & 15)) * KPT_QSTR + kk * 16 + (lane >> 4) * 8) * 2);
+#endif
 #pragma unroll
             for (int np = 0; np < KW / 16; np++) {
                 u32 bk[4];
                 kpt_ldsm4(bk, tK + ((wk * KW + np * 16 + (lane & 7) + (lane >> 4) * 8) * KPT_KSTR +
                                    kk * 16 + ((lane >> 3) & 1) * 8) * 2);
                 if (kk == 0) {
-                    kpt_mma_z(S[2 * np], qf[kk], bk[0], bk[1]);
-                    kpt_mma_z(S[2 * np + 1], qf[kk], bk[2], bk[3]);
+                    kpt_mma_z(S[2 * np], KPT_PG_QF(kk), bk[0], bk[1]);
+                    kpt_mma_z(S[2 * np + 1], KPT_PG_QF(kk), bk[2], bk[3]);
                 } else {
-                    kpt_mma(S[2 * np], qf[kk], bk[0], bk[1]);
-                    kpt_mma(S[2 * np + 1], qf[kk], bk[2], bk[3]);
+                    kpt_mma(S[2 * np], KPT_PG_QF(kk), bk[0], bk[1]);
+                    kpt_mma(S[2 * np + 1], KPT_PG_QF(kk), bk[2], bk[3]);
                 }
             }
+        }
 #pragma unroll
         for (int n = 0; n < KW / 8; n++)
 #pragma unroll
@@ -461,10 +473,12 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         stage = (stage + 1) % KPT_STAGES;
     }
 #undef KPT_PG_CLASS
+#undef KPT_PG_QF
     kpt_cp_wait<0>();
     __syncthreads();
 
-    // Merge the warps' states (the ring is free now): per warp 16 rows of O, then m and l.
+    // Merge the warps' states (the ring is free now, and the plan holds this much after Q: see
+    // plan_paged): per warp 16 rows of O, then m and l.
     float *scr = (float *)(kpt_smem + KPT_PG_ROWS * KPT_QSTR * 2);
     constexpr int WSZ = 16 * KPT_DV + 32;
     {

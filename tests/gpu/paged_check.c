@@ -1,9 +1,10 @@
 /* paged_check: the serving kernels (include/kpt/serving.h) through the public API against the
  * CPU reference, on fresh random inputs with poisoned outputs: patterns x page sizes (1, 16, 64,
  * 256, no paging; token-major and head-major caches) x GQA ratios (1, 4, 8) x queries per
- * sequence (1, 4, 16, ragged with 0 and 1) x kv lengths (short to 20k, split and unsplit), with
- * and without sinks, a plan made from bounds reused for shorter lengths, and one made for fewer
- * queries than a sequence has (the rows past what it covers must be NaN, never wrong).
+ * sequence (1, 4, 16, ragged with 0 and 1) x kv lengths (short to 20k, split and unsplit) x head
+ * dims (64, 128, 256, Dqk != Dv), with and without sinks, a plan made from bounds reused for
+ * shorter lengths, and one made for fewer queries than a sequence has (the rows past what it
+ * covers must be NaN, never wrong).
  *
  *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N]
  *
@@ -297,12 +298,20 @@ static void build(bool quick)
             with_dv(64);
             add(p, KPT_DTYPE_F16, 64, 16, 2, 64, true, false, 4, q4, kvs, 0);
             with_dv(128);
+            /* head dim 256 (Gemma): decode, speculative, ragged, long, Dv far above Dqk */
+            add(p, KPT_DTYPE_BF16, 256, 16, 8, 16, false, true, 8, q1, kvs, 0);
+            add(p, KPT_DTYPE_F16, 256, 16, 8, 64, true, false, 4, q16, kvs, 0);
+            add(p, KPT_DTYPE_BF16, 256, 32, 8, 16, false, false, 8, qr, kvr, 0);
+            add(p, KPT_DTYPE_BF16, 256, 16, 8, 0, false, true, 1, ql, kvlong, 0);
+            add(p, KPT_DTYPE_BF16, 64, 16, 2, 16, false, false, 8, qr, kvr, 0);
+            with_dv(256);
         }
         if (quick)
             continue;
         add(p, KPT_DTYPE_F16, 64, 32, 4, 16, true, true, 1, ql4, kvlong, 0);
         add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, qr, kvr, 1);
         add(p, KPT_DTYPE_F16, 64, 8, 1, 7, false, false, 8, q4, kvs, 0);
+        add(p, KPT_DTYPE_BF16, 256, 16, 8, 16, false, false, 8, qr, kvr, 0);
     }
 }
 
