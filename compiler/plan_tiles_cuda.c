@@ -113,13 +113,13 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     /* Two stages: 87 KB at most up to D = 128, plus 11 KB static, which every sm_80+ device
      * takes. At D = 256 two stages are 169 KB: the H100's 227 KB hold them, an A100's 163 KB or
-     * the 99 KB of sm_86/89 do not, so those devices (smem_limit) get one stage (101 KB; 86 and
-     * 89 still refuse it at load, with the numbers). */
+     * the 99 KB of sm_86/89 do not, so those devices (smem_limit) get one stage (101 KB, which
+     * sm_86/89 still cannot hold: refused below, with the numbers). */
     pl.stages = 2;
     if (smem_limit > 0 && q + 2 * stage + KPT_PAGED_STATIC + 1024 > (size_t)smem_limit)
         pl.stages = 1;
     /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
-     * warp (paged.cu's scratch), more than one stage holds where Dv passes Dqk by 16 */
+     * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */
     size_t ring = (size_t)pl.stages * stage, scratch = (size_t)pl.warps * (16 * cfg->dv + 32) * 4;
     pl.smem_bytes = q + (ring > scratch ? ring : scratch);
     if (smem_limit > 0 && pl.smem_bytes + KPT_PAGED_STATIC > (size_t)smem_limit)
