@@ -709,6 +709,12 @@ shared float sV[KPT_BN * KPT_DV];
         stmt;                                                                                      \
     }
 
+// This invocation's query row and output accumulator. Globals (private to each invocation) so
+// that kpt_row_tile and kpt_row_store share them with the entry points: passed as function
+// parameters, the arrays were copied at every call, and lavapipe ran the suite 2.7x slower.
+float qr[KPT_DQK];
+float acc[KPT_DV];
+
 // Invocation r (< KPT_BN) stages key r of a tile: its K row from element kr of K, its V row from
 // vr of V (zeros when `has` is false: keys past the end, pages outside the cache).
 void kpt_stage_kv(int r, bool has, uint kr, uint vr)
@@ -717,11 +723,10 @@ void kpt_stage_kv(int r, bool has, uint kr, uint vr)
     KPT_DLOOP(d, KPT_DV, sV[r * KPT_DV + d] = has ? KPT_LD(Vb.v[vr + uint(d) * G.vs[3]]) : 0.0)
 }
 
-// Folds the staged tile (nk keys from k0, class cls) into one query row's state: its
-// accumulator, running maximum m and sum l (base 2). qi is the row's position as the pattern
-// sees it.
-void kpt_row_tile(kpt_uniform U, int b, int h, int qi, int k0, int nk, int cls,
-                  float qr[KPT_DQK], inout float acc[KPT_DV], inout float m, inout float l)
+// Folds the staged tile (nk keys from k0, class cls) into the row's state: acc, the running
+// maximum m and sum l (base 2). qi is the row's position as the pattern sees it.
+void kpt_row_tile(kpt_uniform U, int b, int h, int qi, int k0, int nk, int cls, inout float m,
+                  inout float l)
 {
     // scores of the tile in base 2, masked ones -inf, then one rescale of the accumulator
     float s[KPT_BN];
@@ -756,9 +761,9 @@ void kpt_row_tile(kpt_uniform U, int b, int h, int qi, int k0, int nk, int cls,
     }
 }
 
-// Writes a finished row: O from element obase (stride os3), its LSE at element lidx unless the
-// call has none. Rows with nothing kept give O = 0 and LSE = -inf (or the sink).
-void kpt_row_store(int h, float m, float l, float acc[KPT_DV], uint obase, uint os3, uint lidx)
+// Writes the finished row: O from element obase (stride os3), its LSE at element lidx unless
+// the call has none. Rows with nothing kept give O = 0 and LSE = -inf (or the sink).
+void kpt_row_store(int h, float m, float l, uint obase, uint os3, uint lidx)
 {
     float inv = l > 0.0 ? 1.0 / l : 0.0, lse2;
     kpt_sink(h, m, l, inv, lse2);
@@ -861,11 +866,9 @@ void main()
     kpt_uniform U;
     kpt_uniform_init(b, h, U);
 
-    float qr[KPT_DQK];
     const uint qbase = G.qo + uint(tok) * G.qs[0] + uint(h) * G.qs[1];
     for (int d = 0; d < KPT_DQK; d++)
         qr[d] = live ? KPT_LD(Qb.q[qbase + uint(d) * G.qs[2]]) : 0.0;
-    float acc[KPT_DV];
     for (int d = 0; d < KPT_DV; d++)
         acc[d] = 0.0;
     float m = KPT_NINF, l = 0.0;
@@ -883,11 +886,11 @@ void main()
         }
         barrier();
         if (live)
-            kpt_row_tile(U, b, h, qi, k0, nk, cls, qr, acc, m, l);
+            kpt_row_tile(U, b, h, qi, k0, nk, cls, m, l);
     }
     if (!live)
         return;
-    kpt_row_store(h, m, l, acc, G.oo + uint(tok) * G.os[0] + uint(h) * G.os[1], G.os[2],
+    kpt_row_store(h, m, l, G.oo + uint(tok) * G.os[0] + uint(h) * G.os[1], G.os[2],
                   G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]);
     kpt_check_loops();
 }
@@ -908,11 +911,9 @@ void main()
     // Head-dim loops run in unrolled chunks of KPT_CH: on lavapipe every dynamic iteration
     // counts against the loop limit (kpt_check_loops), and fully unrolled they cost seconds of
     // LLVM time per kernel there. runtime/backend_vulkan.c (loop_budget) counts what remains.
-    float qr[KPT_DQK];
     const uint qbase = G.qo + uint(b) * G.qs[0] + uint(h) * G.qs[1] + uint(qi) * G.qs[2];
     for (int d = 0; d < KPT_DQK; d++)
         qr[d] = live ? KPT_LD(Qb.q[qbase + uint(d) * G.qs[3]]) : 0.0;
-    float acc[KPT_DV];
     for (int d = 0; d < KPT_DV; d++)
         acc[d] = 0.0;
     float m = KPT_NINF, l = 0.0;
@@ -931,11 +932,11 @@ void main()
                          vbase + uint(k0 + tid) * G.vs[2]);
         barrier();
         if (live)
-            kpt_row_tile(U, b, h, qi, k0, nk, cls, qr, acc, m, l);
+            kpt_row_tile(U, b, h, qi, k0, nk, cls, m, l);
     }
     if (!live)
         return;
-    kpt_row_store(h, m, l, acc, G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qi) * G.os[2],
+    kpt_row_store(h, m, l, G.oo + uint(b) * G.os[0] + uint(h) * G.os[1] + uint(qi) * G.os[2],
                   G.os[3], G.lo + uint(b) * G.ls[0] + uint(h) * G.ls[1] + uint(qi) * G.ls[2]);
     kpt_check_loops();
 }
