@@ -112,11 +112,13 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8);
     size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     /* Two stages: 87 KB at most up to D = 128, plus 11 KB static, which every sm_80+ device
-     * takes. At D = 256 two stages are 169 KB: the H100's 227 KB hold them, an A100's 163 KB or
-     * the 99 KB of sm_86/89 do not, so those devices (smem_limit) get one stage (101 KB, which
-     * sm_86/89 still cannot hold: refused below, with the numbers). */
+     * takes. Past Dv = 128 one stage: two stages of 256 columns (169 KB) hold one CTA an SM, and
+     * two CTAs of one stage (101 KB each) stream the cache 1.6x faster (H200, bf16, heads 16:8,
+     * B = 8, 32k keys: 2389 GB/s against 1519); sm_86/89 (99 KB) cannot hold even that: refused
+     * below, with the numbers. */
     pl.stages = 2;
-    if (smem_limit > 0 && q + 2 * stage + KPT_PAGED_STATIC + 1024 > (size_t)smem_limit)
+    if (cfg->dv > 128 ||
+        (smem_limit > 0 && q + 2 * stage + KPT_PAGED_STATIC + 1024 > (size_t)smem_limit))
         pl.stages = 1;
     /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
      * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */

@@ -94,9 +94,9 @@ __device__ __forceinline__ int kpt_pg_class(const kpt_args &A, int b, int hk, in
 // The online softmax over one m16 row block of N * 8 scores in log2 units (this thread's rows
 // lane / 4 and lane / 4 + 8): the scores become probabilities, O and l are rescaled to the new
 // row maxima m.
-template <int N>
+template <int N, int NO>
 __device__ __forceinline__ void kpt_pg_softmax(float (&S)[N][4], float *m, float *l,
-                                               float (&O)[KPT_DV / 8][4])
+                                               float (&O)[NO][4])
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -119,7 +119,7 @@ __device__ __forceinline__ void kpt_pg_softmax(float (&S)[N][4], float *m, float
         }
         l[r] = l[r] * alpha + sum;
 #pragma unroll
-        for (int n = 0; n < KPT_DV / 8; n++) {
+        for (int n = 0; n < NO; n++) {
             O[n][2 * r] *= alpha;
             O[n][2 * r + 1] *= alpha;
         }
@@ -219,17 +219,26 @@ __device__ __forceinline__ void kpt_pg_finish(const kpt_args &A, const kpt_pargs
     kpt_pg_store(A, x.t, x.h, d, d < 0 ? tot * KPT_LN2 : o);
 }
 
+// Past head dim 128 the warps of a row block split O's columns instead of the tile's keys: each
+// computes the scores of all 64 keys (the same softmax state in each) and P V for its share of
+// Dv, so O takes 32 registers a thread instead of 128 (which spilled and kept one CTA an SM).
+#define KPT_PG_DVSPLIT (KPT_DV > 128)
+
 template <int WR>
 __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
 {
-    constexpr int WK = KPT_WARPS / WR, KW = KPT_BN / WK; // key slices a tile, keys a slice
+    constexpr int WPR = KPT_WARPS / WR;                  // warps a row block
+    constexpr int WK = KPT_PG_DVSPLIT ? 1 : WPR, KW = KPT_BN / WK; // key slices, keys a slice
+    constexpr int WD = KPT_PG_DVSPLIT ? WPR : 1, DVW = KPT_DV / WD; // column slices, columns
+    static_assert(DVW % 16 == 0, "whole 16-column blocks of O a warp");
     extern __shared__ __align__(16) unsigned char kpt_smem[];
     __shared__ kpt_args A; // the launch's, with Sq = Skv = the sequence's kv length
     const u32 sQ = kpt_smem_addr(kpt_smem);
     const u32 sK = sQ + KPT_PG_ROWS * KPT_QSTR * 2;
     const u32 sV = sK + KPT_STAGES * KPT_BN * KPT_KSTR * 2;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wr = warp / WK, wk = warp % WK;
+    const int wr = warp / WPR, wk = KPT_PG_DVSPLIT ? 0 : warp % WPR;
+    const int wd = KPT_PG_DVSPLIT ? warp % WPR : 0;
 
     const kpt_pg_work w = kpt_pg_work_of(Ag, P, (int)blockIdx.x, (int)blockIdx.y, P.splits);
     kpt_pg_overflow(Ag, P, w);
@@ -331,10 +340,10 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         lo = beg;
     }
 
-    float O[KPT_DV / 8][4];
+    float O[DVW / 8][4];
     float m[2] = {KPT_NINF, KPT_NINF}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < KPT_DV / 8; n++)
+    for (int n = 0; n < DVW / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) O[n][e] = 0.0f;
 
@@ -455,16 +464,16 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 #endif
                 S[n][e] = (keep >> (n * 4 + e)) & 1 ? x * KPT_LOG2E : KPT_NINF;
             }
-        kpt_pg_softmax<KW / 8>(S, m, l, O);
+        kpt_pg_softmax<KW / 8, DVW / 8>(S, m, l, O);
 #pragma unroll
         for (int kk = 0; kk < KW / 16; kk++) {
             u32 pa[4];
             kpt_frag(pa, S[2 * kk], S[2 * kk + 1]);
 #pragma unroll
-            for (int dp = 0; dp < KPT_DV / 16; dp++) {
+            for (int dp = 0; dp < DVW / 16; dp++) {
                 u32 bv[4];
                 kpt_ldsm4t(bv, tV + ((wk * KW + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                         KPT_VSTR + dp * 16 + (lane >> 4) * 8) * 2);
+                                         KPT_VSTR + wd * DVW + dp * 16 + (lane >> 4) * 8) * 2);
                 kpt_mma(O[2 * dp], pa, bv[0], bv[1]);
                 kpt_mma(O[2 * dp + 1], pa, bv[2], bv[3]);
             }
@@ -482,20 +491,20 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     float *scr = (float *)(kpt_smem + KPT_PG_ROWS * KPT_QSTR * 2);
     constexpr int WSZ = 16 * KPT_DV + 32;
     {
-        float *mine = scr + warp * WSZ;
+        float *mine = scr + (KPT_PG_DVSPLIT ? wr : warp) * WSZ; // key slices, or a row block
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             float sum = l[rr];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const int row = (lane >> 2) + rr * 8;
-            if ((lane & 3) == 0) {
+            if ((lane & 3) == 0 && wd == 0) { // the column slices' states are the same
                 mine[16 * KPT_DV + row] = m[rr];
                 mine[16 * KPT_DV + 16 + row] = sum;
             }
 #pragma unroll
-            for (int n = 0; n < KPT_DV / 8; n++) {
-                const int d = n * 8 + (lane & 3) * 2;
+            for (int n = 0; n < DVW / 8; n++) {
+                const int d = wd * DVW + n * 8 + (lane & 3) * 2;
                 mine[row * KPT_DV + d] = O[n][2 * rr];
                 mine[row * KPT_DV + d + 1] = O[n][2 * rr + 1];
             }
