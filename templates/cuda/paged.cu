@@ -7,8 +7,9 @@
 // causal mask is bottom-right. A CTA owns one (sequence, block of its queries, kv head, split):
 // its rows are the block's query tokens times the kv head's query heads (row r is token r / group,
 // head hk * group + r % group), so each K/V byte is read once for the whole GQA group. Its four
-// warps split the rows (WR blocks of 16) and the keys of each 64-key tile (WK = 4 / WR slices),
-// and merge their softmax states through shared memory at the end.
+// warps split the rows (WR blocks of 16) and the keys of each 64-key tile (WK = 4 / WR slices;
+// past head dim 128 O's columns instead, KPT_PG_DVSPLIT), and merge their softmax states
+// through shared memory at the end.
 
 // The serving arguments; runtime/kernel_args.h holds the host twin (kpt_kernel_pargs).
 struct kpt_pargs {
