@@ -788,6 +788,18 @@ static kpt_status check_status(vk_backend *v, kpt_diag *diag)
                         v->base.device_name);
 }
 
+/* What every launch refuses: a context that compiles offline, and streams. */
+static kpt_status launchable(const kpt_backend *b, const void *stream, kpt_diag *diag)
+{
+    if (b->offline)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "this context compiles offline: no device");
+    if (stream)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "the Vulkan backend has no streams: launches run synchronously on its "
+                            "own queue (pass stream NULL)");
+    return KPT_OK;
+}
+
 /* One submission: the block map (into `map`, or a temporary one when `map` is 0 and the pattern
  * needs one) and/or attention. */
 static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *args, uint64_t map,
@@ -795,17 +807,14 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
 {
     vk_backend *v = vb(b);
     const vk_kernel *k = kernel;
-    if (b->offline)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "this context compiles offline: no device");
-    if (stream)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "the Vulkan backend has no streams: launches run synchronously on its "
-                            "own queue (pass stream NULL)");
+    kpt_status st = launchable(b, stream, diag);
+    if (st)
+        return st;
     vk_launch *L = malloc(sizeof(*L));
     if (!L)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_lock(&v->lock);
-    kpt_status st = pack(v, k, args, L, diag);
+    st = pack(v, k, args, L, diag);
     vk_alloc tmp = {0};
     L->attention = attention;
     if (!st && k->plan.has_blockmap) {
@@ -975,22 +984,19 @@ static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_
     (void)workspace_bytes; /* the plans split nothing: no workspace */
     vk_backend *v = vb(b);
     const vk_kernel *k = kernel;
-    if (b->offline)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "this context compiles offline: no device");
+    kpt_status st = launchable(b, stream, diag);
+    if (st)
+        return st;
     if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "not a serving kernel (get it with KPT_DESC_PAGED)");
     if (!args)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "args is NULL");
-    if (stream)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "the Vulkan backend has no streams: launches run synchronously on its "
-                            "own queue (pass stream NULL)");
     vk_launch *L = malloc(sizeof(*L));
     if (!L)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_lock(&v->lock);
-    kpt_status st = pack_paged(v, k, plan, args, L, diag);
+    st = pack_paged(v, k, plan, args, L, diag);
     if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
         st = bind_set(v, L, diag);
         if (!st)
