@@ -50,10 +50,16 @@ int kpt_glsl_chunk(int dqk, int dv);
  * invocation of the scalar GLSL kernel of plan `pl` runs over n_kt kv tiles: what Mesa's
  * llvmpipe limits (runtime/backend_vulkan.c). */
 int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt);
-/* The same for the serving kernel (kind paged): n_kt tiles of a sequence, `group` query heads
- * per kv head, and `overflow_rows` rows past the plan's that it fills with NaN. */
-int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group,
-                                       int64_t overflow_rows);
+/* The same for the serving kernel (kind paged): n_kt tiles of a sequence and `group` query heads
+ * per kv head. Rows past the plan's, which it fills with NaN, are not counted (the lengths live
+ * on the device): kpt_check_loops reports a launch they push past the limit. */
+int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group);
+
+/* The CUDA serving kernel's shared memory besides the plan's smem_bytes: its static tile
+ * classes and page ids (templates/cuda/paged.cu), and its copy of the argument block, kpt_args
+ * (runtime/kernel_args.h asserts the host twin's size). */
+#define KPT_PAGED_STATIC_SMEM (2048 + 8192)
+#define KPT_KERNEL_ARGS_BYTES 1304
 
 /* The HIP kernel (templates/hip/attention.hip) for cfg->gfx: 4 wavefronts of 16 query rows,
  * kv tiles of 64 keys (32 for head dims over 128) in LDS; f16 or bf16; the CUDA head dims. */

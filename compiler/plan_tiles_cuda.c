@@ -79,10 +79,6 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     return KPT_OK;
 }
 
-/* paged.cu's static shared memory and its copy of kpt_args, roughly (runtime/paged_args.h's
- * KPT_PAGED_STATIC_SMEM and sizeof(kpt_kernel_args)) */
-#define KPT_PAGED_STATIC (2048 + 8192 + 1400)
-
 /* The serving kernels (templates/cuda/paged.cu): a CTA of four warps holds up to 64 query rows
  * (the query tokens of one sequence times the query heads of one kv head, so each K/V byte is
  * read once) and streams 64-key tiles through a ring of cp.async stages; the warps split the
@@ -116,19 +112,19 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
      * two CTAs of one stage (101 KB each) stream the cache 1.6x faster (H200, bf16, heads 16:8,
      * B = 8, 32k keys: 2389 GB/s against 1519); sm_86/89 (99 KB) cannot hold even that: refused
      * below, with the numbers. */
+    const size_t fixed = KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES; /* besides smem_bytes */
     pl.stages = 2;
-    if (cfg->dv > 128 ||
-        (smem_limit > 0 && q + 2 * stage + KPT_PAGED_STATIC + 1024 > (size_t)smem_limit))
+    if (cfg->dv > 128 || (smem_limit > 0 && q + 2 * stage + fixed + 1024 > (size_t)smem_limit))
         pl.stages = 1;
     /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
      * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */
     size_t ring = (size_t)pl.stages * stage, scratch = (size_t)pl.warps * (16 * cfg->dv + 32) * 4;
     pl.smem_bytes = q + (ring > scratch ? ring : scratch);
-    if (smem_limit > 0 && pl.smem_bytes + KPT_PAGED_STATIC > (size_t)smem_limit)
+    if (smem_limit > 0 && pl.smem_bytes + fixed > (size_t)smem_limit)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "head dims Dqk = %d, Dv = %d: the serving kernel needs %zu bytes of "
                             "shared memory a CTA; this device allows %d", cfg->dqk, cfg->dv,
-                            pl.smem_bytes + KPT_PAGED_STATIC, smem_limit);
+                            pl.smem_bytes + fixed, smem_limit);
     *out = pl;
     return KPT_OK;
 }

@@ -34,14 +34,11 @@ int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt)
     return n_kt * per_tile + once;
 }
 
-int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group,
-                                       int64_t overflow_rows)
+int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group)
 {
-    /* the tile class's loop over the workgroup's query heads, and the NaN rows past the plan
-     * (a loop of KPT_BM rows, each a loop over Dv) */
+    /* the tile class's loop over the workgroup's query heads, and the NaN loop's exit test */
     const int64_t per_tile = pl->bm_per_h && !pl->mask_loads ? group : 0;
-    const int64_t nan = (overflow_rows + pl->bm - 1) / pl->bm * (pl->cfg.dv + 2) + 1;
-    return kpt_glsl_loop_iterations(pl, n_kt) + n_kt * per_tile + nan;
+    return kpt_glsl_loop_iterations(pl, n_kt) + n_kt * per_tile + 1;
 }
 
 static kpt_status plan_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,

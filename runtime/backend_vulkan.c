@@ -603,6 +603,16 @@ static kpt_status forward_budget(const vk_backend *v, const vk_kernel *k, const 
                        diag);
 }
 
+/* The serving kernel's, for the plan's longest sequence (push constants P). */
+static kpt_status paged_budget(const vk_backend *v, const vk_kernel *k, const kpt_vk_push *P,
+                               kpt_diag *diag)
+{
+    const int64_t once = kpt_glsl_paged_loop_iterations(&k->plan, 0, P->group);
+    return loop_budget(v, k, P->Skv, once,
+                       kpt_glsl_paged_loop_iterations(&k->plan, 1, P->group) - once,
+                       "the plan's kv length", diag);
+}
+
 static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const char *what,
                                kpt_diag *diag)
 {
@@ -968,12 +978,9 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
     L->groups[1] = (uint32_t)pb.Hkv;
     L->groups[2] = (uint32_t)pb.B;
     L->attention = true;
-    const int64_t once = kpt_glsl_paged_loop_iterations(pl, 0, P->group, 0);
-    const int64_t per_tile = kpt_glsl_paged_loop_iterations(pl, 1, P->group, 0) - once;
-    if ((st = check_groups(v, L->groups, "serving kernel", diag)) ||
-        (st = loop_budget(v, k, plan->max_kv, once, per_tile, "the plan's kv length", diag)))
+    if ((st = check_groups(v, L->groups, "serving kernel", diag)))
         return st;
-    return KPT_OK;
+    return paged_budget(v, k, P, diag);
 }
 
 static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,

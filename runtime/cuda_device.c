@@ -449,7 +449,7 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
                             "not a serving kernel (get it with KPT_DESC_PAGED)");
     /* CTAs resident per SM: shared memory bounds them (the static part and the 1 KB the
      * driver reserves per CTA included), as do the 2048 threads of an SM */
-    size_t per_cta = k->plan.smem_bytes + sizeof(kpt_kernel_args) + KPT_PAGED_STATIC_SMEM + 1024;
+    size_t per_cta = k->plan.smem_bytes + KPT_KERNEL_ARGS_BYTES + KPT_PAGED_STATIC_SMEM + 1024;
     int per_sm = k->dev->smem_per_sm > 0 ? (int)((size_t)k->dev->smem_per_sm / per_cta) : 1;
     int max_threads = 2048 / (k->plan.warps * 32);
     per_sm = per_sm < 1 ? 1 : per_sm > max_threads ? max_threads : per_sm;

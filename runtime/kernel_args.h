@@ -34,7 +34,7 @@ typedef struct kpt_kernel_args {
 } kpt_kernel_args;
 
 _Static_assert(sizeof(kpt_kernel_aux_arg) == 56, "kpt_kernel_aux_arg layout");
-_Static_assert(sizeof(kpt_kernel_args) == 1304, "kpt_kernel_args layout");
+_Static_assert(sizeof(kpt_kernel_args) == KPT_KERNEL_ARGS_BYTES, "kpt_kernel_args layout");
 
 /* The gradient arguments of the backward kernels: the host twin of `struct kpt_gargs` in
  * templates/cuda/attention_bwd.cu. */

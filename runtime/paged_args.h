@@ -17,7 +17,6 @@
 #define KPT_PAGED_TILE 64
 #define KPT_PAGED_ROWS 64
 #define KPT_PAGED_MAX_PAGE 256
-#define KPT_PAGED_STATIC_SMEM (2048 + 8192) /* paged.cu's static tile classes and page ids */
 #define KPT_PAGED_MAX_SPLITS 256
 
 typedef struct kpt_paged_binding {
