@@ -276,6 +276,32 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
     return launch_blockmap(k, &a, stream, diag);
 }
 
+/* The sm_90a forward's grid (templates/cuda/attention_sm90.cu, kpt_item): one CTA per work item
+ * (q tile, head, batch row), or, where the items are short, a persistent grid of one CTA per SM
+ * (the kernel takes one per SM) that walks them, its producer loading the next item while the
+ * consumers finish the current one. Short: at most KPT_PERSISTENT_KV_TILES kv tiles (H200, bf16,
+ * D = 128: causal at 1k 400 against 348 TFLOP/s, at 4k 582 against 545; at 8k and 16k one CTA per
+ * item wins, as it does for block maps at 16k, whose items vary too much for a static share:
+ * document 529 against 414). KPT_CUDA_PERSISTENT in the environment
+ * forces the choice, for comparisons and tests: 0 one CTA per item, 1 persistent, N > 1
+ * persistent on at most N CTAs (many items each). */
+#define KPT_PERSISTENT_KV_TILES 32
+static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
+{
+    const int64_t items = (int64_t)a->n_qt * a->Hq * a->B;
+    int64_t ctas = k->dev->sm_count > 0 ? k->dev->sm_count : items;
+    bool persistent = a->n_kt <= KPT_PERSISTENT_KV_TILES;
+    const char *e = getenv("KPT_CUDA_PERSISTENT");
+    char *end;
+    long n = e ? strtol(e, &end, 10) : -1;
+    if (e && *e && !*end && n >= 0) {
+        persistent = n > 0;
+        if (n > 1 && n < ctas)
+            ctas = n;
+    }
+    return (unsigned)(persistent && items > ctas ? ctas : items);
+}
+
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                               CUdeviceptr map, CUstream stream, kpt_diag *diag)
 {
@@ -316,8 +342,12 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
         a.blockmap = map;
     }
     void *params[] = {&a, &tma};
-    CUresult r = cu->LaunchKernel(k->attention, (unsigned)a.n_qt, (unsigned)a.Hq, (unsigned)a.B,
-                                  (unsigned)(k->plan.warps * 32), 1, 1,
+    unsigned gx = (unsigned)a.n_qt, gy = (unsigned)a.Hq, gz = (unsigned)a.B;
+    if (k->plan.cfg.wgmma) {
+        gx = forward_ctas(k, &a);
+        gy = gz = 1;
+    }
+    CUresult r = cu->LaunchKernel(k->attention, gx, gy, gz, (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);

@@ -1,11 +1,13 @@
 // The sm_90a attention kernel (Hopper: TMA, mbarriers, warpgroup MMA, warp specialisation),
 // inserted into templates/cuda/common.cu by codegen/cuda_source.c for cuda:sm_90a.
 //
-// One CTA of three warpgroups owns one (q tile of 128 rows, head, batch row). Warpgroup 0 is the
-// producer: it gives most of its registers away (setmaxnreg) and one of its threads issues TMA
-// bulk tensor copies of Q once and of K and V tile by tile into a ring of KPT_STAGES stages in
-// shared memory, each stage completing on an mbarrier ("full") and handed back by the consumers
-// on another ("empty"). Warpgroups 1 and 2 are consumers of 64 rows each: S = Q K^T and O += P V
+// A CTA of three warpgroups works on one or more items (q tile of 128 rows, head, batch row;
+// kpt_item: one CTA per item, or a persistent grid). Warpgroup 0 is the producer: it gives most
+// of its registers away (setmaxnreg) and one of its threads issues TMA bulk tensor copies of each
+// item's Q and of its K and V tile by tile into a ring of KPT_STAGES stages in shared memory,
+// each stage completing on an mbarrier ("full") and handed back by the consumers on another
+// ("empty"); for masked patterns another of its warps classifies the next item's kv tiles
+// (kpt_scheduler). Warpgroups 1 and 2 are consumers of 64 rows each: S = Q K^T and O += P V
 // are wgmma.mma_async (Q and K K-major from the 128-byte-swizzled shared tiles TMA writes, P from
 // registers, V as an N-major operand). Within a consumer, the product S of the next kv tile runs
 // while the softmax of the current one does; between the two consumers, named barriers take
@@ -52,33 +54,116 @@ struct kpt_tma {
 };
 static_assert(sizeof(kpt_tma) == 448, "kpt_tma layout");
 
-#define KPT_PRODUCER_REGS 24 // 128 x 24 + 256 x 240 = 384 x 168, what the CTA is given
+// What the CTA is given: 128 x 24 + 256 x 240 = 384 x 168. (The scheduler warp's interval code
+// for large masks spills a little at 24 registers, off the consumers' path; 128 x 40 + 256 x 232
+// instead cost the consumers of alibi, softcap and sliding tile masks 3-12 %, H200.)
+#define KPT_PRODUCER_REGS 24
 #define KPT_CONSUMER_REGS 240
 #ifndef KPT_PINGPONG
 #define KPT_PINGPONG 1
 #endif
 
-// The mbarriers, in static shared memory: Q's, then per stage K full, V full, K empty, V empty.
+// The mbarriers, in static shared memory: Q full and empty; per stage K full, V full, K empty,
+// V empty; then, for masked patterns, the two slots of a work item's live tiles (full, empty).
 #define KPT_BAR_Q 0
-#define KPT_BAR_KF(s) (1 + (s))
-#define KPT_BAR_VF(s) (1 + KPT_STAGES + (s))
-#define KPT_BAR_KE(s) (1 + 2 * KPT_STAGES + (s))
-#define KPT_BAR_VE(s) (1 + 3 * KPT_STAGES + (s))
-#define KPT_NBARS (1 + 4 * KPT_STAGES)
+#define KPT_BAR_QE 1
+#define KPT_BAR_KF(s) (2 + (s))
+#define KPT_BAR_VF(s) (2 + KPT_STAGES + (s))
+#define KPT_BAR_KE(s) (2 + 2 * KPT_STAGES + (s))
+#define KPT_BAR_VE(s) (2 + 3 * KPT_STAGES + (s))
+#define KPT_BAR_IF(s) (2 + 4 * KPT_STAGES + (s))
+#define KPT_BAR_IE(s) (4 + 4 * KPT_STAGES + (s))
+#define KPT_NBARS (6 + 4 * KPT_STAGES)
 #define KPT_CONSUMERS 256 // threads of the two consumer warpgroups
 #define KPT_K_BYTES (KPT_BN * KPT_DQK * 2)
 #define KPT_V_BYTES (KPT_BN * KPT_DV * 2)
 
-// The producer (one thread): Q once, then K and V of every live tile into the ring, each stage
-// refilled once the consumers have handed it back.
-__device__ __forceinline__ void kpt_produce(const kpt_args &A, const kpt_tma &T,
-                                            const unsigned char *cls, u32 bar, u32 sQ, u32 sK,
-                                            u32 sV, int b, int h, int hk, int qt, int q0, int q1,
-                                            int lo, int hi)
+// The work items (q tile, head, batch row) of a CTA. The runtime launches either one CTA per
+// item (gridDim.x = items: the hardware schedules them) or, where items are short, a persistent
+// grid of at most one CTA per SM that walks its share of them, so that the producer loads the
+// next item's Q, K and V while the consumers finish the current one (its last products and the
+// epilogue) instead of the SM idling between CTAs.
+//
+// Item n of this CTA: without a block map, one CTA per item goes by blockIdx (each head's last q
+// tiles, the heaviest under causal masks, first); a persistent CTA takes pairs of q tiles
+// (n_qt - 1 - p, p) of one head, whose work sums to the same under causal masks, round robin
+// over the pairs, so the CTAs' shares are even and each head's tiles run together (its K and V
+// stay in L2). With a block map, items go by decreasing work over all heads and batch rows (rank
+// r of every (batch row, head), then rank r + 1; kpt_blockmap_order), each round of gridDim.x
+// items dealt alternately forwards and backwards, so no CTA takes the heaviest of every round.
+// False past this CTA's last item. The runtime keeps n_qt * Hq * B below 2^31 (cuda_device.c).
+__device__ __forceinline__ bool kpt_item(const kpt_args &A, int n, int &qt, int &h, int &b)
 {
+    const u32 total = (u32)A.n_qt * (u32)A.Hq * (u32)A.B, G = gridDim.x, c = blockIdx.x;
+#if KPT_HAS_BLOCKMAP
+    const u32 L = (u32)n * G + ((n & 1) ? G - 1 - c : c);
+    if (L >= total)
+        return false;
+    const u32 hb = (u32)A.Hq * (u32)A.B, r = L / hb, rest = L - r * hb;
+    h = (int)(rest % (u32)A.Hq);
+    b = (int)(rest / (u32)A.Hq);
+    qt = kpt_order_row(A, b, h)[r];
+#else
+    const bool persistent = G < total;
+    const u32 L = persistent ? 2 * (c + (u32)(n >> 1) * G) + (u32)(n & 1) : c + (u32)n * G;
+    if (L >= total)
+        return false;
+    const u32 nq = (u32)A.n_qt, hb = L / nq, x = L - hb * nq;
+    h = (int)(hb % (u32)A.Hq);
+    b = (int)(hb / (u32)A.Hq);
+    qt = (int)(persistent ? ((x & 1) ? x >> 1 : nq - 1 - (x >> 1)) : nq - 1 - x);
+#endif
+    return true;
+}
+
+// The live kv tiles of a work item of a masked pattern, for the producer and the consumers: [lo,
+// hi] and the classes of the first KPT_CLS_CAP tiles, in one of two slots (items n and n + 1),
+// each published on its "full" mbarrier and handed back on its "empty" one. (Unmasked: all
+// tiles, no slots.)
+struct kpt_item_tiles {
+    int lo, hi;
+    unsigned char cls[KPT_CLS_CAP];
+};
+
+#if KPT_HAS_MASK
+
+// The warp's lanes classify a share of the tiles each; [lo, hi] from warp reductions.
+__device__ __forceinline__ void kpt_classify_warp(const kpt_args &A, int b, int h, int qt, int q0,
+                                                  int q1, kpt_item_tiles &it, int lane)
+{
+    int lo = A.n_kt, hi = -1;
+    for (int t = lane; t < A.n_kt; t += 32) {
+        const int c = kpt_tile_class(A, b, h, qt, q0, q1, t);
+        if (t < KPT_CLS_CAP)
+            it.cls[t] = (unsigned char)c;
+        if (c != 0) {
+            lo = min(lo, t);
+            hi = t;
+        }
+    }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    if (lane == 0) {
+        it.lo = lo;
+        it.hi = hi;
+    }
+}
+#endif
+
+// One thread's loads of a work item: Q once the consumers are done with the previous item's,
+// then K and V of every live tile into the ring (`ring`: tiles loaded before this item), each
+// stage refilled once the consumers have handed it back. Returns the number of tiles loaded.
+__device__ __forceinline__ int kpt_produce(const kpt_args &A, const kpt_tma &T,
+                                           const unsigned char *cls, u32 bar, u32 sQ, u32 sK,
+                                           u32 sV, int n, int ring, int b, int h, int qt, int lo,
+                                           int hi)
+{
+    const int hk = h / A.group, q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    if (n > 0)
+        kpt_mbar_wait(bar + 8 * KPT_BAR_QE, (n & 1) ^ 1);
     kpt_mbar_expect_tx(bar + 8 * KPT_BAR_Q, KPT_BM * KPT_DQK * 2);
     kpt_tma_tile<KPT_BM, KPT_DQK>(sQ, &T.q, q0, h * T.hq, b * T.bq, bar + 8 * KPT_BAR_Q);
-    int i = 0;
+    int i = ring;
     for (int j = lo; j <= hi; j = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi), i++) {
         const int s = i % KPT_STAGES;
         const u32 parity = ((i / KPT_STAGES) & 1) ^ 1; // the previous use of the stage
@@ -93,7 +178,54 @@ __device__ __forceinline__ void kpt_produce(const kpt_args &A, const kpt_tma &T,
         kpt_tma_tile<KPT_BN, KPT_DV>(sV + s * KPT_V_BYTES, &T.v, j * KPT_BN, hk * T.hv, b * T.bv,
                                      bar + 8 * KPT_BAR_VF(s));
     }
+    return i - ring;
 }
+
+// The producer (one thread): per work item, its live tiles (masked patterns: as the scheduler
+// warp published them), then its loads.
+__device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T,
+                                             const kpt_item_tiles *tiles, u32 bar, u32 sQ,
+                                             u32 sK, u32 sV)
+{
+    int ring = 0, qt, h, b;
+    for (int n = 0; kpt_item(A, n, qt, h, b); n++) {
+        int lo = 0, hi = A.n_kt - 1;
+        const unsigned char *cls = 0;
+#if KPT_HAS_MASK
+        const kpt_item_tiles &it = tiles[n & 1];
+        kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
+        lo = it.lo;
+        hi = it.hi;
+        cls = it.cls;
+#endif
+        ring += kpt_produce(A, T, cls, bar, sQ, sK, sV, n, ring, b, h, qt, lo, hi);
+    }
+}
+
+#if KPT_HAS_MASK
+// The scheduler warp of a masked pattern: classifies the live tiles of this CTA's items from the
+// second on, one slot ahead, off the path of the loads and products. (The whole CTA classified
+// the first item's, kpt_live_tiles, before the warps took their roles: a CTA with one item
+// starts as fast as it did before it had a scheduler.)
+__device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles *tiles, u32 bar,
+                                              int lane)
+{
+    if (lane == 0)
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(0));
+    int qt, h, b;
+    for (int n = 1; kpt_item(A, n, qt, h, b); n++) {
+        if (n >= 2)
+            kpt_mbar_wait(bar + 8 * KPT_BAR_IE(n & 1), ((n >> 1) & 1) ^ 1);
+        const int q0 = qt * KPT_BM;
+        kpt_classify_warp(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, tiles[n & 1], lane);
+        __syncwarp();
+        if (lane == 0) {
+            __threadfence_block();
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(n & 1));
+        }
+    }
+}
+#endif
 
 // Ping-pong of the two consumer warpgroups (named barriers 1 and 2): warpgroup c waits for its
 // turn before issuing its products and, once they are issued, gives the turn to the other.
@@ -271,26 +403,95 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
 #define KPT_TILE_KEEP(j, partial) (~0ull)
 #endif
 
-// This CTA's q tile, head and batch row. Without a block map, blockIdx order with the last q
-// tiles (the heaviest under causal masks) first. With one, CTAs go by decreasing work over all
-// heads and batch rows (rank r of every (batch row, head), then rank r + 1), each (batch row,
-// head) taking its q tiles in kpt_blockmap_order's order: the few long CTAs (a document
-// boundary crossing the q tile makes all its tiles partial) start first rather than last.
-__device__ __forceinline__ void kpt_cta_tile(const kpt_args &A, int &qt, int &h, int &b)
+// One consumer warpgroup's work on one item: its 64 rows of the q tile against the live kv
+// tiles [lo, hi] (`ring`: tiles consumed before this item), O left unnormalised in registers
+// with its row maxima and sums. Hands Q back (KPT_BAR_QE) as soon as its last product S is
+// done, so the producer loads the next item's Q during this item's last tile and epilogue.
+// Returns the number of tiles consumed.
+__device__ __forceinline__ int kpt_consume(const kpt_args &A, const kpt_uniform &U,
+                                           const unsigned char *cls, u32 bar, u32 qa, u32 sK,
+                                           u32 sV, int c, int ring, int b, int h, int qt,
+                                           int row0, int lane, int lo, int hi, float sc,
+                                           float (&O)[KPT_DV / 8][4], float (&m)[2], float (&l)[2])
 {
-#if KPT_HAS_BLOCKMAP
-    // the runtime keeps n_qt * Hq * B below 2^31 (cuda_backend.c)
-    const u32 hb = (u32)A.Hq * (u32)A.B;
-    const u32 L = blockIdx.x + (u32)A.n_qt * (blockIdx.y + (u32)A.Hq * blockIdx.z);
-    const u32 r = L / hb, rest = L - r * hb;
-    h = (int)(rest % (u32)A.Hq);
-    b = (int)(rest / (u32)A.Hq);
-    qt = kpt_order_row(A, b, h)[r];
-#else
-    qt = A.n_qt - 1 - (int)blockIdx.x;
-    h = blockIdx.y;
-    b = blockIdx.z;
+    if (lo > hi) {
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
+        return 0;
+    }
+    const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    float S[KPT_BN / 8][4], alpha[2] = {1.0f, 1.0f};
+    u32 P[KPT_BN / 16][4];
+    bool grew = false;
+#if KPT_PINGPONG
+    if (c == 1)
+        kpt_bar_arrive(1, KPT_CONSUMERS); // consumer 0 takes the first turn
 #endif
+    // the first live tile: its scores, then its probabilities
+    int j = lo, i = ring;
+    int jn = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi);
+    {
+        const int s = i % KPT_STAGES;
+        kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
+        kpt_turn_wait(c);
+        kpt_issue_s(S, qa, sK + s * KPT_K_BYTES);
+        if (c == 0 || jn <= hi)
+            kpt_turn_give(c);
+        const bool partial =
+            kpt_class_of(A, cls, b, h, qt, q0, q1, j) != 2 || (j + 1) * KPT_BN > A.Skv;
+        const u64 keep = KPT_TILE_KEEP(j, partial);
+        kpt_wgmma_wait<0>();
+        kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
+        if (jn > hi)
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
+        kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
+        grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
+        kpt_softmax_exp(S, m, l, sc);
+        kpt_frags<KPT_BN>(P, S);
+    }
+    // Then, per tile: S of tile j is issued, O of the previous tile rescaled and its P V
+    // issued; the softmax of tile j runs while P V does.
+    while (jn <= hi) {
+        const int ip = i;
+        j = jn;
+        i++;
+        jn = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi);
+        const int s = i % KPT_STAGES, sp = ip % KPT_STAGES;
+        kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
+        kpt_turn_wait(c);
+        kpt_issue_s(S, qa, sK + s * KPT_K_BYTES);
+        if (grew)
+            kpt_rescale_rows(O, alpha);
+        kpt_mbar_wait(bar + 8 * KPT_BAR_VF(sp), (ip / KPT_STAGES) & 1);
+        kpt_issue_pv(O, P, sV + sp * KPT_V_BYTES);
+        if (c == 0 || jn <= hi)
+            kpt_turn_give(c);
+        const bool partial =
+            kpt_class_of(A, cls, b, h, qt, q0, q1, j) != 2 || (j + 1) * KPT_BN > A.Skv;
+        const u64 keep = KPT_TILE_KEEP(j, partial);
+        kpt_wgmma_wait<1>();
+        kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
+        if (jn > hi)
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
+        kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
+        grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
+        kpt_softmax_exp(S, m, l, sc);
+        kpt_wgmma_wait<0>();
+        kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(sp));
+        kpt_frags<KPT_BN>(P, S);
+    }
+    // the last tile's P V
+    const int s = i % KPT_STAGES;
+    if (grew)
+        kpt_rescale_rows(O, alpha);
+    kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), (i / KPT_STAGES) & 1);
+    kpt_issue_pv(O, P, sV + s * KPT_V_BYTES);
+    kpt_wgmma_wait<0>();
+    kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
+    kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(s));
+    return i + 1 - ring;
 }
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
@@ -298,6 +499,11 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
     __shared__ __align__(8) u64 s_bar[KPT_NBARS];
+#if KPT_HAS_MASK
+    __shared__ kpt_item_tiles s_tiles[2];
+#else
+    kpt_item_tiles *s_tiles = 0;
+#endif
     // swizzle atoms repeat every 1024 bytes: the tiles start 1024-byte aligned (the plan adds
     // the slack)
     const u32 sQ = (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u;
@@ -306,144 +512,92 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
     const u32 bar = kpt_smem_addr(s_bar);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-    int qt, h, b;
-    kpt_cta_tile(A, qt, h, b);
-    const int hk = h / A.group;
-    const int q0 = qt * KPT_BM;
-    const int q1 = min(q0 + KPT_BM, A.Sq) - 1;
-
-    // The kv tiles that may hold a kept pair lie in [lo, hi].
-    int lo = 0, hi = A.n_kt - 1;
-#if KPT_HAS_MASK
-    __shared__ int s_lo, s_hi;
-    __shared__ unsigned char s_cls[KPT_CLS_CAP];
-    kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
-#else
-    const unsigned char *s_cls = 0;
-#endif
     if (tid == 0) {
         kpt_mbar_init(bar + 8 * KPT_BAR_Q, 1);
+        kpt_mbar_init(bar + 8 * KPT_BAR_QE, KPT_CONSUMERS);
         for (int s = 0; s < KPT_STAGES; s++) {
             kpt_mbar_init(bar + 8 * KPT_BAR_KF(s), 1);
             kpt_mbar_init(bar + 8 * KPT_BAR_VF(s), 1);
             kpt_mbar_init(bar + 8 * KPT_BAR_KE(s), KPT_CONSUMERS);
             kpt_mbar_init(bar + 8 * KPT_BAR_VE(s), KPT_CONSUMERS);
         }
+        for (int s = 0; s < 2; s++) {
+            kpt_mbar_init(bar + 8 * KPT_BAR_IF(s), 1);
+            kpt_mbar_init(bar + 8 * KPT_BAR_IE(s), KPT_CONSUMERS);
+        }
         kpt_mbar_init_fence();
     }
     __syncthreads();
+    int qt, h, b;
+#if KPT_HAS_MASK
+    if (kpt_item(A, 0, qt, h, b)) { // always: the runtime launches no more CTAs than items
+        const int q0 = qt * KPT_BM;
+        int lo, hi;
+        kpt_live_tiles(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, s_tiles[0].cls,
+                       &s_tiles[0].lo, &s_tiles[0].hi, lo, hi);
+    }
+#endif
 
     if (wg == 0) {
         kpt_regs_dec<KPT_PRODUCER_REGS>();
         if (tid == 0)
-            kpt_produce(A, T, s_cls, bar, sQ, sK, sV, b, h, hk, qt, q0, q1, lo, hi);
+            kpt_producer(A, T, s_tiles, bar, sQ, sK, sV);
+#if KPT_HAS_MASK
+        else if (warp == 1)
+            kpt_scheduler(A, s_tiles, bar, lane);
+#endif
         return;
     }
     kpt_regs_inc<KPT_CONSUMER_REGS>();
 
-    const int c = wg - 1;                        // this consumer warpgroup
-    const int row0 = q0 + c * 64 + (warp & 3) * 16; // this warp's first row
-    const u32 qa = sQ + c * 64 * 128;            // its 64 rows of Q
-    kpt_uniform U;
-    kpt_uniform_init(A, b, h, U);
-
-    float O[KPT_DV / 8][4];
-    float m[2], l[2], alpha[2] = {1.0f, 1.0f};
+    const int c = wg - 1;             // this consumer warpgroup
+    const u32 qa = sQ + c * 64 * 128; // its 64 rows of Q
+    int ring = 0;
+    for (int n = 0; kpt_item(A, n, qt, h, b); n++) {
+        int lo = 0, hi = A.n_kt - 1;
+        const unsigned char *cls = 0;
+#if KPT_HAS_MASK
+        const kpt_item_tiles &it = s_tiles[n & 1];
+        kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
+        lo = it.lo;
+        hi = it.hi;
+        cls = it.cls;
+#endif
+        const int row0 = qt * KPT_BM + c * 64 + (warp & 3) * 16; // this warp's first row
+        kpt_uniform U;
+        kpt_uniform_init(A, b, h, U);
+        float O[KPT_DV / 8][4], m[2], l[2];
 #pragma unroll
-    for (int n = 0; n < KPT_DV / 8; n++)
+        for (int x = 0; x < KPT_DV / 8; x++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) O[n][e] = 0.0f;
-    m[0] = m[1] = KPT_NINF;
-    l[0] = l[1] = 0.0f;
+            for (int e = 0; e < 4; e++) O[x][e] = 0.0f;
+        m[0] = m[1] = KPT_NINF;
+        l[0] = l[1] = 0.0f;
 
-    kpt_mbar_wait(bar + 8 * KPT_BAR_Q, 0);
+        kpt_mbar_wait(bar + 8 * KPT_BAR_Q, n & 1);
 #if !KPT_HAS_SCORE
-    // as in the sm_80 kernel: the scale folds into the exponent; a negative one negates this
-    // warpgroup's rows of Q (fenced for the async proxy, then published to the warpgroup)
-    if (A.scale_log2 < 0.0f) {
-        u32 *q = (u32 *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
+        // as in the sm_80 kernel: the scale folds into the exponent; a negative one negates
+        // this warpgroup's rows of Q (fenced for the async proxy, then published to the
+        // warpgroup)
+        if (A.scale_log2 < 0.0f && lo <= hi) {
+            u32 *q = (u32 *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
 #pragma unroll 1
-        for (int blk = 0; blk < KPT_DQK / 64; blk++)
-            for (int i = tid - 128 - c * 128; i < 64 * 32; i += 128)
-                q[blk * KPT_BM * 32 + c * 64 * 32 + i] ^= 0x80008000u;
-        kpt_fence_proxy_async();
-        kpt_bar_sync(3 + c, 128);
-    }
-    const float sc = fabsf(A.scale_log2);
+            for (int blk = 0; blk < KPT_DQK / 64; blk++)
+                for (int x = tid - 128 - c * 128; x < 64 * 32; x += 128)
+                    q[blk * KPT_BM * 32 + c * 64 * 32 + x] ^= 0x80008000u;
+            kpt_fence_proxy_async();
+            kpt_bar_sync(3 + c, 128);
+        }
+        const float sc = fabsf(A.scale_log2);
 #else
-    const float sc = KPT_LOG2E;
+        const float sc = KPT_LOG2E;
 #endif
-
-    if (lo <= hi) {
-        float S[KPT_BN / 8][4];
-        u32 P[KPT_BN / 16][4];
-        bool grew = false;
-#if KPT_PINGPONG
-        if (c == 1)
-            kpt_bar_arrive(1, KPT_CONSUMERS); // consumer 0 takes the first turn
+        ring += kpt_consume(A, U, cls, bar, qa, sK, sV, c, ring, b, h, qt, row0, lane, lo, hi, sc,
+                            O, m, l);
+#if KPT_HAS_MASK
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_IE(n & 1));
 #endif
-        // the first live tile: its scores, then its probabilities
-        int j = lo, i = 0;
-        int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
-        kpt_mbar_wait(bar + 8 * KPT_BAR_KF(0), 0);
-        kpt_turn_wait(c);
-        kpt_issue_s(S, qa, sK);
-        if (c == 0 || jn <= hi)
-            kpt_turn_give(c);
-        {
-            const bool partial = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j) != 2 ||
-                                 (j + 1) * KPT_BN > A.Skv;
-            const u64 keep = KPT_TILE_KEEP(j, partial);
-            kpt_wgmma_wait<0>();
-            kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
-            kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(0));
-            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
-            grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
-            kpt_softmax_exp(S, m, l, sc);
-            kpt_frags<KPT_BN>(P, S);
-        }
-        // Then, per tile: S of tile j is issued, O of the previous tile rescaled and its P V
-        // issued; the softmax of tile j runs while P V does.
-        while (jn <= hi) {
-            const int ip = i;
-            j = jn;
-            i++;
-            jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
-            const int s = i % KPT_STAGES, sp = ip % KPT_STAGES;
-            kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
-            kpt_turn_wait(c);
-            kpt_issue_s(S, qa, sK + s * KPT_K_BYTES);
-            if (grew)
-                kpt_rescale_rows(O, alpha);
-            kpt_mbar_wait(bar + 8 * KPT_BAR_VF(sp), (ip / KPT_STAGES) & 1);
-            kpt_issue_pv(O, P, sV + sp * KPT_V_BYTES);
-            if (c == 0 || jn <= hi)
-                kpt_turn_give(c);
-            const bool partial = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j) != 2 ||
-                                 (j + 1) * KPT_BN > A.Skv;
-            const u64 keep = KPT_TILE_KEEP(j, partial);
-            kpt_wgmma_wait<1>();
-            kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
-            kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
-            kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
-            grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
-            kpt_softmax_exp(S, m, l, sc);
-            kpt_wgmma_wait<0>();
-            kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
-            kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(sp));
-            kpt_frags<KPT_BN>(P, S);
-        }
-        // the last tile's P V
-        const int s = i % KPT_STAGES;
-        if (grew)
-            kpt_rescale_rows(O, alpha);
-        kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), (i / KPT_STAGES) & 1);
-        kpt_issue_pv(O, P, sV + s * KPT_V_BYTES);
-        kpt_wgmma_wait<0>();
-        kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
-        kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(s));
+        // Epilogue: normalise, write O (and LSE).
+        kpt_store_rows(A, b, h, row0, lane, O, m, l);
     }
-
-    // Epilogue: normalise, write O (and LSE).
-    kpt_store_rows(A, b, h, row0, lane, O, m, l);
 }

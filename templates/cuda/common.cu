@@ -438,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
             (unsigned char)c;
 }
 #if KPT_WGMMA
-// The Hopper kernel's CTA order for a block map (kpt_cta_tile): per map row (batch row, head),
+// The Hopper kernel's work-item order for a block map (kpt_item): per map row (batch row, head),
 // its q tiles sorted by decreasing work, estimated from the map: full tiles 2, partial tiles 5
 // (they evaluate the mask), 4 for the CTA itself. One CTA per row; rows beyond KPT_ORDER_MAX q
 // tiles keep the plain order (last q tile first).

@@ -247,9 +247,25 @@ static void add_scripts(const char *dir)
                         (li + di) % 2 ? 1 : 4, slens[li][0], slens[li][1], NULL, li == 2);
 }
 
+/* More q tiles x heads x batch rows than an H100 or H200 has SMs, kv lengths of at most 32
+ * tiles: the sm_90a kernel's persistent grid, each CTA walking several work items (cuda_device.c,
+ * forward_ctas). KPT_CUDA_PERSISTENT=N in the environment puts every case on N CTAs. */
+static void add_persistent(bool quick)
+{
+    add("causal", KPT_DTYPE_BF16, 128, 128, 2, 16, 4, 1000, 1000, NULL, false);
+    add("document+causal", KPT_DTYPE_F16, 64, 64, 3, 8, 8, 700, 900, NULL, true);
+    if (quick)
+        return;
+    add("full", KPT_DTYPE_BF16, 128, 128, 2, 16, 16, 1000, 1000, NULL, false);
+    add("alibi", KPT_DTYPE_F16, 128, 128, 1, 24, 8, 1500, 1500, NULL, true);
+    add("sliding_window(100)", KPT_DTYPE_BF16, 256, 256, 2, 12, 4, 900, 900, NULL, false);
+    add_scaled("causal", KPT_DTYPE_F16, 64, 64, 2, 12, 12, 1111, 1300, NULL, false, -0.2);
+}
+
 static void build_matrix(bool quick)
 {
     static const kpt_dtype dts[] = {KPT_DTYPE_BF16, KPT_DTYPE_F16};
+    add_persistent(quick);
     if (quick) {
         static const char *const qp[] = {"causal", "document+causal", "softcap(20)", "alibi"};
         for (int i = 0; i < 4; i++) {

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""kpt's sm_90a forward under its two grid schedules — one CTA per work item, and the persistent
+grid (one CTA per SM walking the items) — and the runtime's choice between them, in one process on
+the same tensors, with SDPA's cuDNN and FLASH beside them where they run the case.
+
+The schedule is read from KPT_CUDA_PERSISTENT at each launch (runtime/cuda_device.c,
+forward_ctas): 0 one CTA per item, 1 persistent, unset the runtime's choice. Each variant's output
+is compared with the first's (they compute the same thing with the same kernel) and with cuDNN's;
+the variants and peers take turns over --rounds rounds and each figure is the median.
+
+  python3 bench/bench_schedule.py --lib build-gpu/libkpt.so \\
+      --patterns full,causal,gqa_causal --seqs 1024,2048,4096,16384 --sustain 30
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench  # noqa: E402  (the timer, kernels, peers and cases of the main benchmark)
+import cases  # noqa: E402
+
+import torch  # noqa: E402
+
+VARIANTS = {"per-item": "0", "persistent": "1", "auto": None}
+
+
+def with_schedule(value, fn):
+    def run():
+        if value is None:
+            os.environ.pop("KPT_CUDA_PERSISTENT", None)
+        else:
+            os.environ["KPT_CUDA_PERSISTENT"] = value
+        return fn()
+    return run
+
+
+def one(args, kernels, timer, name, S, D, dtype_name):
+    dtype = bench.DTYPES[dtype_name]
+    H = 2048 // D
+    B = max(1, bench.TOKENS // S)
+    case = cases.make_case(name, B, S, H)
+    torch.manual_seed(S * 131 + D)
+    q = torch.randn(B, case.hq, S, D, device="cuda", dtype=dtype)
+    k = torch.randn(B, case.hkv, S, D, device="cuda", dtype=dtype)
+    v = torch.randn(B, case.hkv, S, D, device="cuda", dtype=dtype)
+    o = torch.full_like(q, float("nan"))
+    flops = 4.0 * B * case.hq * S * S * D * cases.kept_fraction(case, B, S)
+    ker = kernels.get(case, dtype_name, D)
+    stream = torch.cuda.current_stream().cuda_stream
+    bm = None
+    if ker.needs_blockmap:
+        bm = ker.blockmap(q, k, v, o, scalars=case.scalars, aux=case.aux, stream=stream)
+
+    def run_kpt():
+        ker(q, k, v, o, scalars=case.scalars, aux=case.aux, blockmap=bm, stream=stream)
+        return o
+    row, ref = {"case": f"{name} S={S} B={B} {dtype_name} D={D}"}, None
+    fns = {n: with_schedule(val, run_kpt) for n, val in VARIANTS.items()}
+    fns.update(bench.sdpa_peers(case, q, k, v, S, case.hq, dtype) if not args.no_sdpa else {})
+    live = {}
+    for n in [x for x in fns if x not in ("cudnn", "flash")] + ["cudnn", "flash"]:
+        if n not in fns:
+            continue
+        try:
+            o.fill_(float("nan"))
+            out = fns[n]().clone()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = out
+                row["nan"] = bool(torch.isnan(out).any())
+            row[n + "_err"] = bench.max_rel(ref, out)
+            live[n] = fns[n]
+        except Exception as e:  # a backend that refuses this case
+            row[n + "_error"] = str(e).strip().splitlines()[0][:100]
+    # the variants take turns, round after round, each round in another order, and all the
+    # burst timings before the sustained ones (which heat the card), so clock drift spreads over
+    # all of them; each figure is the median over the rounds
+    times = {n: ([], []) for n in live}
+    names = list(live)
+    for kind in (0, 1) if args.sustain else (0,):
+        for r in range(args.rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                times[n][kind].append(timer(live[n]) if kind == 0 else
+                                      timer.sustained(live[n], args.sustain))
+    for n, (burst, sus) in times.items():
+        row[n] = flops / (statistics.median(burst) * 1e-3) / 1e12
+        if sus:
+            row[n + "_sus"] = flops / (statistics.median(sus) * 1e-3) / 1e12
+    os.environ.pop("KPT_CUDA_PERSISTENT", None)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib")
+    ap.add_argument("--patterns", default="full,causal,gqa_causal")
+    ap.add_argument("--lua", default="", help="Lua examples (cases.py names), comma-separated")
+    ap.add_argument("--seqs", default="1024,2048,4096,16384")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--dims", default="128")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--sustain", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="turns of every variant, medians")
+    ap.add_argument("--no-sdpa", action="store_true")
+    args = ap.parse_args()
+    bench.setup_peers(args.lib)
+    timer = bench.Timer(args.reps, warmup=2)
+    names = [p for p in args.patterns.split(",") if p] + \
+        ["lua:" + p for p in args.lua.split(",") if p]
+    cols = list(VARIANTS) + ["cudnn", "flash"]
+    print("%-40s" % "case (TFLOP/s burst / sustained)" + "".join("%14s" % c for c in cols) +
+          "  max diff", flush=True)
+    with tempfile.TemporaryDirectory(prefix="kpt-bench-cache-") as cache_dir:
+        kernels = bench.Kernels(cache_dir)
+        for dt in args.dtypes.split(","):
+            for D in bench.ints(args.dims):
+                for name in names:
+                    for S in bench.ints(args.seqs):
+                        try:
+                            r = one(args, kernels, timer, name, S, D, dt)
+                        except Exception as e:  # e.g. a Lua example refusing a size
+                            print(f"{name} S={S} {dt} D={D}: skipped: "
+                                  f"{str(e).strip().splitlines()[0][:120]}", flush=True)
+                            continue
+                        cells = []
+                        for c in cols:
+                            if c in r:
+                                sus = f"/{r[c + '_sus']:.0f}" if c + "_sus" in r else ""
+                                cells.append("%14s" % f"{r[c]:.0f}{sus}")
+                            else:
+                                cells.append("%14s" % "-")
+                        errs = max((r[c + "_err"] for c in cols if c + "_err" in r), default=0)
+                        print("%-40s" % r["case"] + "".join(cells) + f"  {errs:.1e}" +
+                              ("  NaN!" if r.get("nan") else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
