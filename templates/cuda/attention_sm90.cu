@@ -193,7 +193,8 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
         const unsigned char *cls = 0;
 #if KPT_HAS_MASK
         const kpt_item_tiles &it = tiles[n & 1];
-        kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
+        if (n > 0) // the first item's tiles were published by kpt_live_tiles's barrier
+            kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
         lo = it.lo;
         hi = it.hi;
         cls = it.cls;
@@ -210,7 +211,7 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
 __device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles *tiles, u32 bar,
                                               int lane)
 {
-    if (lane == 0)
+    if (lane == 0) // the first item's slot: published already, its phase completed for the count
         kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(0));
     int qt, h, b;
     for (int n = 1; kpt_item(A, n, qt, h, b); n++) {
@@ -558,7 +559,8 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         const unsigned char *cls = 0;
 #if KPT_HAS_MASK
         const kpt_item_tiles &it = s_tiles[n & 1];
-        kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
+        if (n > 0) // as in kpt_producer
+            kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
         lo = it.lo;
         hi = it.hi;
         cls = it.cls;
