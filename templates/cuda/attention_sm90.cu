@@ -153,9 +153,9 @@ __device__ __forceinline__ void kpt_classify_warp(const kpt_args &A, int b, int 
 // One thread's loads of a work item: Q once the consumers are done with the previous item's,
 // then K and V of every live tile into the ring (`ring`: tiles loaded before this item), each
 // stage refilled once the consumers have handed it back. Returns the number of tiles loaded.
-__device__ __forceinline__ int kpt_produce(const kpt_args &A, const kpt_tma &T,
+__device__ __forceinline__ u32 kpt_produce(const kpt_args &A, const kpt_tma &T,
                                            const unsigned char *cls, u32 bar, u32 sQ, u32 sK,
-                                           u32 sV, int n, int ring, int b, int h, int qt, int lo,
+                                           u32 sV, int n, u32 ring, int b, int h, int qt, int lo,
                                            int hi)
 {
     const int hk = h / A.group, q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
@@ -163,9 +163,9 @@ __device__ __forceinline__ int kpt_produce(const kpt_args &A, const kpt_tma &T,
         kpt_mbar_wait(bar + 8 * KPT_BAR_QE, (n & 1) ^ 1);
     kpt_mbar_expect_tx(bar + 8 * KPT_BAR_Q, KPT_BM * KPT_DQK * 2);
     kpt_tma_tile<KPT_BM, KPT_DQK>(sQ, &T.q, q0, h * T.hq, b * T.bq, bar + 8 * KPT_BAR_Q);
-    int i = ring;
+    u32 i = ring; // unsigned: the stage and parity are a mask and a shift
     for (int j = lo; j <= hi; j = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi), i++) {
-        const int s = i % KPT_STAGES;
+        const u32 s = i % KPT_STAGES;
         const u32 parity = ((i / KPT_STAGES) & 1) ^ 1; // the previous use of the stage
         if (i >= KPT_STAGES)
             kpt_mbar_wait(bar + 8 * KPT_BAR_KE(s), parity);
@@ -187,7 +187,8 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
                                              const kpt_item_tiles *tiles, u32 bar, u32 sQ,
                                              u32 sK, u32 sV)
 {
-    int ring = 0, qt, h, b;
+    u32 ring = 0;
+    int qt, h, b;
     for (int n = 0; kpt_item(A, n, qt, h, b); n++) {
         int lo = 0, hi = A.n_kt - 1;
         const unsigned char *cls = 0;
@@ -243,15 +244,34 @@ __device__ __forceinline__ void kpt_turn_give(int c)
 #endif
 }
 
-// S = Q K^T for one warpgroup's 64 rows (Q block qa) against a kv tile at tK, issued and
-// committed, not waited for. The first k step ignores S's old contents.
-__device__ __forceinline__ void kpt_issue_s(float (&S)[KPT_BN / 8][4], u32 qa, u32 tK)
+// The descriptors of one warpgroup's 64 rows of Q at sQ + qa, one per k step, computed once for
+// all the items of a CTA (as the one-item kernel had them hoisted out of its loop; computed in
+// the loop, they took ~30 instructions a tile once the kernel walked several items).
+struct kpt_qdesc {
+    u64 d[KPT_DQK / 16];
+};
+__device__ __forceinline__ kpt_qdesc kpt_q_descs(u32 qa)
+{
+    kpt_qdesc q;
+#pragma unroll
+    for (int kk = 0; kk < KPT_DQK / 16; kk++)
+        q.d[kk] = kpt_sw128_desc(qa + (kk >> 2) * KPT_BM * 128 + (kk & 3) * 32, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < KPT_DQK / 16; kk++) // kept as computed: not remade in the loop
+        asm volatile("" : "+l"(q.d[kk]));
+    return q;
+}
+
+// S = Q K^T for one warpgroup's 64 rows (dq: its Q descriptors) against a kv tile at tK,
+// issued and committed, not waited for. The first k step ignores S's old contents.
+__device__ __forceinline__ void kpt_issue_s(float (&S)[KPT_BN / 8][4], const kpt_qdesc &dq,
+                                            u32 tK)
 {
     kpt_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KPT_DQK / 16; kk++) {
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
-        const u64 da = kpt_sw128_desc(qa + (kk >> 2) * KPT_BM * 128 + kb, 16, 1024);
+        const u64 da = dq.d[kk];
         const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
 #if KPT_BN == 128
         kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
@@ -409,9 +429,9 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
 // with its row maxima and sums. Hands Q back (KPT_BAR_QE) as soon as its last product S is
 // done, so the producer loads the next item's Q during this item's last tile and epilogue.
 // Returns the number of tiles consumed.
-__device__ __forceinline__ int kpt_consume(const kpt_args &A, const kpt_uniform &U,
-                                           const unsigned char *cls, u32 bar, u32 qa, u32 sK,
-                                           u32 sV, int c, int ring, int b, int h, int qt,
+__device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform &U,
+                                           const unsigned char *cls, u32 bar, const kpt_qdesc &dq, u32 sK,
+                                           u32 sV, int c, u32 ring, int b, int h, int qt,
                                            int row0, int lane, int lo, int hi, float sc,
                                            float (&O)[KPT_DV / 8][4], float (&m)[2], float (&l)[2])
 {
@@ -428,13 +448,14 @@ __device__ __forceinline__ int kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_bar_arrive(1, KPT_CONSUMERS); // consumer 0 takes the first turn
 #endif
     // the first live tile: its scores, then its probabilities
-    int j = lo, i = ring;
+    int j = lo;
+    u32 i = ring; // unsigned, as in kpt_produce
     int jn = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi);
     {
-        const int s = i % KPT_STAGES;
+        const u32 s = i % KPT_STAGES;
         kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
         kpt_turn_wait(c);
-        kpt_issue_s(S, qa, sK + s * KPT_K_BYTES);
+        kpt_issue_s(S, dq, sK + s * KPT_K_BYTES);
         if (c == 0 || jn <= hi)
             kpt_turn_give(c);
         const bool partial =
@@ -453,14 +474,14 @@ __device__ __forceinline__ int kpt_consume(const kpt_args &A, const kpt_uniform 
     // Then, per tile: S of tile j is issued, O of the previous tile rescaled and its P V
     // issued; the softmax of tile j runs while P V does.
     while (jn <= hi) {
-        const int ip = i;
+        const u32 ip = i;
         j = jn;
         i++;
         jn = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi);
-        const int s = i % KPT_STAGES, sp = ip % KPT_STAGES;
+        const u32 s = i % KPT_STAGES, sp = ip % KPT_STAGES;
         kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
         kpt_turn_wait(c);
-        kpt_issue_s(S, qa, sK + s * KPT_K_BYTES);
+        kpt_issue_s(S, dq, sK + s * KPT_K_BYTES);
         if (grew)
             kpt_rescale_rows(O, alpha);
         kpt_mbar_wait(bar + 8 * KPT_BAR_VF(sp), (ip / KPT_STAGES) & 1);
@@ -484,7 +505,7 @@ __device__ __forceinline__ int kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_frags<KPT_BN>(P, S);
     }
     // the last tile's P V
-    const int s = i % KPT_STAGES;
+    const u32 s = i % KPT_STAGES;
     if (grew)
         kpt_rescale_rows(O, alpha);
     kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), (i / KPT_STAGES) & 1);
@@ -552,8 +573,8 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
     kpt_regs_inc<KPT_CONSUMER_REGS>();
 
     const int c = wg - 1;             // this consumer warpgroup
-    const u32 qa = sQ + c * 64 * 128; // its 64 rows of Q
-    int ring = 0;
+    const kpt_qdesc dq = kpt_q_descs(sQ + c * 64 * 128); // its 64 rows of Q
+    u32 ring = 0;
     for (int n = 0; kpt_item(A, n, qt, h, b); n++) {
         int lo = 0, hi = A.n_kt - 1;
         const unsigned char *cls = 0;
@@ -594,7 +615,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 #else
         const float sc = KPT_LOG2E;
 #endif
-        ring += kpt_consume(A, U, cls, bar, qa, sK, sV, c, ring, b, h, qt, row0, lane, lo, hi, sc,
+        ring += kpt_consume(A, U, cls, bar, dq, sK, sV, c, ring, b, h, qt, row0, lane, lo, hi, sc,
                             O, m, l);
 #if KPT_HAS_MASK
         kpt_mbar_arrive(bar + 8 * KPT_BAR_IE(n & 1));
