@@ -118,8 +118,10 @@ __device__ __forceinline__ bool kpt_item(const kpt_args &A, int n, int &qt, int 
 
 // The live kv tiles of a work item of a masked pattern, for the producer and the consumers: [lo,
 // hi] and the classes of the first KPT_CLS_CAP tiles, in one of two slots (items n and n + 1),
-// each published on its "full" mbarrier and handed back on its "empty" one. (Unmasked: all
-// tiles, no slots.)
+// each published on its "full" mbarrier and handed back on its "empty" one, on which the
+// producer arrives too once it has read the classes (its loads alone would order its reads
+// before the consumers' arrivals only through the TMA's completion). (Unmasked: all tiles, no
+// slots.)
 struct kpt_item_tiles {
     int lo, hi;
     unsigned char cls[KPT_CLS_CAP];
@@ -201,6 +203,9 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
         cls = it.cls;
 #endif
         ring += kpt_produce(A, T, cls, bar, sQ, sK, sV, n, ring, b, h, qt, lo, hi);
+#if KPT_HAS_MASK
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_IE(n & 1)); // done with the item's tile classes
+#endif
     }
 }
 
@@ -212,19 +217,15 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
 __device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles *tiles, u32 bar,
                                               int lane)
 {
-    if (lane == 0) // the first item's slot: published already, its phase completed for the count
-        kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(0));
+    kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(0)); // the first item's: published already (the count)
     int qt, h, b;
     for (int n = 1; kpt_item(A, n, qt, h, b); n++) {
         if (n >= 2)
             kpt_mbar_wait(bar + 8 * KPT_BAR_IE(n & 1), ((n >> 1) & 1) ^ 1);
         const int q0 = qt * KPT_BM;
         kpt_classify_warp(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, tiles[n & 1], lane);
-        __syncwarp();
-        if (lane == 0) {
-            __threadfence_block();
-            kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(n & 1));
-        }
+        // every lane publishes what it wrote itself (its arrival releases its writes)
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(n & 1));
     }
 }
 #endif
@@ -544,8 +545,8 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             kpt_mbar_init(bar + 8 * KPT_BAR_VE(s), KPT_CONSUMERS);
         }
         for (int s = 0; s < 2; s++) {
-            kpt_mbar_init(bar + 8 * KPT_BAR_IF(s), 1);
-            kpt_mbar_init(bar + 8 * KPT_BAR_IE(s), KPT_CONSUMERS);
+            kpt_mbar_init(bar + 8 * KPT_BAR_IF(s), 32); // the scheduler warp's lanes
+            kpt_mbar_init(bar + 8 * KPT_BAR_IE(s), KPT_CONSUMERS + 1); // and the producer
         }
         kpt_mbar_init_fence();
     }
