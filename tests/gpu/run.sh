@@ -36,6 +36,12 @@ if [ $QUICK_ONLY = 0 ]; then
     grep -E "FAIL|^    |passed|skipped|device:|SKIP" "$OUT/gpu_check.log" | head -60
 fi
 
+# the sm_90a forward's persistent grid with many work items on each CTA (three CTAs): item
+# hand-over, Q and tile-class slots, the ring across items (cuda_device.c, forward_ctas)
+KPT_CUDA_PERSISTENT=3 "$CHECK" --quick --scripts examples/patterns >"$OUT/gpu_check_p3.log" 2>&1 ||
+    status=1
+echo "persistent on 3 CTAs: $(tail -1 "$OUT/gpu_check_p3.log")"
+
 # masks of bit operations (tests/bit_masks.lua): the tile classifier's interval and known-bits
 # rules must be sound in the CUDA kernels too (CI runs the same masks on lavapipe); both kernel
 # generations where the device has wgmma
