@@ -280,11 +280,11 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
  * (q tile, head, batch row), or, where the items are short, a persistent grid of one CTA per SM
  * (the kernel takes one per SM) that walks them, its producer loading the next item while the
  * consumers finish the current one. Short: at most KPT_PERSISTENT_KV_TILES kv tiles (H200, bf16,
- * D = 128: causal at 1k 400 against 348 TFLOP/s, at 4k 582 against 545; at 8k and 16k one CTA per
- * item wins, as it does for block maps at 16k, whose items vary too much for a static share:
- * document 529 against 414). KPT_CUDA_PERSISTENT in the environment
- * forces the choice, for comparisons and tests: 0 one CTA per item, 1 persistent, N > 1
- * persistent on at most N CTAs (many items each). */
+ * D = 128: causal at 1k 402 against 341 TFLOP/s, at 4k 592 against 539; at 8k and 16k one CTA
+ * per item wins, as it does for block maps at 16k, whose items vary too much for a static share:
+ * document 545 against 449; docs/BENCHMARKS.md). KPT_CUDA_PERSISTENT in the environment forces
+ * the choice, for comparisons and tests: 0 one CTA per item, 1 persistent, N > 1 persistent on
+ * at most N CTAs (many items each). */
 #define KPT_PERSISTENT_KV_TILES 32
 static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
 {
