@@ -1,6 +1,7 @@
 /* The CUDA backend (see cuda_device.h). */
 #include <math.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "runtime/paged_args.h"
 #include "runtime/cuda_device.h"
 #include "runtime/cuda_tma.h"
+#include "runtime/forward_grid.h"
 
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
 {
@@ -276,30 +278,29 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
     return launch_blockmap(k, &a, stream, diag);
 }
 
-/* The sm_90a forward's grid (templates/cuda/attention_sm90.cu, kpt_item): one CTA per work item
- * (q tile, head, batch row), or, where the items are short, a persistent grid of one CTA per SM
- * (the kernel takes one per SM) that walks them, its producer loading the next item while the
- * consumers finish the current one. Short: at most KPT_PERSISTENT_KV_TILES kv tiles (H200, bf16,
- * D = 128: causal at 1k 402 against 341 TFLOP/s, at 4k 592 against 539; at 8k and 16k one CTA
- * per item wins, as it does for block maps at 16k, whose items vary too much for a static share:
- * document 545 against 449; docs/BENCHMARKS.md). KPT_CUDA_PERSISTENT in the environment forces
- * the choice, for comparisons and tests: 0 one CTA per item, 1 persistent, N > 1 persistent on
- * at most N CTAs (many items each). */
-#define KPT_PERSISTENT_KV_TILES 32
+/* The sm_90a forward's CTAs (runtime/forward_grid.h). Where the kv length alone does not make
+ * the items short, the mask's live ranges decide, memoised per kernel for the last lengths and
+ * scalars (a relaxed atomic: two threads at worst both compute it). */
 static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
 {
     const int64_t items = (int64_t)a->n_qt * a->Hq * a->B;
-    int64_t ctas = k->dev->sm_count > 0 ? k->dev->sm_count : items;
-    bool persistent = a->n_kt <= KPT_PERSISTENT_KV_TILES;
-    const char *e = getenv("KPT_CUDA_PERSISTENT");
-    char *end;
-    long n = e ? strtol(e, &end, 10) : -1;
-    if (e && *e && !*end && n >= 0) {
-        persistent = n > 0;
-        if (n > 1 && n < ctas)
-            ctas = n;
+    bool short_items = a->n_kt <= KPT_PERSISTENT_KV_TILES;
+    if (!short_items && k->plan.has_mask && !k->plan.has_blockmap && items > k->dev->sm_count) {
+        const kpt_pattern *p = k->pattern;
+        const uint64_t key = kpt_forward_key(a->Sq, a->Skv, a->Hq, a->scalars, p->num_scalars);
+        /* a cache, not part of the kernel's meaning: updated through a const kernel */
+        _Atomic uint64_t *slot = (_Atomic uint64_t *)&k->grid_memo;
+        const uint64_t memo = atomic_load_explicit(slot, memory_order_relaxed);
+        if ((memo | 1) == (key | 1)) {
+            short_items = memo & 1;
+        } else {
+            kpt_ir_value scalars[KPT_MAX_SCALARS] = {{0}};
+            kpt_forward_scalars(p, a->scalars, scalars);
+            short_items = kpt_forward_items_short(p, &k->plan, a->Sq, a->Skv, a->Hq, scalars);
+            atomic_store_explicit(slot, (key & ~1ull) | short_items, memory_order_relaxed);
+        }
     }
-    return (unsigned)(persistent && items > ctas ? ctas : items);
+    return (unsigned)kpt_forward_ctas(items, k->dev->sm_count, short_items);
 }
 
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,

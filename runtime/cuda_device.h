@@ -12,6 +12,9 @@
 #include <kpt/serving.h>
 
 #include "compiler/plan_tiles.h"
+#include <stdatomic.h>
+#include <stdint.h>
+
 #include "vendor/api_cuda.h"
 
 typedef struct kpt_cuda_device {
@@ -37,6 +40,9 @@ typedef struct kpt_cuda_kernel {
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
+    /* sm_90a forward: whether the last call's lengths and scalars gave short work items
+     * (runtime/forward_grid.h): kpt_forward_key with bit 0 the answer, 0 when none yet */
+    _Atomic uint64_t grid_memo;
 } kpt_cuda_kernel;
 
 /* Whether kernels for a device of compute capability `device_sm` compiled for `target_sm` use

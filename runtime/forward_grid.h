@@ -1,0 +1,40 @@
+/* The sm_90a forward's grid (templates/cuda/attention_sm90.cu, kpt_item): one CTA per work item
+ * (q tile, head, batch row), the hardware scheduling them, or a persistent grid of one CTA per SM
+ * walking its share of the items, where items are short. Pure functions of the plan and the
+ * call, so they are tested without a GPU. */
+#ifndef KPT_RUNTIME_FORWARD_GRID_H
+#define KPT_RUNTIME_FORWARD_GRID_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ir/pattern.h"
+#include "ir/plan.h"
+#include "ir/ir_eval.h"
+
+/* The most kv tiles that may hold a kept pair for an item to count as short. */
+#define KPT_PERSISTENT_KV_TILES 32
+
+/* Whether the items of a call are short: at most KPT_PERSISTENT_KV_TILES kv tiles, or, for a
+ * mask the tiles are classified by interval analysis (no block map), at most that many tiles in
+ * the live range of sampled q tiles (first, middle, last) for the call's lengths and runtime
+ * scalars (by the pattern's scalar index) — sliding windows, chunks and local masks over long
+ * sequences. Block maps and unmasked patterns past 32 tiles are not short: their items vary too
+ * much, or are long. The analysis costs tens of microseconds at 64k keys: callers memoise it
+ * (kpt_forward_key). */
+bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
+                             int64_t skv, int64_t hq, const kpt_ir_value *scalars);
+
+/* The runtime scalars of a kernel argument block as the analysis takes them. */
+void kpt_forward_scalars(const kpt_pattern *p, const uint32_t *bits, kpt_ir_value *out);
+
+/* A key for memoising kpt_forward_items_short per kernel: a hash of the lengths, heads and
+ * scalar bits, never 0. */
+uint64_t kpt_forward_key(int64_t sq, int64_t skv, int64_t hq, const uint32_t *bits, int n);
+
+/* The number of CTAs: `items` (one per item), or at most `sms` where the items are short and
+ * outnumber them. KPT_CUDA_PERSISTENT in the environment forces the choice, for comparisons and
+ * tests: 0 one CTA per item, 1 persistent, N > 1 persistent on at most N CTAs. */
+int64_t kpt_forward_ctas(int64_t items, int64_t sms, bool short_items);
+
+#endif
