@@ -1,8 +1,9 @@
 /* The sm_90a forward's grid: see forward_grid.h. Measured (H200, bf16, D = 128; docs/BENCHMARKS.md,
- * "Short sequences: a persistent grid"): persistent, causal at 1k runs 402 against 341 TFLOP/s
- * and at 4k 592 against 539; at 8k and 16k one CTA per item wins for full and causal attention
- * (the hardware balances the items dynamically, a static share cannot), and for block maps at
- * 16k (document 545 against 449); sliding windows at 8k-64k, few live tiles an item, ran 4-7 %
+ * "Short sequences: a persistent grid"): persistent, causal at 1k runs 402 against 341 TFLOP/s,
+ * at 4k 592 against 539, at 8k 631 against 601 (full 663 against 613, alibi+causal 568 against
+ * 507); at 16k one CTA per item is level or ahead (the hardware balances the items dynamically,
+ * a static share cannot: GQA causal 607 against 578), and so it is for block maps from 8k
+ * (document 419 against 380); sliding windows at 8k-64k, few live tiles an item, run 7-12 %
  * faster persistent. */
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +11,17 @@
 #include "compiler/analyze_mask.h"
 #include "runtime/forward_grid.h"
 
+bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt)
+{
+    return n_kt <= (pl->has_blockmap ? KPT_PERSISTENT_MAP_TILES : KPT_PERSISTENT_KV_TILES);
+}
+
 bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
                              int64_t skv, int64_t hq, const kpt_ir_value *scalars)
 {
     const int64_t bm = pl->bm, bn = pl->bn;
     const int64_t n_qt = (sq + bm - 1) / bm, n_kt = (skv + bn - 1) / bn;
-    if (n_kt <= KPT_PERSISTENT_KV_TILES)
+    if (kpt_forward_short_by_length(pl, n_kt))
         return true;
     if (!p->mask || pl->has_blockmap || n_qt <= 0)
         return false;

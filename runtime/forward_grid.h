@@ -12,15 +12,20 @@
 #include "ir/plan.h"
 #include "ir/ir_eval.h"
 
-/* The most kv tiles that may hold a kept pair for an item to count as short. */
-#define KPT_PERSISTENT_KV_TILES 32
+/* The most kv tiles that may hold a kept pair for an item to count as short; with a block map,
+ * whose items vary more (a static share of them balances worse), fewer. */
+#define KPT_PERSISTENT_KV_TILES 64
+#define KPT_PERSISTENT_MAP_TILES 32
 
-/* Whether the items of a call are short: at most KPT_PERSISTENT_KV_TILES kv tiles, or, for a
- * mask the tiles are classified by interval analysis (no block map), at most that many tiles in
- * the live range of sampled q tiles (first, middle, last) for the call's lengths and runtime
- * scalars (by the pattern's scalar index) — sliding windows, chunks and local masks over long
- * sequences. Block maps and unmasked patterns past 32 tiles are not short: their items vary too
- * much, or are long. The analysis costs tens of microseconds at 64k keys: callers memoise it
+/* Whether the kv length alone makes a call's items short. */
+bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt);
+
+/* Whether the items of a call are short: by length (kpt_forward_short_by_length), or, for a
+ * mask the tiles are classified by interval analysis (no block map), at most
+ * KPT_PERSISTENT_KV_TILES tiles in the live range of sampled q tiles (first, middle, last) for
+ * the call's lengths and runtime scalars (by the pattern's scalar index) — sliding windows,
+ * chunks and local masks over long sequences. Longer block maps and unmasked patterns are not
+ * short: their items vary too much, or are long. The analysis costs tens of microseconds at 64k keys: callers memoise it
  * (kpt_forward_key). */
 bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
                              int64_t skv, int64_t hq, const kpt_ir_value *scalars);

@@ -30,12 +30,13 @@ static bool items_short(const char *text, int64_t s, int32_t w)
 static void test_short_items(void **state)
 {
     (void)state;
-    /* up to 32 kv tiles of 128 keys, anything */
-    assert_true(items_short("full", 4096, 0));
-    assert_true(items_short("causal", 4096, 0));
+    /* up to 64 kv tiles of 128 keys, 32 with a block map */
+    assert_true(items_short("full", 8192, 0));
+    assert_true(items_short("causal", 8192, 0));
     assert_true(items_short("document", 4096, 0));
+    assert_false(items_short("document", 4097, 0));
     /* past them: long ranges are not short, nor are block maps or unmasked patterns */
-    assert_false(items_short("full", 4097, 0));
+    assert_false(items_short("full", 8193, 0));
     assert_false(items_short("causal", 16384, 0));
     assert_false(items_short("prefix_lm(200)", 16384, 0));
     assert_false(items_short("document", 16384, 0));
@@ -44,8 +45,8 @@ static void test_short_items(void **state)
     assert_true(items_short("sliding_window(1024)", 65536, 0));
     assert_true(items_short("chunked(2048)", 65536, 0));
     assert_false(items_short("sliding_window(8192)", 16384, 0));
-    assert_true(items_short("sliding_window($w=256)", 16384, 3000));
-    assert_false(items_short("sliding_window($w=256)", 16384, 5000));
+    assert_true(items_short("sliding_window($w=256)", 16384, 7000));
+    assert_false(items_short("sliding_window($w=256)", 16384, 9000));
 }
 
 static void test_key(void **state)

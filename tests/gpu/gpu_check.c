@@ -247,9 +247,9 @@ static void add_scripts(const char *dir)
                         (li + di) % 2 ? 1 : 4, slens[li][0], slens[li][1], NULL, li == 2);
 }
 
-/* More q tiles x heads x batch rows than an H100 or H200 has SMs, kv lengths of at most 32
- * tiles: the sm_90a kernel's persistent grid, each CTA walking several work items (cuda_device.c,
- * forward_ctas). KPT_CUDA_PERSISTENT=N in the environment puts every case on N CTAs. */
+/* More q tiles x heads x batch rows than an H100 or H200 has SMs, and short items (a few kv
+ * tiles): the sm_90a kernel's persistent grid, each CTA walking several work items
+ * (runtime/forward_grid.c). KPT_CUDA_PERSISTENT=N in the environment puts every case on N CTAs. */
 static void add_persistent(bool quick)
 {
     add("causal", KPT_DTYPE_BF16, 128, 128, 2, 16, 4, 1000, 1000, NULL, false);
