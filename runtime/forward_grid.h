@@ -25,8 +25,8 @@ bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt);
  * KPT_PERSISTENT_KV_TILES tiles in the live range of sampled q tiles (first, middle, last) for
  * the call's lengths and runtime scalars (by the pattern's scalar index) — sliding windows,
  * chunks and local masks over long sequences. Longer block maps and unmasked patterns are not
- * short: their items vary too much, or are long. The analysis costs tens of microseconds at 64k keys: callers memoise it
- * (kpt_forward_key). */
+ * short: their items vary too much, or are long. The analysis costs tens of microseconds at 64k
+ * keys: callers memoise it (kpt_forward_key). */
 bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
                              int64_t skv, int64_t hq, const kpt_ir_value *scalars);
 

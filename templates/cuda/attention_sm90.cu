@@ -431,10 +431,11 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
 // done, so the producer loads the next item's Q during this item's last tile and epilogue.
 // Returns the number of tiles consumed.
 __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform &U,
-                                           const unsigned char *cls, u32 bar, const kpt_qdesc &dq, u32 sK,
-                                           u32 sV, int c, u32 ring, int b, int h, int qt,
-                                           int row0, int lane, int lo, int hi, float sc,
-                                           float (&O)[KPT_DV / 8][4], float (&m)[2], float (&l)[2])
+                                           const unsigned char *cls, u32 bar,
+                                           const kpt_qdesc &dq, u32 sK, u32 sV, int c, u32 ring,
+                                           int b, int h, int qt, int row0, int lane, int lo,
+                                           int hi, float sc, float (&O)[KPT_DV / 8][4],
+                                           float (&m)[2], float (&l)[2])
 {
     if (lo > hi) {
         kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
