@@ -489,6 +489,20 @@ static uint32_t float_bits(float f)
     return u;
 }
 
+/* Q, K, V and O against the kernel's dtype and head dims. */
+static kpt_status check_ios(const kpt_kernel_plan *pl, const kpt_tensor *const io[4],
+                            kpt_diag *diag)
+{
+    static const char *const names[4] = {"q", "k", "v", "o"};
+    for (int i = 0; i < 4; i++) {
+        kpt_status st =
+            check_io(io[i], names[i], pl->cfg.dtype, i < 2 ? pl->cfg.dqk : pl->cfg.dv, diag);
+        if (st)
+            return st;
+    }
+    return KPT_OK;
+}
+
 /* Q, K, V and O (their dtype and head dims checked) and the LSE into their bindings, offsets
  * and strides (as many as each has). */
 static kpt_status pack_io(vk_backend *v, const kpt_tensor *const io[4], int64_t es,
@@ -522,17 +536,9 @@ static kpt_status pack_io(vk_backend *v, const kpt_tensor *const io[4], int64_t 
 static kpt_status pack_tensors(vk_backend *v, const vk_kernel *k, const kpt_attention_args *a,
                                vk_launch *L, kpt_diag *diag)
 {
-    const kpt_kernel_plan *pl = &k->plan;
-    kpt_dtype dt = pl->cfg.dtype;
-    int64_t es = kpt_dtype_size(dt);
-    kpt_status st;
-    if ((st = check_io(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
-        (st = check_io(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
-        (st = check_io(&a->v, "v", dt, pl->cfg.dv, diag)) ||
-        (st = check_io(&a->o, "o", dt, pl->cfg.dv, diag)))
-        return st;
     const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};
-    return pack_io(v, io, es, &a->lse, L, diag);
+    kpt_status st = check_ios(&k->plan, io, diag);
+    return st ? st : pack_io(v, io, kpt_dtype_size(k->plan.cfg.dtype), &a->lse, L, diag);
 }
 
 static kpt_status pack_aux(vk_backend *v, const vk_kernel *k, const kpt_attn_binding *bind,
@@ -942,16 +948,12 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
     if (plan->rows != pl->bm || plan->q_blocks < 1 || plan->splits != 1)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
-    kpt_dtype dt = pl->cfg.dtype;
     const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};
-    if ((st = check_io(&a->q, "q", dt, pl->cfg.dqk, diag)) ||
-        (st = check_io(&a->k, "k", dt, pl->cfg.dqk, diag)) ||
-        (st = check_io(&a->v, "v", dt, pl->cfg.dv, diag)) ||
-        (st = check_io(&a->o, "o", dt, pl->cfg.dv, diag)))
+    if ((st = check_ios(pl, io, diag)))
         return st;
     if (!pb.B)
         return KPT_OK;
-    if ((st = pack_io(v, io, kpt_dtype_size(dt), &a->lse, L, diag)) ||
+    if ((st = pack_io(v, io, kpt_dtype_size(pl->cfg.dtype), &a->lse, L, diag)) ||
         (st = pack_aux(v, k, &pb.bind, L, diag)) || (st = pack_sinks(v, &a->sinks, L, diag)) ||
         (st = pack_index(v, "cu_seqlens_q", &a->cu_seqlens_q, KPT_GLSL_BIND_CU_Q, L,
                          &L->geom.cuo, diag)) ||
