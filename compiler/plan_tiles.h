@@ -56,9 +56,11 @@ int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt);
 int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group);
 
 /* The CUDA serving kernel's shared memory besides the plan's smem_bytes: its static tile
- * classes and page ids (templates/cuda/paged.cu), and its copy of the argument block, kpt_args
- * (runtime/kernel_args.h asserts the host twin's size). */
-#define KPT_PAGED_STATIC_SMEM (2048 + 8192)
+ * classes, page ids and live-tile range (templates/cuda/paged.cu: s_cls, s_pt, s_lo and s_hi;
+ * unmasked kernels have only the page ids, so this is a bound), and its copy of the argument
+ * block, kpt_args (runtime/kernel_args.h asserts the host twin's size): ptxas counts 11552
+ * bytes in all for a masked kernel. */
+#define KPT_PAGED_STATIC_SMEM (2048 + 8192 + 8)
 #define KPT_KERNEL_ARGS_BYTES 1304
 
 /* The HIP kernel (templates/hip/attention.hip) for cfg->gfx: 4 wavefronts of 16 query rows,
