@@ -176,19 +176,27 @@ def sdpa_peers(case, q, k, v, S, H, dtype):
     return peers
 
 
-def run_case(args, kernels, timer, flex, name, S, D, dtype_name):
+def case_inputs(name, S, D, dtype_name):
+    """A case at 16k tokens (B = 16k / S) of a 2048-wide model (H = 2048 / D): the case, its
+    batch rows, q, k, v (seeded by S and D), o poisoned with NaN, the kept fraction and the
+    FLOPs (DESIGN §8)."""
     dtype = DTYPES[dtype_name]
-    H = 2048 // D  # a 2048-wide model
+    H = 2048 // D
     B = max(1, TOKENS // S)
     case = cases.make_case(name, B, S, H)
-    hq, hkv = case.hq, case.hkv
     torch.manual_seed(S * 131 + D)
-    q = torch.randn(B, hq, S, D, device="cuda", dtype=dtype)
-    k = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
-    v = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
+    q = torch.randn(B, case.hq, S, D, device="cuda", dtype=dtype)
+    k = torch.randn(B, case.hkv, S, D, device="cuda", dtype=dtype)
+    v = torch.randn(B, case.hkv, S, D, device="cuda", dtype=dtype)
     o = torch.full_like(q, float("nan"))
     kept = cases.kept_fraction(case, B, S)
-    flops = 4.0 * B * hq * S * S * D * kept
+    return case, B, q, k, v, o, kept, 4.0 * B * case.hq * S * S * D * kept
+
+
+def run_case(args, kernels, timer, flex, name, S, D, dtype_name):
+    dtype = DTYPES[dtype_name]
+    case, B, q, k, v, o, kept, flops = case_inputs(name, S, D, dtype_name)
+    hq, hkv = case.hq, case.hkv
     row = {"pattern": name, "kpt": case.kpt, "S": S, "B": B, "Hq": hq, "Hkv": hkv, "D": D,
            "dtype": dtype_name, "kept": kept, "flops": flops}
 

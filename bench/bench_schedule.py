@@ -21,7 +21,6 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench  # noqa: E402  (the timer, kernels, peers and cases of the main benchmark)
-import cases  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -39,16 +38,7 @@ def with_schedule(value, fn):
 
 
 def one(args, kernels, timer, name, S, D, dtype_name):
-    dtype = bench.DTYPES[dtype_name]
-    H = 2048 // D
-    B = max(1, bench.TOKENS // S)
-    case = cases.make_case(name, B, S, H)
-    torch.manual_seed(S * 131 + D)
-    q = torch.randn(B, case.hq, S, D, device="cuda", dtype=dtype)
-    k = torch.randn(B, case.hkv, S, D, device="cuda", dtype=dtype)
-    v = torch.randn(B, case.hkv, S, D, device="cuda", dtype=dtype)
-    o = torch.full_like(q, float("nan"))
-    flops = 4.0 * B * case.hq * S * S * D * cases.kept_fraction(case, B, S)
+    case, B, q, k, v, o, _, flops = bench.case_inputs(name, S, D, dtype_name)
     ker = kernels.get(case, dtype_name, D)
     stream = torch.cuda.current_stream().cuda_stream
     bm = None
@@ -60,7 +50,7 @@ def one(args, kernels, timer, name, S, D, dtype_name):
         return o
     row, ref = {"case": f"{name} S={S} B={B} {dtype_name} D={D}"}, None
     fns = {n: with_schedule(val, run_kpt) for n, val in VARIANTS.items()}
-    fns.update(bench.sdpa_peers(case, q, k, v, S, case.hq, dtype) if not args.no_sdpa else {})
+    fns.update(bench.sdpa_peers(case, q, k, v, S, case.hq, q.dtype) if not args.no_sdpa else {})
     live = {}
     for n in [x for x in fns if x not in ("cudnn", "flash")] + ["cudnn", "flash"]:
         if n not in fns:
