@@ -34,7 +34,8 @@ static bool wgmma_dim(int d)
  *
  * On sm_90a with head dims 64 and 128 (templates/cuda/attention_bwd_sm90.cu): 128 x 128 tiles
  * (tile classes and block maps use them), two warpgroups of 64 rows, warpgroup MMA. kpt_bwd_dkdv
- * keeps K and V of its 128 keys and streams 64-query halves of Q and dO through two stages;
+ * keeps K and V of its 128 keys and streams 64-query halves of Q and dO through two stages
+ * (filled by TMA from a producer warpgroup besides, KPT_BWD_PRODUCER_WARPS);
  * kpt_bwd_dq keeps Q and dO of its 128 queries and streams 128-key tiles of K and V through two
  * stages. The launches share one dynamic shared-memory size, the larger (kpt_bwd_dq's: 193 KB
  * at D = 128). */
@@ -65,8 +66,11 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
      * where the score has aux gradients */
     size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
     if (pl.cfg.wgmma) {
-        /* kpt_bwd_dkdv: K and V, two stages of Q and dO, their row vectors (1 KB), dS^T */
-        size_t dkdv = (size_t)pl.bn * row + 2 * 64 * row + 1024 + (size_t)pl.bn * 128 + aux;
+        /* kpt_bwd_dkdv: K and V, the stages of Q and dO and their row vectors (LSE and
+         * delta), two dS^T tiles */
+        size_t steps = (size_t)pl.stages * KPT_BWD_STEP_ROWS;
+        size_t dkdv = (size_t)pl.bn * row + steps * row + steps * 2 * sizeof(float) +
+                      2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 + aux;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv); /* + the 1024-byte alignment */
         *out = pl;

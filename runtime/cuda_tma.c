@@ -57,22 +57,51 @@ static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *
     return KPT_OK;
 }
 
+static kpt_status have_tma(const kpt_cu_api *cu, kpt_diag *diag)
+{
+    if (cu->TensorMapEncodeTiled)
+        return KPT_OK;
+    return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                        "the NVIDIA driver lacks cuTensorMapEncodeTiled (TMA), which the "
+                        "sm_90a kernels need; update the driver or use target cuda:sm_90");
+}
+
 kpt_status kpt_cuda_tma_pack(const kpt_cu_api *cu, const kpt_kernel_plan *pl,
                              const kpt_kernel_args *a, kpt_kernel_tma *out, kpt_diag *diag)
 {
     memset(out, 0, sizeof(*out));
-    if (!cu->TensorMapEncodeTiled)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "the NVIDIA driver lacks cuTensorMapEncodeTiled (TMA), which the "
-                            "sm_90a kernel needs; update the driver or use target cuda:sm_90");
+    kpt_status st = have_tma(cu, diag);
+    if (st)
+        return st;
     const int dt = pl->cfg.dtype == KPT_DTYPE_BF16 ? KPT_TM_BF16 : KPT_TM_F16;
-    kpt_status st;
     if ((st = encode(cu, &out->q, "q", a->q, a->qs, pl->cfg.dqk, a->Sq, a->Hq, a->B,
                      (unsigned)pl->bm, dt, &out->hq, &out->bq, diag)) ||
         (st = encode(cu, &out->k, "k", a->k, a->ks, pl->cfg.dqk, a->Skv, a->Hkv, a->B,
                      (unsigned)pl->bn, dt, &out->hk, &out->bk, diag)) ||
         (st = encode(cu, &out->v, "v", a->v, a->vs, pl->cfg.dv, a->Skv, a->Hkv, a->B,
                      (unsigned)pl->bn, dt, &out->hv, &out->bv, diag)))
+        return st;
+    return KPT_OK;
+}
+
+kpt_status kpt_cuda_tma_pack_bwd(const kpt_cu_api *cu, const kpt_kernel_plan *pl,
+                                 const kpt_kernel_args *a, const kpt_kernel_gargs *g,
+                                 kpt_kernel_bwd_tma *out, kpt_diag *diag)
+{
+    memset(out, 0, sizeof(*out));
+    kpt_status st = have_tma(cu, diag);
+    if (st)
+        return st;
+    const int dt = pl->cfg.dtype == KPT_DTYPE_BF16 ? KPT_TM_BF16 : KPT_TM_F16;
+    const int64_t dqk = pl->cfg.dqk, dv = pl->cfg.dv;
+    if ((st = encode(cu, &out->q, "q", a->q, a->qs, dqk, a->Sq, a->Hq, a->B, (unsigned)KPT_BWD_STEP_ROWS,
+                     dt, &out->hq, &out->bq, diag)) ||
+        (st = encode(cu, &out->o, "dout", g->dout, g->dos, dv, a->Sq, a->Hq, a->B,
+                     KPT_BWD_STEP_ROWS, dt, &out->ho, &out->bo, diag)) ||
+        (st = encode(cu, &out->k, "k", a->k, a->ks, dqk, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,
+                     dt, &out->hk, &out->bk, diag)) ||
+        (st = encode(cu, &out->v, "v", a->v, a->vs, dv, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,
+                     dt, &out->hv, &out->bv, diag)))
         return st;
     return KPT_OK;
 }

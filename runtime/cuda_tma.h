@@ -1,5 +1,6 @@
-/* The TMA tensor maps of the sm_90a attention kernel (templates/cuda/attention_sm90.cu): its
- * second parameter, built on every launch from the packed call. */
+/* The TMA tensor maps of the sm_90a kernels (templates/cuda/attention_sm90.cu's kpt_attention,
+ * templates/cuda/attention_bwd_sm90.cu's kpt_bwd_dkdv): a parameter of theirs, built on every
+ * launch from the packed call. */
 #ifndef KPT_RUNTIME_CUDA_TMA_H
 #define KPT_RUNTIME_CUDA_TMA_H
 
@@ -24,10 +25,25 @@ typedef struct kpt_kernel_tma {
 
 _Static_assert(sizeof(kpt_kernel_tma) == 448, "kpt_kernel_tma layout");
 
+/* The twin of struct kpt_bwd_tma (templates/cuda/attention_bwd_sm90.cu): maps of q and dout
+ * with boxes of 64 rows (kpt_bwd_dkdv's steps), k and v with boxes of plan.bn rows, and the
+ * head and batch factors of each. */
+typedef struct kpt_kernel_bwd_tma {
+    kpt_tensor_map q, o, k, v;
+    int32_t hq, bq, ho, bo, hk, bk, hv, bv;
+} kpt_kernel_bwd_tma;
+
+_Static_assert(sizeof(kpt_kernel_bwd_tma) == 576, "kpt_kernel_bwd_tma layout");
+
 /* Fills `out` for a call packed by kpt_kernel_args_pack. Fails with a clear error where the
  * driver lacks TMA or a tensor's layout is one TMA cannot describe (a zero or negative
  * sequence stride, negative strides). */
 kpt_status kpt_cuda_tma_pack(const kpt_cu_api *cu, const kpt_kernel_plan *plan,
                              const kpt_kernel_args *a, kpt_kernel_tma *out, kpt_diag *diag);
+
+/* The same for the sm_90a backward (kpt_kernel_bwd_pack's a and g). */
+kpt_status kpt_cuda_tma_pack_bwd(const kpt_cu_api *cu, const kpt_kernel_plan *plan,
+                                 const kpt_kernel_args *a, const kpt_kernel_gargs *g,
+                                 kpt_kernel_bwd_tma *out, kpt_diag *diag);
 
 #endif

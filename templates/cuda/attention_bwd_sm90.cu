@@ -183,68 +183,142 @@ __device__ __forceinline__ void kpt_bwd_dq_atomic(const kpt_args &A, const kpt_g
 
 #define KPT_BWD_QB (KPT_BWD_SUB * KPT_DQK * 2) // a stage: Q rows, then dO rows
 #define KPT_BWD_STAGE (KPT_BWD_QB + KPT_BWD_SUB * KPT_DV * 2)
+#define KPT_BWD_DS (KPT_BN * KPT_BWD_SUB * 2) // a dS^T tile of the atomic dQ (two of them)
 
-// Q, dO, LSE and delta of step s into stage buffer t (rows at t, row vectors at rv).
-__device__ __forceinline__ void kpt_bwd_load_q(const kpt_args &A, const kpt_gargs &G, int b,
-                                               const kpt_bwd_step &s, u32 t, float *rv)
+// kpt_bwd_dkdv's CTA: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
+// the runtime launches it with this many threads (KPT_BWD_DKDV_THREADS in compiler/plan_tiles.h).
+#define KPT_BWD_THREADS (KPT_THREADS + 128)
+#define KPT_BWD_PRODUCER_REGS 24
+#define KPT_BWD_CONSUMER_REGS 240
+
+// The TMA tensor maps of kpt_bwd_dkdv: Q and dO in boxes of KPT_BWD_SUB rows, K and V in boxes
+// of KPT_BN rows (64 columns each, 128-byte swizzle), and per tensor the factors of the head and
+// batch coordinates, as the forward's kpt_tma. Host twin: kpt_kernel_bwd_tma in
+// runtime/cuda_tma.h.
+struct kpt_bwd_tma {
+    kpt_tmap q, o, k, v;
+    int hq, bq, ho, bo, hk, bk, hv, bv;
+};
+static_assert(sizeof(kpt_bwd_tma) == 576, "kpt_bwd_tma layout");
+
+// kpt_bwd_dkdv's mbarriers: K and V in; per stage, its Q, dO, LSE and delta in ("full": the
+// producer warp's 32 lanes arrive, lane 0 with the TMA's bytes) and handed back ("empty": every
+// consumer thread arrives).
+#define KPT_BB_KV 0
+#define KPT_BB_F(s) (1 + (s))
+#define KPT_BB_E(s) (1 + KPT_STAGES + (s))
+#define KPT_BB_N (1 + 2 * KPT_STAGES)
+
+// The producer warp: walks the steps (kpt_bwd_next, tile classes included) and fills the ring,
+// each stage with its step (h < 0: none is left), Q and dO by TMA, and LSE and delta by the
+// lanes (two rows each). All lanes run the same walk.
+__device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_gargs &G,
+                                                 const kpt_bwd_tma &T, int b, int hk, int kt,
+                                                 u32 bar, u32 sK, u32 sV, u32 sQ, float *s_rv,
+                                                 int4 *s_step, int lane)
 {
-    const int q0 = s.qt * KPT_BM + s.half * KPT_BWD_SUB;
-    kpt_load_sw<KPT_BWD_SUB, KPT_DQK>(t, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)s.h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
-    kpt_load_sw<KPT_BWD_SUB, KPT_DV>(t + KPT_BWD_QB, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)s.h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
-    kpt_cp_commit();
-    const int i = threadIdx.x;
-    if (i < KPT_BWD_SUB)
-        rv[i] = kpt_lse2(A, b, s.h, q0 + i);
-    else if (i < 2 * KPT_BWD_SUB)
-        rv[i] = kpt_delta(A, G, b, s.h, q0 + i - KPT_BWD_SUB);
-}
-
-extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
-kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
-{
-    extern __shared__ __align__(16) unsigned char kpt_smem[];
-    const u32 s0 = kpt_smem_addr(kpt_smem);
-    const u32 sK = (s0 + 1023u) & ~1023u; // swizzle atoms repeat every 1024 bytes
-    const u32 sV = sK + KPT_BN * KPT_DQK * 2;
-    const u32 sQ = sV + KPT_BN * KPT_DV * 2; // two stages
-    float *s_rv = (float *)(kpt_smem + (sQ + 2 * KPT_BWD_STAGE - s0)); // per stage: lse, delta
-    const u32 sDS = sQ + 2 * KPT_BWD_STAGE + 1024; // dS^T for the atomic dQ, 1024-byte aligned
-#if KPT_AUX_GRADS
-    float2 *s_aux = (float2 *)(kpt_smem + (sDS + KPT_BN * 128 - s0)); // kpt_bwd_aux's staging
-#endif
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = warp >> 2;
-    const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int k0 = kt * KPT_BN;
-    const int krow = k0 + c * 64 + (warp & 3) * 16; // this warp's first key
-    const u32 wK = sK + c * 64 * 128, wV = sV + c * 64 * 128; // this warpgroup's keys
-    kpt_load_sw<KPT_BN, KPT_DQK>(sK, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
-    kpt_load_sw<KPT_BN, KPT_DV>(sV, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
-    kpt_cp_commit();
-
-    float dK[KPT_DQK / 8][4], dV[KPT_DV / 8][4];
-    kpt_zero<KPT_DQK>(dK);
-    kpt_zero<KPT_DV>(dV);
+    if (lane == 0) {
+        kpt_mbar_expect_tx(bar + 8 * KPT_BB_KV, KPT_BN * (KPT_DQK + KPT_DV) * 2);
+        kpt_tma_tile<KPT_BN, KPT_DQK>(sK, &T.k, k0, hk * T.hk, b * T.bk, bar + 8 * KPT_BB_KV);
+        kpt_tma_tile<KPT_BN, KPT_DV>(sV, &T.v, k0, hk * T.hv, b * T.bv, bar + 8 * KPT_BB_KV);
+    }
     const int h_end = (hk + 1) * A.group;
     kpt_bwd_step s = {hk * A.group, -1, KPT_BM, 0}; // before the first step
     kpt_bwd_next(A, b, hk, kt, s);
-    if (s.h < h_end)
-        kpt_bwd_load_q(A, G, b, s, sQ, s_rv);
+    for (u32 i = 0;; i++) { // unsigned: the stage and parity are a mask and a shift
+        const u32 st = i % KPT_STAGES, f = bar + 8 * KPT_BB_F(st);
+        if (i >= KPT_STAGES)
+            kpt_mbar_wait(bar + 8 * KPT_BB_E(st), ((i / KPT_STAGES) & 1) ^ 1);
+        if (s.h >= h_end) {
+            if (lane == 0)
+                s_step[st] = make_int4(-1, 0, 0, 0);
+            kpt_mbar_arrive(f);
+            return;
+        }
+        const int q0 = s.qt * KPT_BM + s.half * KPT_BWD_SUB;
+        float *rv = s_rv + st * 2 * KPT_BWD_SUB;
+#pragma unroll
+        for (int r = 0; r < KPT_BWD_SUB; r += 32) {
+            rv[r + lane] = kpt_lse2(A, b, s.h, q0 + r + lane);
+            rv[KPT_BWD_SUB + r + lane] = kpt_delta(A, G, b, s.h, q0 + r + lane);
+        }
+        if (lane == 0) {
+            s_step[st] = make_int4(s.h, s.qt, s.half, s.cls);
+            const u32 t = sQ + st * KPT_BWD_STAGE;
+            kpt_mbar_expect_tx(f, KPT_BWD_STAGE);
+            kpt_tma_tile<KPT_BWD_SUB, KPT_DQK>(t, &T.q, q0, s.h * T.hq, b * T.bq, f);
+            kpt_tma_tile<KPT_BWD_SUB, KPT_DV>(t + KPT_BWD_QB, &T.o, q0, s.h * T.ho, b * T.bo, f);
+        } else {
+            kpt_mbar_arrive(f); // releases this lane's LSE and delta
+        }
+        kpt_bwd_next(A, b, hk, kt, s);
+    }
+}
+
+// One CTA per (128-key tile, kv head, batch row). Warpgroup 0 is the producer (one warp of it
+// works: kpt_bwd_producer); warpgroups 1 and 2 are the consumers, c = 0 and 1, of keys
+// c * 64 .. + 63. The consumers never wait for each other but to swap dS^T for the atomic dQ
+// (named barrier 1), and there over two buffers: a warpgroup writes one while the other may
+// still read the other.
+extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
+kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
+{
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    __shared__ __align__(8) u64 s_bar[KPT_BB_N];
+    __shared__ int4 s_step[KPT_STAGES];
+    const u32 s0 = kpt_smem_addr(kpt_smem);
+    const u32 sK = (s0 + 1023u) & ~1023u; // swizzle atoms repeat every 1024 bytes
+    const u32 sV = sK + KPT_BN * KPT_DQK * 2;
+    const u32 sQ = sV + KPT_BN * KPT_DV * 2; // the ring
+    const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the atomic dQ, two buffers
+    float *s_rv = (float *)(kpt_smem + (sDS + 2 * KPT_BWD_DS - s0)); // per stage: lse, delta
+#if KPT_AUX_GRADS
+    float2 *s_aux = (float2 *)(s_rv + KPT_STAGES * 2 * KPT_BWD_SUB); // kpt_bwd_aux's staging
+#endif
+    const u32 bar = kpt_smem_addr(s_bar);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    if (tid == 0) {
+        kpt_mbar_init(bar + 8 * KPT_BB_KV, 1);
+        for (int s = 0; s < KPT_STAGES; s++) {
+            kpt_mbar_init(bar + 8 * KPT_BB_F(s), 32);
+            kpt_mbar_init(bar + 8 * KPT_BB_E(s), KPT_THREADS);
+        }
+        kpt_mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp < 4) {
+        kpt_regs_dec<KPT_BWD_PRODUCER_REGS>();
+        if (warp == 0)
+            kpt_bwd_producer(A, G, T, b, hk, kt, bar, sK, sV, sQ, s_rv, s_step, lane);
+        return;
+    }
+    kpt_regs_inc<KPT_BWD_CONSUMER_REGS>();
+
+    const int cw = warp - 4, c = cw >> 2; // consumer warp, warpgroup
+    const int k0 = kt * KPT_BN;
+    const int krow = k0 + c * 64 + (cw & 3) * 16; // this warp's first key
+    const u32 wK = sK + c * 64 * 128, wV = sV + c * 64 * 128; // this warpgroup's keys
+    float dK[KPT_DQK / 8][4], dV[KPT_DV / 8][4];
+    kpt_zero<KPT_DQK>(dK);
+    kpt_zero<KPT_DV>(dV);
     kpt_uniform U;
     int uh = -1;
-    for (int i = 0; s.h < h_end; i++) {
-        kpt_bwd_step n = s;
-        kpt_bwd_next(A, b, hk, kt, n);
-        kpt_bwd_landed(); // stage i % 2 is in; stage (i + 1) % 2 is free
-        if (n.h < h_end)
-            kpt_bwd_load_q(A, G, b, n, sQ + ((i + 1) & 1) * KPT_BWD_STAGE, s_rv + ((i + 1) & 1) * 2 * KPT_BWD_SUB);
-        if (s.h != uh) {
-            kpt_uniform_init(A, b, s.h, U);
-            uh = s.h;
+    kpt_mbar_wait(bar + 8 * KPT_BB_KV, 0);
+    for (u32 i = 0;; i++) {
+        const u32 st = i % KPT_STAGES;
+        kpt_mbar_wait(bar + 8 * KPT_BB_F(st), (i / KPT_STAGES) & 1);
+        const int4 s = s_step[st]; // h, q tile, half, class
+        if (s.x < 0)
+            break;
+        if (s.x != uh) {
+            kpt_uniform_init(A, b, s.x, U);
+            uh = s.x;
         }
-        const u32 tQ = sQ + (i & 1) * KPT_BWD_STAGE, tO = tQ + KPT_BWD_QB;
-        const float *lse = s_rv + (i & 1) * 2 * KPT_BWD_SUB, *del = lse + KPT_BWD_SUB;
-        const int q0 = s.qt * KPT_BM + s.half * KPT_BWD_SUB;
+        const u32 tQ = sQ + st * KPT_BWD_STAGE, tO = tQ + KPT_BWD_QB;
+        const float *lse = s_rv + st * 2 * KPT_BWD_SUB, *del = lse + KPT_BWD_SUB;
+        const int h = s.x, q0 = s.y * KPT_BM + s.z * KPT_BWD_SUB;
 
         // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys against the step's queries.
         float S[8][4], dP[8][4];
@@ -253,12 +327,12 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
         kpt_wgmma_commit();
         kpt_bwd_ss<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, wV, tO);
         kpt_wgmma_commit();
-        const bool partial = s.cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq;
-        const u32 keep = partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, s.h, krow, q0, lane) : ~0u;
+        const bool partial = s.w != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq;
+        const u32 keep = partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, lane) : ~0u;
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&S[0][0]);
         float D[8][4]; // d s'/d s (with a score mod)
-        kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, s.h, krow, q0, keep, S, D, lse, nullptr, lane);
+        kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, keep, S, D, lse, nullptr, lane);
         // dV += P^T dO
         u32 F[4][4];
         kpt_frags<KPT_BWD_SUB>(F, S);
@@ -275,8 +349,8 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
             kpt_wgmma_commit();
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&X[0][0]);
-            kpt_bwd_aux<KPT_BWD_SUB>(A, U, G, b, s.h, krow, q0, X, S, dP, del,
-                                     s_aux + warp * KPT_AUX_CHUNK * 32, lane);
+            kpt_bwd_aux<KPT_BWD_SUB>(A, U, G, b, h, krow, q0, X, S, dP, del,
+                                     s_aux + cw * KPT_AUX_CHUNK * 32, lane);
         }
 #endif
         // dK += dS^T Q
@@ -287,15 +361,15 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
         kpt_bwd_rs<KPT_DQK, KPT_BWD_SUB>(dK, E, tQ);
         kpt_wgmma_commit();
         if (G.dqacc) {
-            kpt_bwd_put_ds(sDS, E, c * 64 + (warp & 3) * 16, lane);
-            kpt_bwd_dq_atomic(A, G, b, s.h, q0, sDS, sK, c, warp, lane);
+            const u32 tDS = sDS + (i & 1) * KPT_BWD_DS;
+            kpt_bwd_put_ds(tDS, E, c * 64 + (cw & 3) * 16, lane);
+            kpt_bwd_dq_atomic(A, G, b, h, q0, tDS, sK, c, cw, lane);
         }
-        kpt_wgmma_wait<0>(); // the stage is read: the next step's loads may overwrite it
+        kpt_wgmma_wait<0>(); // the stage is read: hand it back
         kpt_wgmma_regs<KPT_DQK / 2>(&dK[0][0]);
         kpt_wgmma_regs<KPT_DV / 2>(&dV[0][0]);
-        s = n;
+        kpt_mbar_arrive(bar + 8 * KPT_BB_E(st));
     }
-    kpt_cp_wait<0>();
     kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
                            krow, A.Skv, A.scale, lane);
     kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],

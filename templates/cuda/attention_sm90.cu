@@ -44,10 +44,7 @@ __device__ __forceinline__ void kpt_wgmma_pv128(float *d, const u32 (&a)[KPT_BN 
 // dims D, S, heads, batch; boxes of 64 columns x a tile's rows, 128-byte swizzle) and, per tensor,
 // the factors of the head and batch coordinates (0 where the tensor broadcasts that dim with a
 // zero stride and the map has extent 1 there). Host twin: kpt_kernel_tma in
-// runtime/kernel_args.h.
-struct __align__(64) kpt_tmap {
-    u64 w[16];
-};
+// runtime/cuda_tma.h.
 struct kpt_tma {
     kpt_tmap q, k, v;
     int hq, bq, hk, bk, hv, bv;

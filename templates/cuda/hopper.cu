@@ -153,6 +153,10 @@ __device__ __forceinline__ void kpt_mbar_wait(u32 bar, u32 parity)
                      : "memory");
     } while (!done);
 }
+// A CUtensorMap (128 opaque bytes, 64-byte aligned), passed in a __grid_constant__ parameter.
+struct __align__(64) kpt_tmap {
+    u64 w[16];
+};
 // One box (64 columns x ROWS rows, 128-byte swizzle) of a 4-d tensor map (D, S, heads, batch)
 // into shared memory; rows outside the tensor read as zeros.
 __device__ __forceinline__ void kpt_tma_box(u32 dst, const void *map, int d0, int row, int hc,
