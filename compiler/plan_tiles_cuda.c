@@ -67,10 +67,11 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
     if (pl.cfg.wgmma) {
         /* kpt_bwd_dkdv: K and V, the stages of Q and dO and their row vectors (LSE and
-         * delta), two dS^T tiles */
+         * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each) */
         size_t steps = (size_t)pl.stages * KPT_BWD_STEP_ROWS;
         size_t dkdv = (size_t)pl.bn * row + steps * row + steps * 2 * sizeof(float) +
-                      2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 + aux;
+                      2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 +
+                      2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) + aux;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv); /* + the 1024-byte alignment */
         *out = pl;

@@ -7,6 +7,7 @@
 
 enum {
     KPT_TM_F16 = 6,          /* CU_TENSOR_MAP_DATA_TYPE_FLOAT16 */
+    KPT_TM_F32 = 7,          /* CU_TENSOR_MAP_DATA_TYPE_FLOAT32 */
     KPT_TM_BF16 = 9,         /* CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 */
     KPT_TM_SWIZZLE_128B = 3, /* CU_TENSOR_MAP_SWIZZLE_128B */
     KPT_TM_L2_256B = 3,      /* CU_TENSOR_MAP_L2_PROMOTION_L2_256B */
@@ -15,10 +16,10 @@ enum {
 /* One tensor: dims (d, s, heads, batch) over its element strides (batch, head, seq, dim; the
  * dim's is 1, checked by kpt_kernel_args_pack). A head or batch dim with stride 0 is a
  * broadcast: the map gets extent 1 there and the kernel multiplies that coordinate by 0. */
-static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *name,
-                         uint64_t ptr, const int64_t *stride, int64_t d, int64_t s, int64_t heads,
-                         int64_t batch, unsigned rows, int dtype, int32_t *hf, int32_t *bf,
-                         kpt_diag *diag)
+static kpt_status encode_box(const kpt_cu_api *cu, kpt_tensor_map *map, const char *name,
+                             uint64_t ptr, const int64_t *stride, int64_t d, int64_t s,
+                             int64_t heads, int64_t batch, unsigned cols, unsigned rows, int dtype,
+                             uint64_t es, int32_t *hf, int32_t *bf, kpt_diag *diag)
 {
     if (stride[2] <= 0 && s > 1)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
@@ -29,7 +30,6 @@ static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "tensor %s: the sm_90a kernel needs non-negative strides; target "
                             "cuda:sm_90 (or KPT_CUDA_WGMMA=0) uses the mma.sync kernel", name);
-    const uint64_t es = 2;
     uint64_t dim[4] = {(uint64_t)d, s > 0 ? (uint64_t)s : 1, (uint64_t)heads, (uint64_t)batch};
     uint64_t str[3] = {(uint64_t)stride[2] * es, (uint64_t)stride[1] * es,
                        (uint64_t)stride[0] * es};
@@ -46,7 +46,7 @@ static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *
         str[2] = str[1];
         *bf = 0;
     }
-    const unsigned box[4] = {64, rows, 1, 1}, ones[4] = {1, 1, 1, 1};
+    const unsigned box[4] = {cols, rows, 1, 1}, ones[4] = {1, 1, 1, 1};
     CUresult r = cu->TensorMapEncodeTiled(map, dtype, 4, (void *)(uintptr_t)ptr, dim, str, box,
                                           ones, 0, KPT_TM_SWIZZLE_128B, KPT_TM_L2_256B, 0);
     if (r) {
@@ -55,6 +55,16 @@ static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *
         return kpt_cu_fail(diag, what, r);
     }
     return KPT_OK;
+}
+
+/* A 16-bit tensor in boxes of 64 columns (the kernels' tiles). */
+static kpt_status encode(const kpt_cu_api *cu, kpt_tensor_map *map, const char *name,
+                         uint64_t ptr, const int64_t *stride, int64_t d, int64_t s, int64_t heads,
+                         int64_t batch, unsigned rows, int dtype, int32_t *hf, int32_t *bf,
+                         kpt_diag *diag)
+{
+    return encode_box(cu, map, name, ptr, stride, d, s, heads, batch, 64, rows, dtype, 2, hf, bf,
+                      diag);
 }
 
 static kpt_status have_tma(const kpt_cu_api *cu, kpt_diag *diag)
@@ -103,5 +113,12 @@ kpt_status kpt_cuda_tma_pack_bwd(const kpt_cu_api *cu, const kpt_kernel_plan *pl
         (st = encode(cu, &out->v, "v", a->v, a->vs, dv, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,
                      dt, &out->hv, &out->bv, diag)))
         return st;
-    return KPT_OK;
+    if (!g->dqacc) /* the deterministic mode */
+        return KPT_OK;
+    /* the f32 dQ accumulator [B, Hq, Sq, Dqk] (contiguous), in boxes of 32 columns: the
+     * 128-byte swizzle's span */
+    const int64_t acc[3] = {a->Hq * a->Sq * dqk, a->Sq * dqk, dqk};
+    int32_t hf, bf;
+    return encode_box(cu, &out->dq, "dq (accumulator)", g->dqacc, acc, dqk, a->Sq, a->Hq, a->B,
+                      32, (unsigned)KPT_BWD_STEP_ROWS, KPT_TM_F32, 4, &hf, &bf, diag);
 }

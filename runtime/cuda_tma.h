@@ -26,14 +26,15 @@ typedef struct kpt_kernel_tma {
 _Static_assert(sizeof(kpt_kernel_tma) == 448, "kpt_kernel_tma layout");
 
 /* The twin of struct kpt_bwd_tma (templates/cuda/attention_bwd_sm90.cu): maps of q and dout
- * with boxes of 64 rows (kpt_bwd_dkdv's steps), k and v with boxes of plan.bn rows, and the
- * head and batch factors of each. */
+ * with boxes of 64 rows (kpt_bwd_dkdv's steps), k and v with boxes of plan.bn rows, the f32 dq
+ * accumulator (where the call is not deterministic) with boxes of 32 columns x 64 rows, and
+ * the head and batch factors of q, dout, k and v. */
 typedef struct kpt_kernel_bwd_tma {
-    kpt_tensor_map q, o, k, v;
+    kpt_tensor_map q, o, k, v, dq;
     int32_t hq, bq, ho, bo, hk, bk, hv, bv;
 } kpt_kernel_bwd_tma;
 
-_Static_assert(sizeof(kpt_kernel_bwd_tma) == 576, "kpt_kernel_bwd_tma layout");
+_Static_assert(sizeof(kpt_kernel_bwd_tma) == 704, "kpt_kernel_bwd_tma layout");
 
 /* Fills `out` for a call packed by kpt_kernel_args_pack. Fails with a clear error where the
  * driver lacks TMA or a tensor's layout is one TMA cannot describe (a zero or negative

@@ -90,14 +90,14 @@ __device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[
     }
 }
 
-// ---- dK, dV (and dQ by atomics) ---------------------------------------------------------------
+// ---- dK, dV (and dQ by bulk reductions) --------------------------------------------------------
 //
 // Unless the launch asks for determinism, kpt_bwd_dkdv also adds each step's dQ = dS K into an
 // f32 accumulator in global memory (G.dqacc; kpt_bwd_dq_store converts it) and kpt_bwd_dq does
 // not run: five products a pair instead of seven. The warpgroups' dS^T (bf16, the A fragments
 // of dK += dS^T Q) go to shared memory, swizzled; warpgroup c then multiplies the whole 128-key
-// dS by K's 64-column block c (or blocks c, c + 2, ...) and adds the 64 x 64 result with vector
-// reductions (red.global.add.v2.f32). The order of the additions varies run to run.------------------------------------------------------------------------------
+// dS by K's 64-column block c and the TMA adds the 64 x 64 result to the accumulator
+// (kpt_bwd_dq_add). The order of the additions varies run to run.
 
 // A step of kpt_bwd_dkdv: 64 queries (q0 on) of head h. Steps go head by head, q tile by q tile,
 // half by half, skipping the q tiles whose class is 0.
@@ -144,40 +144,70 @@ __device__ __forceinline__ void kpt_bwd_put_ds(u32 t, const u32 (&E)[4][4], int 
         }
 }
 
+// The TMA tensor maps of kpt_bwd_dkdv: Q and dO in boxes of KPT_BWD_SUB rows, K and V in boxes
+// of KPT_BN rows (64 columns each, 128-byte swizzle), the f32 dQ accumulator (G.dqacc, [B, Hq,
+// Sq, Dqk]; unset in the deterministic mode) in boxes of 32 columns x KPT_BWD_SUB rows, and per
+// tensor the factors of the head and batch coordinates, as the forward's kpt_tma. Host twin:
+// kpt_kernel_bwd_tma in runtime/cuda_tma.h.
+struct kpt_bwd_tma {
+    kpt_tmap q, o, k, v, dq;
+    int hq, bq, ho, bo, hk, bk, hv, bv;
+};
+static_assert(sizeof(kpt_bwd_tma) == 704, "kpt_bwd_tma layout");
+
+#define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
+
 // dQ (rows q0 on, of head h) += dS K for this step: dS^T of both warpgroups at tDS (published by
-// a barrier first), K resident at sK. Warpgroup c takes the 64-column blocks c, c + 2, ... of dQ
-// and adds them with vector reductions. (Staging the product in shared memory and adding it
-// with bulk reductions, cp.reduce.async.bulk, a row of 256 bytes each, ran 20 % slower: H100,
-// bf16, D = 128, 16k, full 284 against 360 TFLOP/s.)
-__device__ __forceinline__ void kpt_bwd_dq_atomic(const kpt_args &A, const kpt_gargs &G, int b,
-                                                  int h, int q0, u32 tDS, u32 sK, int c, int warp,
-                                                  int lane)
+// a barrier first), K resident at sK. Warpgroup c takes dQ's 64-column block c (head dims up to
+// 128), writes it to its staging tile at sDQ in the layout of T.dq's boxes (two of 32 columns,
+// 128-byte swizzle) and its first warp hands it to the TMA, which adds it to the accumulator in
+// global memory (cp.reduce.async.bulk.tensor). Before the barrier the first thread waits until
+// its previous tile has been read, so the tile is free for every thread after it. (The threads
+// adding their products with red.global.add.v2.f32 instead spent ~15 % of their time on it, the
+// reductions waiting for the memory pipeline: H100, bf16, D = 128, 16k, full.)
+__device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int h, int q0,
+                                               u32 tDS, u32 sK, u32 sDQ, int c, int cw, int lane)
 {
+    static_assert(KPT_DQK <= 128, "a 64-column block of dQ per warpgroup");
+    const bool lead = (cw & 3) == 0; // this warpgroup's first warp
     kpt_fence_proxy_async();
+    if (lead && lane == 0)
+        kpt_bulk_wait<0, true>();
     kpt_bar_sync(1, KPT_THREADS);
-    float *acc = (float *)G.dqacc + (((i64)b * A.Hq + h) * A.Sq) * KPT_DQK;
-#pragma unroll 1
-    for (int blk = c; blk < KPT_DQK / 64; blk += KPT_THREADS / 128) {
-        float Q[8][4];
-        kpt_wgmma_fence();
+    if (c >= KPT_DQK / 64)
+        return;
+    float Q[8][4];
+    kpt_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KPT_BN / 16; kk++)
-            kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_sw128_desc(tDS + kk * 16 * 128, 64 * 128, 1024),
-                                   kpt_desc_mn<KPT_BN>(sK + blk * KPT_BN * 128, kk), kk > 0);
-        kpt_wgmma_commit();
-        kpt_wgmma_wait<0>();
-        kpt_wgmma_regs<32>(&Q[0][0]);
+    for (int kk = 0; kk < KPT_BN / 16; kk++)
+        kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_sw128_desc(tDS + kk * 16 * 128, 64 * 128, 1024),
+                               kpt_desc_mn<KPT_BN>(sK + c * KPT_BN * 128, kk), kk > 0);
+    kpt_wgmma_commit();
+    kpt_wgmma_wait<0>();
+    kpt_wgmma_regs<32>(&Q[0][0]);
+    const u32 t = sDQ + c * KPT_BWD_DQB;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const int q = q0 + (warp & 3) * 16 + (lane >> 2) + r * 8;
-            if (q >= A.Sq) continue;
-            float *g = acc + (i64)q * KPT_DQK + blk * 64 + (lane & 3) * 2;
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g + n * 8),
-                             "f"(Q[n][2 * r]), "f"(Q[n][2 * r + 1])
-                             : "memory");
+            const int row = (cw & 3) * 16 + (lane >> 2) + r * 8;
+            const int ch = (n & 3) * 2 + ((lane & 3) >> 1); // 16-byte chunk of the 128-byte row
+            const u32 a = t + (u32)((n >> 2) * KPT_BWD_SUB * 128 + row * 128 +
+                                    ((ch ^ (row & 7)) << 4) + (lane & 1) * 8);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(Q[n][2 * r]),
+                         "f"(Q[n][2 * r + 1])
+                         : "memory");
         }
+    kpt_fence_proxy_async();
+    if (!lead) {
+        kpt_bar_arrive(2 + c, 128);
+        return;
+    }
+    kpt_bar_sync(2 + c, 128);
+    if (lane == 0) {
+        kpt_tma_add(&T.dq, t, c * 64, q0, h, b);
+        kpt_tma_add(&T.dq, t + KPT_BWD_SUB * 128, c * 64 + 32, q0, h, b);
+        kpt_bulk_commit();
     }
 }
 
@@ -190,16 +220,6 @@ __device__ __forceinline__ void kpt_bwd_dq_atomic(const kpt_args &A, const kpt_g
 #define KPT_BWD_THREADS (KPT_THREADS + 128)
 #define KPT_BWD_PRODUCER_REGS 24
 #define KPT_BWD_CONSUMER_REGS 240
-
-// The TMA tensor maps of kpt_bwd_dkdv: Q and dO in boxes of KPT_BWD_SUB rows, K and V in boxes
-// of KPT_BN rows (64 columns each, 128-byte swizzle), and per tensor the factors of the head and
-// batch coordinates, as the forward's kpt_tma. Host twin: kpt_kernel_bwd_tma in
-// runtime/cuda_tma.h.
-struct kpt_bwd_tma {
-    kpt_tmap q, o, k, v;
-    int hq, bq, ho, bo, hk, bk, hv, bv;
-};
-static_assert(sizeof(kpt_bwd_tma) == 576, "kpt_bwd_tma layout");
 
 // kpt_bwd_dkdv's mbarriers: K and V in; per stage, its Q, dO, LSE and delta in ("full": the
 // producer warp's 32 lanes arrive, lane 0 with the TMA's bytes) and handed back ("empty": every
@@ -272,7 +292,8 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
     const u32 sV = sK + KPT_BN * KPT_DQK * 2;
     const u32 sQ = sV + KPT_BN * KPT_DV * 2; // the ring
     const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the atomic dQ, two buffers
-    float *s_rv = (float *)(kpt_smem + (sDS + 2 * KPT_BWD_DS - s0)); // per stage: lse, delta
+    const u32 sDQ = sDS + 2 * KPT_BWD_DS;            // the warpgroups' dQ tiles
+    float *s_rv = (float *)(kpt_smem + (sDQ + 2 * KPT_BWD_DQB - s0)); // per stage: lse, delta
 #if KPT_AUX_GRADS
     float2 *s_aux = (float2 *)(s_rv + KPT_STAGES * 2 * KPT_BWD_SUB); // kpt_bwd_aux's staging
 #endif
@@ -363,13 +384,15 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         if (G.dqacc) {
             const u32 tDS = sDS + (i & 1) * KPT_BWD_DS;
             kpt_bwd_put_ds(tDS, E, c * 64 + (cw & 3) * 16, lane);
-            kpt_bwd_dq_atomic(A, G, b, h, q0, tDS, sK, c, cw, lane);
+            kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane);
         }
         kpt_wgmma_wait<0>(); // the stage is read: hand it back
         kpt_wgmma_regs<KPT_DQK / 2>(&dK[0][0]);
         kpt_wgmma_regs<KPT_DV / 2>(&dV[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BB_E(st));
     }
+    if (G.dqacc && (cw & 3) == 0 && lane == 0)
+        kpt_bulk_wait<0, false>(); // the last dQ tile's reduction is done with shared memory
     kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
                            krow, A.Skv, A.scale, lane);
     kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],

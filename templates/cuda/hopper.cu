@@ -176,6 +176,29 @@ __device__ __forceinline__ void kpt_tma_tile(u32 dst, const void *map, int row, 
     for (int c = 0; c < D / 64; c++)
         kpt_tma_box(dst + c * ROWS * 128, map, c * 64, row, hc, bc, bar);
 }
+// The box at src (shared memory, the map's layout) added into the tensor (f32 maps: the
+// backward's dQ accumulator) at the given coordinates, in this thread's current bulk group.
+__device__ __forceinline__ void kpt_tma_add(const void *map, u32 src, int d0, int row, int hc,
+                                           int bc)
+{
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+                 " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+                 "r"(src), "r"(d0), "r"(row), "r"(hc), "r"(bc)
+                 : "memory");
+}
+__device__ __forceinline__ void kpt_bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk groups but the newest N have read their shared memory (READ) or are
+// complete.
+template <int N, bool READ> __device__ __forceinline__ void kpt_bulk_wait()
+{
+    if (READ)
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void kpt_bar_sync(int id, int n)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
