@@ -37,8 +37,9 @@ static bool wgmma_dim(int d)
  * keeps K and V of its 128 keys and streams 64-query halves of Q and dO through two stages
  * (filled by TMA from a producer warpgroup besides, KPT_BWD_PRODUCER_WARPS);
  * kpt_bwd_dq keeps Q and dO of its 128 queries and streams 128-key tiles of K and V through two
- * stages. The launches share one dynamic shared-memory size, the larger (kpt_bwd_dq's: 193 KB
- * at D = 128). */
+ * stages. Each launch takes its own dynamic shared memory (plan.smem_bytes, plan.dq_smem_bytes):
+ * kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for kpt_bwd_dq's static
+ * tile classes. */
 #define KPT_BWD_AUX_CHUNK 16 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
 
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
@@ -73,13 +74,15 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
                       2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 +
                       2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) + aux;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
-        pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv); /* + the 1024-byte alignment */
+        pl.dq_smem_bytes = 1024 + dq; /* + the 1024-byte alignment */
+        pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv);
         *out = pl;
         return KPT_OK;
     }
     size_t rows = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8) +
                   (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float) + aux;
+    pl.dq_smem_bytes = pl.smem_bytes;
     *out = pl;
     return KPT_OK;
 }

@@ -54,6 +54,9 @@ typedef struct kpt_kernel_plan {
      * load aux data or are long, unrolling buys little and costs seconds of NVRTC time. */
     bool mask_rolled;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
+    size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
+                             kpt_bwd_dkdv's; the launch of each takes its own, so the static
+                             shared memory of either fits beside it) */
 } kpt_kernel_plan;
 
 #endif

@@ -89,17 +89,24 @@ kpt_status kpt_cuda_make_current(const kpt_cuda_device *dev, kpt_diag *diag)
     return KPT_OK;
 }
 
-/* An entry point that takes the plan's dynamic shared memory. */
-static kpt_status get_big_function(kpt_cuda_kernel *k, CUfunction *f, const char *name,
-                                   kpt_diag *diag)
+/* An entry point that takes `bytes` of dynamic shared memory. */
+static kpt_status get_function_smem(kpt_cuda_kernel *k, CUfunction *f, const char *name,
+                                    size_t bytes, kpt_diag *diag)
 {
     const kpt_cu_api *cu = k->dev->cu;
     CUresult r = cu->ModuleGetFunction(f, k->module, name);
     if (r)
         return kpt_cu_fail(diag, name, r);
-    if ((r = cu->FuncSetAttribute(*f, KPT_CU_FUNC_MAX_DYNAMIC_SMEM, (int)k->plan.smem_bytes)))
+    if ((r = cu->FuncSetAttribute(*f, KPT_CU_FUNC_MAX_DYNAMIC_SMEM, (int)bytes)))
         return kpt_cu_fail(diag, "cuFuncSetAttribute(max dynamic shared memory)", r);
     return KPT_OK;
+}
+
+/* An entry point that takes the plan's dynamic shared memory. */
+static kpt_status get_big_function(kpt_cuda_kernel *k, CUfunction *f, const char *name,
+                                   kpt_diag *diag)
+{
+    return get_function_smem(k, f, name, k->plan.smem_bytes, diag);
 }
 
 static kpt_status load_attention(kpt_cuda_kernel *k, kpt_diag *diag)
@@ -122,7 +129,9 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
         (r = k->dev->cu->ModuleGetFunction(&k->bwd_dq_store, k->module, KPT_CUDA_BWD_DQ_STORE_ENTRY)))
         return kpt_cu_fail(diag, KPT_CUDA_BWD_DQ_STORE_ENTRY, r);
     kpt_status st = get_big_function(k, &k->bwd_dkdv, KPT_CUDA_BWD_DKDV_ENTRY, diag);
-    return st ? st : get_big_function(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, diag);
+    return st ? st
+              : get_function_smem(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, k->plan.dq_smem_bytes,
+                                  diag);
 }
 
 static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
@@ -405,8 +414,8 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                           params, NULL));
     else
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
-                                          (unsigned)a->B, threads, 1, 1, smem, stream, params,
-                                          NULL));
+                                          (unsigned)a->B, threads, 1, 1,
+                                          (unsigned)k->plan.dq_smem_bytes, stream, params, NULL));
     if (g->dsinks) /* after delta; reads lse and delta only */
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dsinks, (unsigned)a->Hq, 1, 1, 256, 1, 1, 0,
                                           stream, params, NULL));

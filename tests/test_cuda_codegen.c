@@ -184,6 +184,9 @@ static void test_plan_backward(void **state)
         assert_int_equal(plan.bm, 128);
         assert_int_equal(plan.bn, 128);
         assert_true(plan.smem_bytes <= 227 * 1024);
+        /* kpt_bwd_dq's own, with its static tile classes beside it */
+        assert_true(plan.dq_smem_bytes <= plan.smem_bytes);
+        assert_true(plan.dq_smem_bytes + 2048 + 8 <= 227 * 1024); /* s_cls, s_lo, s_hi */
     }
     kpt_kernel_config c96 = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 96,
                              .dv = 96, .sm = 90, .wgmma = true};
@@ -466,8 +469,11 @@ static void test_nvrtc_matrix(void **state)
         if (j->backward)
             assert_true(j->bwd_entries);
         if (j->wgmma && j->backward) {
-            /* warpgroup MMAs on cp.async tiles (no TMA, no warp specialisation), asynchronous */
+            /* warpgroup MMAs, asynchronous: kpt_bwd_dkdv's tiles by TMA from a producer
+             * warpgroup (setmaxnreg), kpt_bwd_dq's by cp.async */
             assert_true(j->wgmma_ptx);
+            assert_true(j->tma);
+            assert_true(j->setmaxnreg);
             assert_true(j->cp_async);
             assert_false(j->mma);
             if (j->serialized)
