@@ -63,9 +63,10 @@ int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, 
 #define KPT_PAGED_STATIC_SMEM (2048 + 8192 + 8)
 #define KPT_KERNEL_ARGS_BYTES 1304
 
-/* The sm_90a backward's kpt_bwd_dkdv (templates/cuda/attention_bwd_sm90.cu): steps of 64 query
- * rows (KPT_BWD_SUB; the rows of its TMA boxes of Q and dO), and a producer warpgroup beside
- * the plan's two consumer warpgroups (KPT_BWD_THREADS), so it runs plan.warps + 4 warps. */
+/* The sm_90a backward kernels (templates/cuda/attention_bwd_sm90.cu): kpt_bwd_dkdv's steps of 64
+ * query rows (KPT_BWD_SUB; the rows of the TMA boxes of Q and dO), and in both kpt_bwd_dkdv and
+ * kpt_bwd_dq a producer warpgroup beside the plan's two consumer warpgroups (KPT_BWD_THREADS),
+ * so they run plan.warps + 4 warps. */
 #define KPT_BWD_STEP_ROWS 64
 #define KPT_BWD_PRODUCER_WARPS 4
 

@@ -390,8 +390,8 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                   CUdeviceptr base, CUstream stream, kpt_diag *diag)
 {
     const kpt_cu_api *cu = k->dev->cu;
-    /* the sm_90a kpt_bwd_dkdv reads q, dout, k and v through TMA maps, its third parameter,
-     * and has a producer warpgroup besides the plan's warps */
+    /* the sm_90a kpt_bwd_dkdv and kpt_bwd_dq read q, dout, k and v through TMA maps, their
+     * third parameter, and have a producer warpgroup besides the plan's warps */
     kpt_kernel_bwd_tma tma;
     const bool wg = k->plan.cfg.wgmma;
     kpt_status st = wg ? kpt_cuda_tma_pack_bwd(cu, &k->plan, a, g, &tma, diag) : KPT_OK;
@@ -399,14 +399,14 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
         return st;
     void *params[] = {a, g, &tma};
     const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
-    const unsigned dkdv_threads = threads + (wg ? KPT_BWD_PRODUCER_WARPS * 32 : 0);
+    const unsigned big_threads = threads + (wg ? KPT_BWD_PRODUCER_WARPS * 32 : 0);
     if (ws->bytes > ws->zero_from)
         KPT_CU_TRY(diag, cu->MemsetD8Async(base + ws->zero_from, 0, ws->bytes - ws->zero_from,
                                            stream));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, (unsigned)((a->Sq + 7) / 8), (unsigned)a->Hq,
                                       (unsigned)a->B, 256, 1, 1, 0, stream, params, NULL));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
-                                      (unsigned)a->B, dkdv_threads, 1, 1, smem, stream, params,
+                                      (unsigned)a->B, big_threads, 1, 1, smem, stream, params,
                                       NULL));
     if (g->dqacc)
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq_store, (unsigned)((a->Sq + 7) / 8),
@@ -414,7 +414,7 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                           params, NULL));
     else
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
-                                          (unsigned)a->B, threads, 1, 1,
+                                          (unsigned)a->B, big_threads, 1, 1,
                                           (unsigned)k->plan.dq_smem_bytes, stream, params, NULL));
     if (g->dsinks) /* after delta; reads lse and delta only */
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dsinks, (unsigned)a->Hq, 1, 1, 256, 1, 1, 0,

@@ -26,33 +26,6 @@
 
 #define KPT_BWD_SUB 64 // query rows of a kpt_bwd_dkdv step, keys of a kpt_bwd_dq step
 
-// ROWS rows x D columns (D a multiple of 64) of 16-bit elements, row r at src + r * stride, into
-// the 128-byte-swizzled layout at dst (1024-byte aligned); rows at or past `valid` are zeros.
-// Every thread of the CTA takes a share.
-template <int ROWS, int D>
-__device__ __forceinline__ void kpt_load_sw(u32 dst, const u16 *src, i64 stride, int valid)
-{
-    constexpr int CH = D / 8, N = ROWS * CH;
-    static_assert(N % KPT_THREADS == 0, "whole 16-byte copies per thread");
-#pragma unroll
-    for (int it = 0; it < N / KPT_THREADS; it++) {
-        const int i = (int)threadIdx.x + it * KPT_THREADS;
-        const int r = i / CH, ch = i % CH;
-        const bool ok = r < valid;
-        const u16 *g = src + (ok ? (i64)r * stride : 0) + ch * 8;
-        kpt_cp16(dst + (u32)((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), g, ok);
-    }
-}
-
-// The cp.async copies of this thread are complete; after the barrier that follows, the whole
-// CTA's are, and visible to the async proxy (wgmma reads shared memory through it).
-__device__ __forceinline__ void kpt_bwd_landed()
-{
-    kpt_cp_wait<0>();
-    kpt_fence_proxy_async();
-    __syncthreads();
-}
-
 // Descriptors of k step kk (16 elements of the reduced dimension) of an operand in a swizzled
 // tile of ROWS rows at t: K-major (the reduced dimension along the rows' 128-byte lines), or
 // MN-major (the reduced dimension down the rows; the leading byte offset steps over 64-column
@@ -404,46 +377,98 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
 #define KPT_BWD_KB (KPT_BN * KPT_DQK * 2) // a stage: K rows, then V rows
 #define KPT_BWD_KSTAGE (KPT_BWD_KB + KPT_BN * KPT_DV * 2)
 
-// K and V of kv tile j into the stage at t.
-__device__ __forceinline__ void kpt_bwd_load_kv(const kpt_args &A, int b, int hk, int j, u32 t)
+// kpt_bwd_dq's mbarriers: Q and dO in; per stage (two), its K and V in and handed back.
+#define KPT_BQ_QO 0
+#define KPT_BQ_F(s) (1 + (s))
+#define KPT_BQ_E(s) (3 + (s))
+#define KPT_BQ_N 5
+
+// The box rows `part` on of a tile of ROWS rows x D columns (the swizzled layout, a block of
+// ROWS x 128 bytes per 64 columns), from tensor rows row + part on: the 64-row boxes of Q and dO's
+// maps fill kpt_bwd_dq's 128-row tiles.
+template <int ROWS, int D>
+__device__ __forceinline__ void kpt_tma_part(u32 dst, const void *map, int part, int row, int hc,
+                                             int bc, u32 bar)
 {
-    const int k0 = j * KPT_BN;
-    kpt_load_sw<KPT_BN, KPT_DQK>(t, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
-    kpt_load_sw<KPT_BN, KPT_DV>(t + KPT_BWD_KB, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
-    kpt_cp_commit();
+#pragma unroll
+    for (int c = 0; c < D / 64; c++)
+        kpt_tma_box(dst + c * ROWS * 128 + part * 128, map, c * 64, row + part, hc, bc, bar);
 }
 
-extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
-kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
+// kpt_bwd_dq's producer (one thread): Q and dO of the CTA's queries, then K and V of each live kv
+// tile into two stages, each refilled once the consumers have handed it back.
+__device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt_bwd_tma &T,
+                                                    const unsigned char *cls, u32 bar, u32 sQ,
+                                                    u32 sO, u32 sK, int b, int h, int qt, int lo,
+                                                    int hi)
+{
+    const int hk = h / A.group, q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    kpt_mbar_expect_tx(bar + 8 * KPT_BQ_QO, KPT_BM * (KPT_DQK + KPT_DV) * 2);
+#pragma unroll
+    for (int r = 0; r < KPT_BM; r += KPT_BWD_SUB) {
+        kpt_tma_part<KPT_BM, KPT_DQK>(sQ, &T.q, r, q0, h * T.hq, b * T.bq, bar + 8 * KPT_BQ_QO);
+        kpt_tma_part<KPT_BM, KPT_DV>(sO, &T.o, r, q0, h * T.ho, b * T.bo, bar + 8 * KPT_BQ_QO);
+    }
+    u32 i = 0;
+    for (int j = lo; j <= hi; j = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi), i++) {
+        const u32 s = i & 1, f = bar + 8 * KPT_BQ_F(s), t = sK + s * KPT_BWD_KSTAGE;
+        if (i >= 2)
+            kpt_mbar_wait(bar + 8 * KPT_BQ_E(s), ((i >> 1) & 1) ^ 1);
+        kpt_mbar_expect_tx(f, KPT_BWD_KSTAGE);
+        kpt_tma_tile<KPT_BN, KPT_DQK>(t, &T.k, j * KPT_BN, hk * T.hk, b * T.bk, f);
+        kpt_tma_tile<KPT_BN, KPT_DV>(t + KPT_BWD_KB, &T.v, j * KPT_BN, hk * T.hv, b * T.bv, f);
+    }
+}
+
+// One CTA per (128-query tile, head, batch row), as kpt_bwd_dkdv a producer warpgroup (one
+// thread of it issues the TMA copies) and two consumer warpgroups, c = 0 and 1, of queries
+// c * 64 .. + 63, which never wait for each other.
+extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
+kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
+    __shared__ __align__(8) u64 s_bar[KPT_BQ_N];
     const u32 sQ = (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u;
     const u32 sO = sQ + KPT_BM * KPT_DQK * 2; // dO
     const u32 sK = sO + KPT_BM * KPT_DV * 2;  // two stages of K and V
+    const u32 bar = kpt_smem_addr(s_bar);
 
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = warp >> 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int qt = A.n_qt - 1 - (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
+    const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
-    const int row0 = q0 + c * 64 + (warp & 3) * 16; // this warp's first query
-    const u32 wQ = sQ + c * 64 * 128, wO = sO + c * 64 * 128; // this warpgroup's queries
-    kpt_uniform U;
-    kpt_uniform_init(A, b, h, U);
-    kpt_load_sw<KPT_BM, KPT_DQK>(sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
-    kpt_load_sw<KPT_BM, KPT_DV>(sO, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
-
+    if (tid == 0) {
+        kpt_mbar_init(bar + 8 * KPT_BQ_QO, 1);
+        for (int s = 0; s < 2; s++) {
+            kpt_mbar_init(bar + 8 * KPT_BQ_F(s), 1);
+            kpt_mbar_init(bar + 8 * KPT_BQ_E(s), KPT_THREADS);
+        }
+        kpt_mbar_init_fence();
+    }
     int lo = 0, hi = A.n_kt - 1;
 #if KPT_HAS_MASK
     __shared__ int s_lo, s_hi;
     __shared__ unsigned char s_cls[KPT_CLS_CAP];
+    // every thread takes part (a CTA of KPT_THREADS + 128: the last 128 repeat the first's
+    // second share, writing the same classes); its barriers publish the mbarriers too
     kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
 #else
     const unsigned char *s_cls = 0;
+    __syncthreads();
 #endif
-    if (lo <= hi)
-        kpt_bwd_load_kv(A, b, hk, lo, sK);
-    else
-        kpt_cp_commit();
+    if (warp < 4) {
+        kpt_regs_dec<KPT_BWD_PRODUCER_REGS>();
+        if (tid == 0)
+            kpt_bwd_dq_producer(A, T, s_cls, bar, sQ, sO, sK, b, h, qt, lo, hi);
+        return;
+    }
+    kpt_regs_inc<KPT_BWD_CONSUMER_REGS>();
+
+    const int cw = warp - 4, c = cw >> 2; // consumer warp, warpgroup
+    const int row0 = q0 + c * 64 + (cw & 3) * 16; // this warp's first query
+    const u32 wQ = sQ + c * 64 * 128, wO = sO + c * 64 * 128; // this warpgroup's queries
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
     float lse[2], del[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -453,14 +478,13 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
     }
     float dQ[KPT_DQK / 8][4];
     kpt_zero<KPT_DQK>(dQ);
-    const bool rows_out = row0 - (warp & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
+    const bool rows_out = row0 - (cw & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
+    kpt_mbar_wait(bar + 8 * KPT_BQ_QO, 0);
     for (int j = lo, i = 0; j <= hi; i++) {
         const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
-        kpt_bwd_landed(); // tile j is in; the other stage is free
-        if (jn <= hi)
-            kpt_bwd_load_kv(A, b, hk, jn, sK + ((i + 1) & 1) * KPT_BWD_KSTAGE);
         const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
         const u32 tK = sK + (i & 1) * KPT_BWD_KSTAGE, tV = tK + KPT_BWD_KB;
+        kpt_mbar_wait(bar + 8 * KPT_BQ_F(i & 1), (i >> 1) & 1);
 #pragma unroll 1
         for (int half = 0; half < KPT_BN / KPT_BWD_SUB; half++) {
             const int k0 = j * KPT_BN + half * KPT_BWD_SUB;
@@ -478,7 +502,8 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
             kpt_wgmma_wait<1>();
             kpt_wgmma_regs<32>(&S[0][0]);
             float D[8][4]; // d s'/d s (with a score mod)
-            kpt_bwd_probs<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, keep, S, D, nullptr, lse, lane);
+            kpt_bwd_probs<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, keep, S, D, nullptr, lse,
+                                              lane);
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&dP[0][0]);
             kpt_wgmma_regs<KPT_DQK / 2>(&dQ[0][0]);
@@ -490,11 +515,11 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
             kpt_bwd_rs<KPT_DQK, KPT_BN>(dQ, F, hK);
             kpt_wgmma_commit();
         }
-        kpt_wgmma_wait<0>(); // the stage is read: the next tile's loads may overwrite it
+        kpt_wgmma_wait<0>(); // the stage is read: hand it back
         kpt_wgmma_regs<KPT_DQK / 2>(&dQ[0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BQ_E(i & 1));
         j = jn;
     }
-    kpt_cp_wait<0>();
     kpt_store_acc<KPT_DQK>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1], G.dqs[2],
                            row0, A.Sq, A.scale, lane);
 }
