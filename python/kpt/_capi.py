@@ -452,7 +452,7 @@ class Kernel:
         """dq, dk, dv (and daux: {aux name: f32 tensor}; dsinks [Hq] f32 with sinks) of a
         backward kernel from the forward's q, k, v, o, lse and dout. workspace: a tensor of at
         least workspace_bytes() bytes, or None for a temporary one. deterministic: the same
-        bits every run (on CUDA sm_90a, dq without atomics; slower)."""
+        bits every run (on CUDA sm_90a, dq summed in a fixed order; slower)."""
         a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
         g, keep = self._grads(dout, dq, dk, dv, daux, dsinks, deterministic)
         ws = workspace.data_ptr() if workspace is not None else None

@@ -160,7 +160,7 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     sk = _sinks(sinks, q)
     dsinks = (torch.empty(q.shape[1], device=q.device, dtype=torch.float32)
               if sinks_grad and sk is not None else None)
-    # torch's switch decides: deterministic, kpt's sm_90a backward sums dq without atomics
+    # torch's switch decides: deterministic, kpt's sm_90a backward sums dq in a fixed order
     det = torch.are_deterministic_algorithms_enabled()
     nbytes = ker.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv, scale=scale, scalars=scalars,
                                  aux=auxd, daux=daux, sinks=sk, dsinks=dsinks, deterministic=det)

@@ -3,26 +3,29 @@
 // kpt_bwd_prep, kpt_bwd_dsinks and kpt_bwd_daux are shared.
 //
 // In the deterministic mode the same split as on sm_80, and so the same guarantee: no float
-// atomics, every sum in a fixed order, bitwise reproducible results; by default dq is summed with
-// atomics inside kpt_bwd_dkdv instead (below) and kpt_bwd_dq does not run. Tiles are 128 x 128
-// (the plan's bm and bn: tile classes and block maps use them); a CTA is two warpgroups of 64
-// rows, 256 threads, and every product is a wgmma of 64 rows:
-//   kpt_bwd_dkdv  one CTA per (128-key tile, kv head, batch row); warpgroup c owns keys
-//                 c * 64 .. + 63, dK and dV in registers, K and V resident in shared memory. It
-//                 walks the live 128-query tiles of its group's heads in halves of 64 queries,
-//                 Q and dO streamed through a two-stage cp.async ring: S^T = K Q^T and
-//                 dP^T = V dO^T (both operands from shared memory), then dV += P^T dO and
-//                 dK += dS^T Q with P^T and dS^T from registers (the accumulator layout is the
-//                 A-fragment layout, as P is in the forward).
-//   kpt_bwd_dq    one CTA per (128-query tile, head, batch row); warpgroup c owns queries
+// atomics, every sum in a fixed order, bitwise reproducible results; by default dq is summed by
+// TMA bulk reductions inside kpt_bwd_dkdv instead (below) and kpt_bwd_dq does not run. Tiles are
+// 128 x 128 (the plan's bm and bn: tile classes and block maps use them). A CTA is a producer
+// warpgroup and two consumer warpgroups of 64 rows (KPT_BWD_THREADS = 384; setmaxnreg gives the
+// consumers 240 registers), and every product is a wgmma of 64 rows:
+//   kpt_bwd_dkdv  one CTA per (128-key tile, kv head, batch row); consumer c owns keys
+//                 c * 64 .. + 63, dK and dV in registers, K and V resident in shared memory. A
+//                 producer warp walks the live 128-query tiles of the group's heads in halves
+//                 of 64 queries ("steps") and streams each step's Q and dO (TMA), LSE and delta
+//                 through a ring on mbarriers: S^T = K Q^T and dP^T = V dO^T (both operands
+//                 from shared memory), then dV += P^T dO and dK += dS^T Q with P^T and dS^T from
+//                 registers (the accumulator layout is the A-fragment layout, as P is in the
+//                 forward).
+//   kpt_bwd_dq    one CTA per (128-query tile, head, batch row); consumer c owns queries
 //                 c * 64 .. + 63 and dQ in registers, Q and dO resident; K and V of each live
-//                 kv tile come through the ring and are used in halves of 64 keys:
+//                 kv tile come through a two-stage TMA ring and are used in halves of 64 keys:
 //                 S = Q K^T, dP = dO V^T, dQ += dS K.
-// Shared tiles have the layout of TMA's 128-byte swizzle (per 64-column block, rows of 128 bytes,
-// 16-byte chunk c of row r stored at chunk c ^ (r % 8)), written by cp.async from all threads;
-// the wgmma descriptors are those of the forward kernel. Each warp holds 16 rows of an
-// accumulator in the mma.sync layout, so the masks, score-mod gradients, probabilities and
-// stores are attention_bwd.cu's helpers.
+// The consumers wait on mbarriers, not on each other (but for the default mode's dS^T swap), so
+// one warpgroup's exponentials overlap the other's products. Shared tiles have the layout of
+// TMA's 128-byte swizzle (per 64-column block, rows of 128 bytes, 16-byte chunk c of row r
+// stored at chunk c ^ (r % 8)); the wgmma descriptors are those of the forward kernel. Each warp
+// holds 16 rows of an accumulator in the mma.sync layout, so the masks, score-mod gradients,
+// probabilities and stores are attention_bwd.cu's helpers.
 
 #define KPT_BWD_SUB 64 // query rows of a kpt_bwd_dkdv step, keys of a kpt_bwd_dq step
 
