@@ -81,29 +81,57 @@ struct kpt_bwd_step {
     int h, qt, half, cls;
 };
 
-// The step after s (s.h past the group's last head when there is none).
-__device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, int kt,
-                                             kpt_bwd_step &s)
+// The producer warp's walk over the q tiles: its lanes classify 32 q tiles of a head at once (one
+// each) and the steps go through the live ones. (Walked one tile at a time, a class a step, a CTA
+// of a sparse pattern waited for ~a hundred dependent classes, block-map loads or interval code,
+// before its first step: a sliding window's kv tile skips every q tile before its window.)
+struct kpt_bwd_walk {
+    int h, base;    // the head and the first q tile of the chunk
+    u32 live, full; // bit i: q tile base + i is live, full
+};
+
+// The classes of q tiles base .. base + 31 of head w.h against kv tile kt.
+__device__ __forceinline__ void kpt_bwd_chunk(const kpt_args &A, int b, int kt, kpt_bwd_walk &w,
+                                              int lane)
 {
-    if (s.half + 1 < KPT_BM / KPT_BWD_SUB && s.qt * KPT_BM + (s.half + 1) * KPT_BWD_SUB < A.Sq) {
-        s.half++;
-        return;
-    }
-    s.half = 0;
-    for (;;) {
-        if (++s.qt >= A.n_qt) {
-            s.qt = 0;
-            if (++s.h >= (hk + 1) * A.group) return;
-        }
+    const int qt = w.base + lane;
 #if KPT_HAS_MASK
-        const int q0 = s.qt * KPT_BM;
-        s.cls = kpt_tile_class(A, b, s.h, s.qt, q0, min(q0 + KPT_BM, A.Sq) - 1, kt);
-        if (s.cls != 0) return;
+    const int t = min(qt, A.n_qt - 1), q0 = t * KPT_BM; // every lane classifies: no divergence
+    const int c = qt < A.n_qt ? kpt_tile_class(A, b, w.h, t, q0, min(q0 + KPT_BM, A.Sq) - 1, kt) : 0;
+    w.live = __ballot_sync(0xffffffffu, c != 0);
+    w.full = __ballot_sync(0xffffffffu, c == 2);
 #else
-        s.cls = 2;
-        return;
+    (void)b, (void)kt;
+    w.live = w.full = __ballot_sync(0xffffffffu, qt < A.n_qt);
 #endif
+}
+
+// The step after s (s.h < 0: the first; s.h past the group's last head: none is left). The
+// current q tile is the lowest bit of w.live.
+__device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, int kt,
+                                             kpt_bwd_walk &w, kpt_bwd_step &s, int lane)
+{
+    if (s.h >= 0) {
+        if (s.half + 1 < KPT_BM / KPT_BWD_SUB &&
+            s.qt * KPT_BM + (s.half + 1) * KPT_BWD_SUB < A.Sq) {
+            s.half++;
+            return;
+        }
+        w.live &= w.live - 1;
     }
+    while (w.live == 0) {
+        w.base += 32;
+        if (w.base >= A.n_qt) {
+            w.base = 0;
+            if (++w.h >= (hk + 1) * A.group) {
+                s.h = w.h;
+                return;
+            }
+        }
+        kpt_bwd_chunk(A, b, kt, w, lane);
+    }
+    const int i = __ffs(w.live) - 1;
+    s = {w.h, w.base + i, 0, (w.full >> i) & 1 ? 2 : 1};
 }
 
 // This warp's 16 x 64 block of dS^T (A fragments, rows r0 on in the CTA's tile) into the swizzled
@@ -220,8 +248,10 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
         kpt_tma_tile<KPT_BN, KPT_DV>(sV, &T.v, k0, hk * T.hv, b * T.bv, bar + 8 * KPT_BB_KV);
     }
     const int h_end = (hk + 1) * A.group;
-    kpt_bwd_step s = {hk * A.group, -1, KPT_BM, 0}; // before the first step
-    kpt_bwd_next(A, b, hk, kt, s);
+    kpt_bwd_walk w = {hk * A.group, 0, 0, 0};
+    kpt_bwd_chunk(A, b, kt, w, lane);
+    kpt_bwd_step s = {-1, 0, 0, 0}; // before the first step
+    kpt_bwd_next(A, b, hk, kt, w, s, lane);
     for (u32 i = 0;; i++) { // unsigned: the stage and parity are a mask and a shift
         const u32 st = i % KPT_STAGES, f = bar + 8 * KPT_BB_F(st);
         if (i >= KPT_STAGES)
@@ -248,7 +278,7 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
         } else {
             kpt_mbar_arrive(f); // releases this lane's LSE and delta
         }
-        kpt_bwd_next(A, b, hk, kt, s);
+        kpt_bwd_next(A, b, hk, kt, w, s, lane);
     }
 }
 
