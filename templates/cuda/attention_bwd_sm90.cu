@@ -148,7 +148,7 @@ __device__ __forceinline__ void kpt_bwd_put_ds(u32 t, const u32 (&E)[4][4], int 
         }
 }
 
-// The TMA tensor maps of kpt_bwd_dkdv: Q and dO in boxes of KPT_BWD_SUB rows, K and V in boxes
+// The TMA tensor maps of both kernels: Q and dO in boxes of KPT_BWD_SUB rows, K and V in boxes
 // of KPT_BN rows (64 columns each, 128-byte swizzle), the f32 dQ accumulator (G.dqacc, [B, Hq,
 // Sq, Dqk]; unset in the deterministic mode) in boxes of 32 columns x KPT_BWD_SUB rows, and per
 // tensor the factors of the head and batch coordinates, as the forward's kpt_tma. Host twin:
@@ -217,10 +217,11 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
 
 #define KPT_BWD_QB (KPT_BWD_SUB * KPT_DQK * 2) // a stage: Q rows, then dO rows
 #define KPT_BWD_STAGE (KPT_BWD_QB + KPT_BWD_SUB * KPT_DV * 2)
-#define KPT_BWD_DS (KPT_BN * KPT_BWD_SUB * 2) // a dS^T tile of the atomic dQ (two of them)
+#define KPT_BWD_DS (KPT_BN * KPT_BWD_SUB * 2) // a dS^T tile of the default mode's dQ (two)
 
-// kpt_bwd_dkdv's CTA: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
-// the runtime launches it with this many threads (KPT_BWD_DKDV_THREADS in compiler/plan_tiles.h).
+// The CTA of both kernels: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
+// the runtime adds the producer's warps to the plan's (KPT_BWD_PRODUCER_WARPS,
+// compiler/plan_tiles.h).
 #define KPT_BWD_THREADS (KPT_THREADS + 128)
 #define KPT_BWD_PRODUCER_REGS 24
 #define KPT_BWD_CONSUMER_REGS 240
@@ -284,9 +285,9 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
 
 // One CTA per (128-key tile, kv head, batch row). Warpgroup 0 is the producer (one warp of it
 // works: kpt_bwd_producer); warpgroups 1 and 2 are the consumers, c = 0 and 1, of keys
-// c * 64 .. + 63. The consumers never wait for each other but to swap dS^T for the atomic dQ
-// (named barrier 1), and there over two buffers: a warpgroup writes one while the other may
-// still read the other.
+// c * 64 .. + 63. The consumers never wait for each other but to swap dS^T for the default
+// mode's dQ (named barrier 1), and there over two buffers: a warpgroup writes one while the
+// other may still read the other.
 extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
 kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
 {
@@ -297,7 +298,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
     const u32 sK = (s0 + 1023u) & ~1023u; // swizzle atoms repeat every 1024 bytes
     const u32 sV = sK + KPT_BN * KPT_DQK * 2;
     const u32 sQ = sV + KPT_BN * KPT_DV * 2; // the ring
-    const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the atomic dQ, two buffers
+    const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the default mode's dQ, two
     const u32 sDQ = sDS + 2 * KPT_BWD_DS;            // the warpgroups' dQ tiles
     float *s_rv = (float *)(kpt_smem + (sDQ + 2 * KPT_BWD_DQB - s0)); // per stage: lse, delta
 #if KPT_AUX_GRADS
@@ -557,7 +558,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
                            row0, A.Sq, A.scale, lane);
 }
 
-// dq = scale * the atomic accumulator, to the dtype: a warp a row.
+// dq = scale * the default mode's f32 accumulator, to the dtype: a warp a row.
 extern "C" __global__ void __launch_bounds__(256) kpt_bwd_dq_store(const kpt_args A, const kpt_gargs G)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
