@@ -163,6 +163,12 @@ static void test_plan_refuses(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* The example scripts (examples/patterns, main's argument), sorted: the compile matrix and the
+ * backward's plans use them. */
+#define MAX_SCRIPTS 32
+static char scripts[MAX_SCRIPTS][512];
+static int nscripts;
+
 /* The backward's plans: the sm_90a kernels at head dims 64 and 128 (two warpgroups, 128 x 128
  * tiles, within 227 KB), the sm_80 ones elsewhere; dq's atomic sums in the workspace only for
  * the former and only when determinism is not asked for. */
@@ -188,6 +194,25 @@ static void test_plan_backward(void **state)
         assert_true(plan.dq_smem_bytes <= plan.smem_bytes);
         assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
     }
+    /* the largest sm_90a kpt_bwd_dkdv: D = 128 with aux gradients' staging (scripts whose score
+     * reads float aux data), with its mbarriers and step records beside it */
+    int with_aux = 0;
+    for (int i = 0; i < nscripts; i++) {
+        kpt_pattern *sp = NULL;
+        assert_int_equal(kpt_pattern_from_lua_file(scripts[i], NULL, &sp, &d), KPT_OK);
+        assert_int_equal(kpt_diff_score(sp, &d), KPT_OK); /* the backward's derived pattern */
+        if (sp->num_dloads) {
+            kpt_kernel_config c = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16,
+                                   .dqk = 128, .dv = 128, .sm = 90, .wgmma = true};
+            assert_int_equal(kpt_plan_tiles_cuda(sp, &c, 0, &plan, &d), KPT_OK);
+            assert_true(plan.cfg.wgmma);
+            assert_true(plan.smem_bytes + 256 <= 227 * 1024);
+            assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024);
+            with_aux++;
+        }
+        kpt_pattern_destroy(&sp);
+    }
+    assert_true(nscripts == 0 || with_aux > 0);
     kpt_kernel_config c96 = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 96,
                              .dv = 96, .sm = 90, .wgmma = true};
     assert_int_equal(kpt_plan_tiles_cuda(p, &c96, 0, &plan, &d), KPT_OK);
@@ -300,9 +325,6 @@ static bool is_wgmma_dim(int dim)
 #define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + 2 * NPAT + 3)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
-#define MAX_SCRIPTS 32
-static char scripts[MAX_SCRIPTS][512];
-static int nscripts;
 static const int script_dims[] = {1 /* 64 */, 3 /* 128 */};
 
 typedef struct job {
