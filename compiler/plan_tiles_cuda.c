@@ -37,9 +37,9 @@ static bool wgmma_dim(int d)
  * keeps K and V of its 128 keys and streams 64-query halves of Q and dO through two stages
  * (filled by TMA from a producer warpgroup besides, KPT_BWD_PRODUCER_WARPS);
  * kpt_bwd_dq keeps Q and dO of its 128 queries and streams 128-key tiles of K and V through two
- * stages, the same way. Each launch takes its own dynamic shared memory (plan.smem_bytes, plan.dq_smem_bytes):
- * kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for kpt_bwd_dq's static
- * tile classes. */
+ * stages, the same way. Each launch takes its own dynamic shared memory (plan.smem_bytes,
+ * plan.dq_smem_bytes): kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for
+ * kpt_bwd_dq's static tile classes. */
 #define KPT_BWD_AUX_CHUNK 16 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
 
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,

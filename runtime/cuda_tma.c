@@ -13,9 +13,10 @@ enum {
     KPT_TM_L2_256B = 3,      /* CU_TENSOR_MAP_L2_PROMOTION_L2_256B */
 };
 
-/* One tensor: dims (d, s, heads, batch) over its element strides (batch, head, seq, dim; the
- * dim's is 1, checked by kpt_kernel_args_pack). A head or batch dim with stride 0 is a
- * broadcast: the map gets extent 1 there and the kernel multiplies that coordinate by 0. */
+/* One tensor of es-byte elements: dims (d, s, heads, batch) over its element strides (batch,
+ * head, seq, dim; the dim's is 1, checked by kpt_kernel_args_pack), in boxes of cols x rows. A
+ * head or batch dim with stride 0 is a broadcast: the map gets extent 1 there and the kernel
+ * multiplies that coordinate by 0. */
 static kpt_status encode_box(const kpt_cu_api *cu, kpt_tensor_map *map, const char *name,
                              uint64_t ptr, const int64_t *stride, int64_t d, int64_t s,
                              int64_t heads, int64_t batch, unsigned cols, unsigned rows, int dtype,
@@ -104,10 +105,11 @@ kpt_status kpt_cuda_tma_pack_bwd(const kpt_cu_api *cu, const kpt_kernel_plan *pl
         return st;
     const int dt = pl->cfg.dtype == KPT_DTYPE_BF16 ? KPT_TM_BF16 : KPT_TM_F16;
     const int64_t dqk = pl->cfg.dqk, dv = pl->cfg.dv;
-    if ((st = encode(cu, &out->q, "q", a->q, a->qs, dqk, a->Sq, a->Hq, a->B, (unsigned)KPT_BWD_STEP_ROWS,
-                     dt, &out->hq, &out->bq, diag)) ||
-        (st = encode(cu, &out->o, "dout", g->dout, g->dos, dv, a->Sq, a->Hq, a->B,
-                     KPT_BWD_STEP_ROWS, dt, &out->ho, &out->bo, diag)) ||
+    const unsigned step = KPT_BWD_STEP_ROWS;
+    if ((st = encode(cu, &out->q, "q", a->q, a->qs, dqk, a->Sq, a->Hq, a->B, step, dt, &out->hq,
+                     &out->bq, diag)) ||
+        (st = encode(cu, &out->o, "dout", g->dout, g->dos, dv, a->Sq, a->Hq, a->B, step, dt,
+                     &out->ho, &out->bo, diag)) ||
         (st = encode(cu, &out->k, "k", a->k, a->ks, dqk, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,
                      dt, &out->hk, &out->bk, diag)) ||
         (st = encode(cu, &out->v, "v", a->v, a->vs, dv, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,

@@ -97,7 +97,8 @@ __device__ __forceinline__ void kpt_bwd_chunk(const kpt_args &A, int b, int kt, 
     const int qt = w.base + lane;
 #if KPT_HAS_MASK
     const int t = min(qt, A.n_qt - 1), q0 = t * KPT_BM; // every lane classifies: no divergence
-    const int c = qt < A.n_qt ? kpt_tile_class(A, b, w.h, t, q0, min(q0 + KPT_BM, A.Sq) - 1, kt) : 0;
+    const int c =
+        qt < A.n_qt ? kpt_tile_class(A, b, w.h, t, q0, min(q0 + KPT_BM, A.Sq) - 1, kt) : 0;
     w.live = __ballot_sync(0xffffffffu, c != 0);
     w.full = __ballot_sync(0xffffffffu, c == 2);
 #else
