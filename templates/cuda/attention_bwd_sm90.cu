@@ -418,18 +418,6 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
 #define KPT_BQ_E(s) (3 + (s))
 #define KPT_BQ_N 5
 
-// The box rows `part` on of a tile of ROWS rows x D columns (the swizzled layout, a block of
-// ROWS x 128 bytes per 64 columns), from tensor rows row + part on: the 64-row boxes of Q and dO's
-// maps fill kpt_bwd_dq's 128-row tiles.
-template <int ROWS, int D>
-__device__ __forceinline__ void kpt_tma_part(u32 dst, const void *map, int part, int row, int hc,
-                                             int bc, u32 bar)
-{
-#pragma unroll
-    for (int c = 0; c < D / 64; c++)
-        kpt_tma_box(dst + c * ROWS * 128 + part * 128, map, c * 64, row + part, hc, bc, bar);
-}
-
 // kpt_bwd_dq's producer (one thread): Q and dO of the CTA's queries, then K and V of each live kv
 // tile into two stages, each refilled once the consumers have handed it back.
 __device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt_bwd_tma &T,

@@ -167,14 +167,23 @@ __device__ __forceinline__ void kpt_tma_box(u32 dst, const void *map, int d0, in
                  "l"(map), "r"(d0), "r"(row), "r"(hc), "r"(bc), "r"(bar)
                  : "memory");
 }
-// A tile of ROWS rows x D columns: D / 64 boxes, each a block of ROWS x 128 bytes.
+// Rows part on of a tile of ROWS rows x D columns (a block of ROWS x 128 bytes per 64 columns),
+// from tensor rows row + part on: D / 64 boxes of the map's rows (fewer than ROWS where the
+// backward's 64-row boxes of Q and dO fill its 128-row tiles). kpt_tma_tile: a whole tile, boxes
+// of ROWS rows.
+template <int ROWS, int D>
+__device__ __forceinline__ void kpt_tma_part(u32 dst, const void *map, int part, int row, int hc,
+                                             int bc, u32 bar)
+{
+#pragma unroll
+    for (int c = 0; c < D / 64; c++)
+        kpt_tma_box(dst + c * ROWS * 128 + part * 128, map, c * 64, row + part, hc, bc, bar);
+}
 template <int ROWS, int D>
 __device__ __forceinline__ void kpt_tma_tile(u32 dst, const void *map, int row, int hc, int bc,
                                              u32 bar)
 {
-#pragma unroll
-    for (int c = 0; c < D / 64; c++)
-        kpt_tma_box(dst + c * ROWS * 128, map, c * 64, row, hc, bc, bar);
+    kpt_tma_part<ROWS, D>(dst, map, 0, row, hc, bc, bar);
 }
 // The box at src (shared memory, the map's layout) added into the tensor (f32 maps: the
 // backward's dQ accumulator) at the given coordinates, in this thread's current bulk group.
