@@ -27,7 +27,9 @@
 // holds 16 rows of an accumulator in the mma.sync layout, so the masks, score-mod gradients,
 // probabilities and stores are attention_bwd.cu's helpers.
 
-#define KPT_BWD_SUB 64 // query rows of a kpt_bwd_dkdv step, keys of a kpt_bwd_dq step
+// KPT_BWD_SUB (codegen, compiler/plan_tiles.h's KPT_BWD_STEP_ROWS): query rows of a kpt_bwd_dkdv
+// step, keys of a kpt_bwd_dq step, the rows of the TMA boxes of Q, dO and the dQ accumulator.
+static_assert(KPT_BWD_SUB == 64, "a step is one wgmma of 64 rows");
 
 // Descriptors of k step kk (16 elements of the reduced dimension) of an operand in a swizzled
 // tile of ROWS rows at t: K-major (the reduced dimension along the rows' 128-byte lines), or
@@ -221,9 +223,10 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
 #define KPT_BWD_DS (KPT_BN * KPT_BWD_SUB * 2) // a dS^T tile of the default mode's dQ (two)
 
 // The CTA of both kernels: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
-// the runtime adds the producer's warps to the plan's (KPT_BWD_PRODUCER_WARPS,
+// the runtime launches the plan's warps and KPT_BWD_PRODUCER_WARPS (codegen, from
 // compiler/plan_tiles.h).
-#define KPT_BWD_THREADS (KPT_THREADS + 128)
+static_assert(KPT_BWD_PRODUCER_WARPS == 4, "the producer is a warpgroup (setmaxnreg)");
+#define KPT_BWD_THREADS (KPT_THREADS + KPT_BWD_PRODUCER_WARPS * 32)
 #define KPT_BWD_PRODUCER_REGS 24
 #define KPT_BWD_CONSUMER_REGS 240
 
