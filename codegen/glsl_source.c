@@ -10,7 +10,7 @@ extern const char kpt_tmpl_glsl_attention[]; /* templates/glsl/attention.comp, e
 
 /* the template spells the serving kernel's bindings as numbers */
 _Static_assert(KPT_GLSL_BIND_PAGE_TABLE == 8 && KPT_GLSL_BIND_CU_Q == 9 &&
-                   KPT_GLSL_BIND_KV_LENS == 10,
+                   KPT_GLSL_BIND_KV_LENS == 10 && KPT_GLSL_BIND_WORKSPACE == 11,
                "templates/glsl/attention.comp's serving bindings");
 
 static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_plan *pl)

@@ -50,10 +50,14 @@ int kpt_glsl_chunk(int dqk, int dv);
  * invocation of the scalar GLSL kernel of plan `pl` runs over n_kt kv tiles: what Mesa's
  * llvmpipe limits (runtime/backend_vulkan.c). */
 int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt);
-/* The same for the serving kernel (kind paged): n_kt tiles of a sequence and `group` query heads
- * per kv head. Rows past the plan's, which it fills with NaN, are not counted (the lengths live
- * on the device): kpt_check_loops reports a launch they push past the limit. */
-int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group);
+/* The same for the serving kernel (kind paged): n_kt tiles of a sequence split into `splits`
+ * parts, `group` query heads per kv head. Rows past the plan's, which it fills with NaN, are
+ * not counted (the lengths live on the device): kpt_check_loops reports a launch they push past
+ * the limit. */
+int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int splits,
+                                       int group);
+/* The same for its combine of `splits` partial results. */
+int64_t kpt_glsl_combine_loop_iterations(const kpt_kernel_plan *pl, int splits);
 
 /* The CUDA serving kernel's shared memory besides the plan's smem_bytes: its static tile
  * classes, page ids and live-tile range (templates/cuda/paged.cu: s_cls, s_pt, s_lo and s_hi;

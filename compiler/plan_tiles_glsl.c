@@ -34,11 +34,26 @@ int64_t kpt_glsl_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt)
     return n_kt * per_tile + once;
 }
 
-int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int group)
+int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, int splits,
+                                       int group)
 {
     /* the tile class's loop over the workgroup's query heads, and the NaN loop's exit test */
-    const int64_t per_tile = pl->bm_per_h && !pl->mask_loads ? group : 0;
-    return kpt_glsl_loop_iterations(pl, n_kt) + n_kt * per_tile + 1;
+    const bool classes = pl->has_mask && !pl->mask_loads;
+    const int64_t per_class = pl->bm_per_h && !pl->mask_loads ? group : 0;
+    const int64_t walk = (n_kt + splits - 1) / (splits > 0 ? splits : 1);
+    /* the live-range scan (kpt_pg_live): a run of n_kt / bm + 1 tiles an invocation, one class
+     * for the run and one for each of its tiles */
+    const int64_t scan = classes ? (n_kt / pl->bm + 2) * (1 + per_class) : 0;
+    return kpt_glsl_loop_iterations(pl, walk) + walk * per_class + scan + 1;
+}
+
+int64_t kpt_glsl_combine_loop_iterations(const kpt_kernel_plan *pl, int splits)
+{
+    /* two passes over the splits' LSEs, then a pass over them per chunk of KPT_CH columns, and
+     * kpt_check_loops (2 and its test) */
+    const int64_t ch = kpt_glsl_chunk(pl->cfg.dqk, pl->cfg.dv);
+    const int64_t chunks = (pl->cfg.dv + ch - 1) / ch;
+    return 2 * ((int64_t)splits + 1) + (chunks + 1) + chunks * ((int64_t)splits + 1) + 3;
 }
 
 static kpt_status plan_glsl(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,

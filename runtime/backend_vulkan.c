@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codegen/glsl_source.h"
 #include "base/diag.h"
@@ -52,6 +53,7 @@ typedef struct vk_backend {
     bool coopmat; /* f16 kernels on VK_NV_cooperative_matrix (kpt_kernel_config.coopmat) */
     bool timestamps;
     bool llvmpipe; /* Mesa's CPU driver: its loop limit bounds Skv (loop_budget) */
+    int64_t slots;  /* serving workgroups the device runs at once (device_slots) */
     int smem_limit;
     VkPipelineCache pcache;
     pthread_mutex_t lock;
@@ -368,7 +370,7 @@ static kpt_status vk_load(kpt_backend *b, const kpt_pattern *p, const kpt_kernel
     const uint32_t *w[2];
     size_t n[2];
     if (!kpt_spirv_unpack(binary, size, &w[0], &n[0], &w[1], &n[1]) ||
-        (plan->has_blockmap && !w[1]))
+        ((plan->has_blockmap || plan->cfg.kind == KPT_KERNEL_PAGED) && !w[1]))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "not a kpt Vulkan kernel binary");
     vk_kernel *k = calloc(1, sizeof(*k));
     if (!k)
@@ -424,8 +426,8 @@ typedef struct vk_launch {
     VkBuffer bufs[KPT_VK_MAX_BINDINGS];
     kpt_vk_push push;
     kpt_vk_geom geom;
-    uint32_t groups[3], bm_groups[3];
-    bool attention, blockmap; /* what to dispatch */
+    uint32_t groups[3], bm_groups[3]; /* bm_groups: the block map's grid, or the combine's */
+    bool attention, blockmap, combine; /* what to dispatch */
     VkDescriptorSet set;
 } vk_launch;
 
@@ -609,14 +611,41 @@ static kpt_status forward_budget(const vk_backend *v, const vk_kernel *k, const 
                        diag);
 }
 
-/* The serving kernel's, for the plan's longest sequence (push constants P). */
-static kpt_status paged_budget(const vk_backend *v, const vk_kernel *k, const kpt_vk_push *P,
-                               kpt_diag *diag)
+/* Whether the serving kernel and its combine stay within llvmpipe's loop limit for n_kt tiles
+ * split into `splits` parts (always true elsewhere). */
+static bool paged_fits(const vk_backend *v, const vk_kernel *k, int64_t n_kt, int splits,
+                       int group)
 {
-    const int64_t once = kpt_glsl_paged_loop_iterations(&k->plan, 0, P->group);
-    return loop_budget(v, k, P->Skv, once,
-                       kpt_glsl_paged_loop_iterations(&k->plan, 1, P->group) - once,
-                       "the plan's kv length", diag);
+    if (!v->llvmpipe)
+        return true;
+    return kpt_glsl_paged_loop_iterations(&k->plan, n_kt, splits, group) <=
+               KPT_VK_LLVMPIPE_LOOPS &&
+           (splits == 1 || kpt_glsl_combine_loop_iterations(&k->plan, splits) <=
+                               KPT_VK_LLVMPIPE_LOOPS);
+}
+
+/* The serving kernel's, for a plan's longest sequence (max_kv keys) in `splits` parts. */
+static kpt_status paged_budget(const vk_backend *v, const vk_kernel *k, int max_kv, int group,
+                               int splits, kpt_diag *diag)
+{
+    const int64_t bn = k->plan.bn;
+    if (paged_fits(v, k, (max_kv + bn - 1) / bn, splits, group))
+        return KPT_OK;
+    int64_t lo = 0, hi = (max_kv + bn - 1) / bn; /* the most tiles that fit: in [lo, hi) */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (paged_fits(v, k, mid, splits, group))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                        "the plan's kv length = %d is too long for %s: Mesa's llvmpipe stops a "
+                        "shader's loops after %d iterations in all, and this serving kernel (head "
+                        "dims %d/%d, %d splits) takes at most %lld keys on this device "
+                        "(docs/vulkan.md)",
+                        max_kv, v->base.device_name, KPT_VK_LLVMPIPE_LOOPS, k->plan.cfg.dqk,
+                        k->plan.cfg.dv, splits, (long long)(lo * bn));
 }
 
 static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const char *what,
@@ -753,6 +782,17 @@ static kpt_status bind_set(vk_backend *v, vk_launch *L, kpt_diag *diag)
     return KPT_OK;
 }
 
+static void shader_barrier(vk_backend *v)
+{
+    const VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                                .dstAccessMask = VK_ACCESS_SHADER_READ_BIT};
+    v->vk.CmdPipelineBarrier(v->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+/* The block map (when asked for), then attention, then the combine of a split serving run;
+ * each reads what the one before wrote. */
 static void record_launch(vk_backend *v, void *user)
 {
     vk_launch *L = user;
@@ -764,12 +804,7 @@ static void record_launch(vk_backend *v, void *user)
     if (L->blockmap) {
         v->vk.CmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipe[1]);
         v->vk.CmdDispatch(c, L->bm_groups[0], L->bm_groups[1], L->bm_groups[2]);
-        const VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                                    .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                                    .dstAccessMask = VK_ACCESS_SHADER_READ_BIT};
-        v->vk.CmdPipelineBarrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0,
-                                 NULL);
+        shader_barrier(v);
     }
     if (!L->attention)
         return;
@@ -779,6 +814,11 @@ static void record_launch(vk_backend *v, void *user)
     }
     v->vk.CmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipe[0]);
     v->vk.CmdDispatch(c, L->groups[0], L->groups[1], L->groups[2]);
+    if (L->combine) {
+        shader_barrier(v);
+        v->vk.CmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipe[1]);
+        v->vk.CmdDispatch(c, L->bm_groups[0], L->bm_groups[1], L->bm_groups[2]);
+    }
     if (v->timestamps)
         v->vk.CmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, v->qpool, 1);
 }
@@ -895,12 +935,36 @@ static kpt_status vk_blockmap_build(kpt_backend *b, void *kernel, const kpt_atte
 /* ---- serving --------------------------------------------------------------------------------- */
 
 /* The serving kernel's workgroups hold KPT_BM rows of (query token, query head) of one sequence
- * and kv head: a plan is how many such row blocks cover a sequence's queries. Nothing is split
- * over the keys (no combine launch, no workspace). */
+ * and kv head: a plan is how many such row blocks cover a sequence's queries, and how many parts
+ * each sequence's keys are split into. Splits fill the device as on CUDA (kpt_paged_split_count,
+ * for the device's slots) and, on llvmpipe, go past that where a part must be shorter to stay
+ * within its loop limit. */
+static int paged_splits(const vk_backend *v, const vk_kernel *k, const kpt_paged_plan *pl)
+{
+    const int64_t units = (int64_t)pl->batch * pl->q_blocks * pl->num_heads_kv;
+    const int64_t bn = k->plan.bn, n_kt = ((int64_t)pl->max_kv + bn - 1) / bn;
+    const int group = pl->num_heads_q / pl->num_heads_kv;
+    int splits = kpt_paged_split_count(units, pl->max_kv, (int)bn, v->slots);
+    while (splits < KPT_PAGED_MAX_SPLITS && splits < n_kt &&
+           !paged_fits(v, k, n_kt, splits, group))
+        splits++;
+    /* the grid's x (row blocks times splits) and the workspace's 32-bit float offsets */
+    const int64_t x_max = v->limits.maxComputeWorkGroupCount[0];
+    while (splits > 1) {
+        kpt_paged_plan t = *pl;
+        t.splits = splits;
+        if ((int64_t)pl->q_blocks * splits <= x_max &&
+            kpt_paged_workspace_bytes(&t, k->plan.bm, k->plan.cfg.dv, NULL) / 4 <= UINT32_MAX)
+            break;
+        splits--;
+    }
+    return splits;
+}
+
 static kpt_status vk_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_shape *shape,
                                 kpt_paged_plan *out, kpt_diag *diag)
 {
-    (void)b;
+    const vk_backend *v = vb(b);
     const vk_kernel *k = kernel;
     if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
@@ -916,6 +980,11 @@ static kpt_status vk_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_sh
     out->rows = (int)bm;
     out->q_blocks = blocks > 0 ? (int)blocks : 1;
     out->q_per_block = group < bm ? (int)(bm / group) : 1;
+    out->splits = paged_splits(v, k, out);
+    if ((st = paged_budget(v, k, out->max_kv, (int)group, out->splits, diag)))
+        return st;
+    if (out->splits > 1)
+        out->workspace_bytes = kpt_paged_workspace_bytes(out, (int)bm, k->plan.cfg.dv, NULL);
     return KPT_OK;
 }
 
@@ -930,10 +999,37 @@ static kpt_status pack_index(vk_backend *v, const char *name, const kpt_tensor *
     return resolve(v, name, t->data, 4, span, &L->bufs[binding], off, diag);
 }
 
+/* A split run's workspace into its binding: the caller's `ws` (checked against the plan's
+ * size), or a temporary buffer *tmp that the caller frees after the run. */
+static kpt_status pack_workspace(vk_backend *v, const kpt_paged_plan *plan, uint64_t ws,
+                                 vk_launch *L, vk_alloc *tmp, kpt_diag *diag)
+{
+    L->geom.splits = (uint32_t)plan->splits;
+    if (plan->splits == 1)
+        return KPT_OK;
+    const size_t need = plan->workspace_bytes;
+    size_t lse_off;
+    kpt_paged_workspace_bytes(plan, L->k->plan.bm, L->k->plan.cfg.dv, &lse_off);
+    uint32_t off = 0;
+    kpt_status st;
+    if (ws)
+        st = resolve(v, "workspace", (const void *)(uintptr_t)ws, 4, (int64_t)(need / 4) - 1,
+                     &L->bufs[KPT_GLSL_BIND_WORKSPACE], &off, diag);
+    else if (!(st = alloc_buffer(v, need, false, tmp, diag)))
+        L->bufs[KPT_GLSL_BIND_WORKSPACE] = tmp->buf;
+    if (!st && (uint64_t)off + need / 4 > UINT32_MAX)
+        st = kpt_diag_set(diag, KPT_ERR_LIMIT,
+                          "workspace: more than 2^32 elements from its buffer's start");
+    L->geom.wso = off;
+    L->geom.wlo = off + (uint32_t)(lse_off / 4);
+    return st;
+}
+
 /* Validates a serving call against `plan` and fills L (lock held). Returns with L->groups all
  * 0 when the batch is empty. */
 static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_plan *plan,
-                             const kpt_paged_args *a, vk_launch *L, kpt_diag *diag)
+                             const kpt_paged_args *a, uint64_t ws, size_t ws_bytes,
+                             vk_launch *L, vk_alloc *tmp, kpt_diag *diag)
 {
     memset(L, 0, sizeof(*L));
     L->k = k;
@@ -945,9 +1041,17 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
     if (st)
         return st;
     const kpt_kernel_plan *pl = &k->plan;
-    if (plan->rows != pl->bm || plan->q_blocks < 1 || plan->splits != 1)
+    if (plan->rows != pl->bm || plan->q_blocks < 1 || plan->splits < 1 ||
+        plan->splits > KPT_PAGED_MAX_SPLITS ||
+        plan->workspace_bytes != (plan->splits > 1 ? kpt_paged_workspace_bytes(
+                                                         plan, pl->bm, pl->cfg.dv, NULL)
+                                                   : 0))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
+    if (ws && ws_bytes < plan->workspace_bytes)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "workspace of %zu bytes; the plan needs %zu", ws_bytes,
+                            plan->workspace_bytes);
     const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};
     if ((st = check_ios(pl, io, diag)))
         return st;
@@ -961,6 +1065,8 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
                          diag)) ||
         (pb.paged && (st = pack_index(v, "page_table", &a->page_table,
                                       KPT_GLSL_BIND_PAGE_TABLE, L, &L->geom.po, diag))))
+        return st;
+    if ((st = pack_workspace(v, plan, ws, L, tmp, diag)))
         return st;
     if (pb.paged)
         L->geom.ps = (uint32_t)a->page_table.stride[0];
@@ -976,21 +1082,23 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
     P->group = (int32_t)(pb.Hq / pb.Hkv);
     P->n_qt = plan->q_blocks;
     pack_scalars(k, &pb.bind, P);
-    L->groups[0] = (uint32_t)plan->q_blocks;
+    L->groups[0] = (uint32_t)plan->q_blocks * (uint32_t)plan->splits;
     L->groups[1] = (uint32_t)pb.Hkv;
     L->groups[2] = (uint32_t)pb.B;
     L->attention = true;
+    L->combine = plan->splits > 1;
+    L->bm_groups[0] = (uint32_t)plan->q_blocks; /* the combine's grid */
+    L->bm_groups[1] = L->groups[1];
+    L->bm_groups[2] = L->groups[2];
     if ((st = check_groups(v, L->groups, "serving kernel", diag)))
         return st;
-    return paged_budget(v, k, P, diag);
+    return paged_budget(v, k, plan->max_kv, (int)(pb.Hq / pb.Hkv), plan->splits, diag);
 }
 
 static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
                                   const kpt_paged_args *args, uint64_t workspace,
                                   size_t workspace_bytes, void *stream, kpt_diag *diag)
 {
-    (void)workspace;
-    (void)workspace_bytes; /* the plans split nothing: no workspace */
     vk_backend *v = vb(b);
     const vk_kernel *k = kernel;
     kpt_status st = launchable(b, stream, diag);
@@ -1005,7 +1113,8 @@ static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_
     if (!L)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_lock(&v->lock);
-    st = pack_paged(v, k, plan, args, L, diag);
+    vk_alloc tmp = {0};
+    st = pack_paged(v, k, plan, args, workspace, workspace_bytes, L, &tmp, diag);
     if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
         st = bind_set(v, L, diag);
         if (!st)
@@ -1015,6 +1124,8 @@ static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_
         if (!st)
             st = check_status(v, diag);
     }
+    if (tmp.buf)
+        free_buffer(v, &tmp);
     pthread_mutex_unlock(&v->lock);
     free(L);
     return st;
@@ -1238,6 +1349,49 @@ static bool is_llvmpipe(vk_backend *v, const VkPhysicalDeviceProperties *pr)
     return !strncmp(pr->deviceName, "llvmpipe", 8);
 }
 
+static bool has_extension(vk_backend *v, const char *name)
+{
+    uint32_t count = 0;
+    VkExtensionProperties *ext = NULL;
+    bool found = false;
+    if (!v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, NULL) && count &&
+        (ext = calloc(count, sizeof(*ext))) &&
+        !v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, ext))
+        for (uint32_t i = 0; i < count && !found; i++)
+            found = !strcmp(ext[i].extensionName, name);
+    free(ext);
+    return found;
+}
+
+/* How many serving workgroups the device runs at once, which the plans split the keys to fill:
+ * four per SM (VK_NV_shader_sm_builtins) or compute unit (VK_AMD_shader_core_properties), two
+ * per llvmpipe thread (LP_NUM_THREADS, else the CPUs online), else 256 (a mid-sized GPU). */
+static int64_t device_slots(vk_backend *v)
+{
+    if (v->llvmpipe) {
+        const char *env = getenv("LP_NUM_THREADS");
+        long n = env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+        return 2 * (n > 0 ? n : 1);
+    }
+    VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+    VkPhysicalDeviceShaderCorePropertiesAMD amd = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    if (has_extension(v, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME))
+        p2.pNext = &sm;
+    else if (has_extension(v, VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME))
+        p2.pNext = &amd;
+    else
+        return 256;
+    v->vk.GetPhysicalDeviceProperties2(v->phys, &p2);
+    const int64_t units = p2.pNext == &sm ? (int64_t)sm.shaderSMCount
+                                          : (int64_t)amd.shaderEngineCount *
+                                                amd.shaderArraysPerEngineCount *
+                                                amd.computeUnitsPerShaderArray;
+    return units > 0 ? 4 * units : 256;
+}
+
 static kpt_status create_device(vk_backend *v, kpt_diag *diag)
 {
     VkPhysicalDeviceProperties pr;
@@ -1248,6 +1402,7 @@ static kpt_status create_device(vk_backend *v, kpt_diag *diag)
                               : pr.limits.maxComputeSharedMemorySize);
     snprintf(v->base.device_name, sizeof(v->base.device_name), "%.127s", pr.deviceName);
     v->llvmpipe = is_llvmpipe(v, &pr);
+    v->slots = device_slots(v);
     snprintf(v->base.driver, sizeof(v->base.driver), "vulkan %u.%u, driver 0x%x",
              VK_API_VERSION_MAJOR(pr.apiVersion), VK_API_VERSION_MINOR(pr.apiVersion),
              pr.driverVersion);

@@ -540,8 +540,10 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
         workspace = tmp;
     }
     if (plan->splits > 1) {
+        size_t lse_off;
+        kpt_paged_workspace_bytes(plan, KPT_PAGED_ROWS, k->plan.cfg.dv, &lse_off);
         pa.part_o = workspace;
-        pa.part_lse = workspace + kpt_paged_part_lse_offset(plan, k->plan.cfg.dv);
+        pa.part_lse = workspace + lse_off;
     }
     int wr = (plan->rows + 15) / 16; /* 1, 2 or 4 row blocks of 16 */
     CUfunction f = k->paged[wr <= 1 ? 0 : wr <= 2 ? 1 : 2];

@@ -180,11 +180,29 @@ static kpt_status scan_lengths(const kpt_paged_shape *s, int *max_q, int *max_kv
     return KPT_OK;
 }
 
-size_t kpt_paged_part_lse_offset(const kpt_paged_plan *plan, int dv)
+size_t kpt_paged_workspace_bytes(const kpt_paged_plan *plan, int rows, int dv,
+                                 size_t *lse_offset)
 {
-    size_t slots = (size_t)plan->batch * plan->q_blocks * plan->splits * plan->num_heads_kv *
-                   KPT_PAGED_ROWS;
-    return (slots * (size_t)dv * sizeof(float) + 255) & ~(size_t)255;
+    const size_t slots = (size_t)plan->batch * plan->q_blocks * plan->splits *
+                         plan->num_heads_kv * rows;
+    const size_t off = (slots * (size_t)dv * sizeof(float) + 255) & ~(size_t)255;
+    if (lse_offset)
+        *lse_offset = off;
+    return off + slots * sizeof(float);
+}
+
+int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots)
+{
+    /* Split the keys until the work items fill the device once: decoding is bound by memory,
+     * and one full wave of equal items streams the cache with no tail. Each part keeps two
+     * tiles. */
+    const int64_t tiles = (max_kv + tile - 1) / tile;
+    int64_t splits = units > 0 ? slots / units : 1;
+    if (splits > tiles / 2)
+        splits = tiles / 2;
+    if (splits > KPT_PAGED_MAX_SPLITS)
+        splits = KPT_PAGED_MAX_SPLITS;
+    return splits > 1 ? (int)splits : 1;
 }
 
 kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group_max, int dv,
@@ -222,22 +240,13 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
      * that writes NaN into its rows (kpt_pg_overflow), even under a plan for max_q = 0 */
     out->q_blocks = max_q ? (max_q + out->q_per_block - 1) / out->q_per_block : 1;
     out->rows = out->q_per_block * group;
-    /* Split the keys until the CTAs fill the device once: decoding is bound by memory, and one
-     * full wave of equal CTAs streams the cache with no tail. Each split keeps two tiles. */
-    int64_t units = (int64_t)s->batch * out->q_blocks * s->num_heads_kv;
-    int64_t tiles = ((int64_t)max_kv + KPT_PAGED_TILE - 1) / KPT_PAGED_TILE;
-    int64_t splits = units ? slots / units : 1;
-    if (splits > tiles / 2)
-        splits = tiles / 2;
-    if (splits > KPT_PAGED_MAX_SPLITS)
-        splits = KPT_PAGED_MAX_SPLITS;
-    out->splits = splits > 1 ? (int)splits : 1;
+    const int64_t units = (int64_t)s->batch * out->q_blocks * s->num_heads_kv;
+    out->splits = kpt_paged_split_count(units, max_kv, KPT_PAGED_TILE, slots);
     if (units * out->splits > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many query blocks (%lld) for one launch",
                             (long long)units);
     if (out->splits > 1)
-        out->workspace_bytes = kpt_paged_part_lse_offset(out, dv) +
-                               (size_t)units * out->splits * KPT_PAGED_ROWS * sizeof(float);
+        out->workspace_bytes = kpt_paged_workspace_bytes(out, KPT_PAGED_ROWS, dv, NULL);
     return KPT_OK;
 }
 

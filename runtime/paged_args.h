@@ -56,7 +56,16 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
                                  const kpt_paged_args *a, kpt_kernel_args *out,
                                  kpt_kernel_pargs *pout, kpt_diag *diag);
 
-/* Offsets of the partial results in the workspace (O, then LSE, 256-byte aligned). */
-size_t kpt_paged_part_lse_offset(const kpt_paged_plan *plan, int dv);
+/* How many parts each sequence's keys are split into so that `units` work items (query blocks
+ * x kv heads x sequences) times the parts fill `slots` (work items the device runs at once):
+ * 1 to KPT_PAGED_MAX_SPLITS, each part at least two tiles of `tile` keys of max_kv. */
+int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots);
+
+/* The workspace of a split plan whose work items have `rows` rows: the partial results' O (f32,
+ * dv a row), then their LSEs (log2 units) from *lse_offset (256-byte aligned; may be NULL).
+ * Slot of row r of split s of (sequence b, query block qb, kv head hk):
+ * ((b q_blocks + qb) splits + s) Hkv + hk) rows + r. Returns the bytes in all. */
+size_t kpt_paged_workspace_bytes(const kpt_paged_plan *plan, int rows, int dv,
+                                 size_t *lse_offset);
 
 #endif

@@ -39,11 +39,14 @@ typedef struct kpt_vk_geom {
      * (elements), rows per page, pages in the cache, page-table columns (0: no page table) and
      * tokens T of q and o */
     uint32_t po, ps, cuo, kvo, page_size, num_pages, max_pages, T;
+    /* serving split over the keys: parts per sequence (1: none), and the element offsets of the
+     * partial results' O and LSE in the workspace's buffer */
+    uint32_t splits, wso, wlo;
     kpt_vk_auxgeom aux[16];
 } kpt_vk_geom;
 #define KPT_VK_LOOP_CHECK 2
 
 _Static_assert(sizeof(kpt_vk_auxgeom) == 36, "kpt_vk_auxgeom layout");
-_Static_assert(sizeof(kpt_vk_geom) == 160 + 16 * 36, "kpt_vk_geom layout");
+_Static_assert(sizeof(kpt_vk_geom) == 172 + 16 * 36, "kpt_vk_geom layout");
 
 #endif

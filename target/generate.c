@@ -119,14 +119,15 @@ static void glslang_identity(char *out, size_t n)
     snprintf(out, n, "%s", kpt_spirv_compiler());
 }
 
-/* The attention kernel's SPIR-V and, for masks with a block map, the block-map kernel's, packed
- * into one binary (kpt_spirv_unpack). */
+/* The attention kernel's SPIR-V and, for masks with a block map, the block-map kernel's (for
+ * serving kernels: the combine of split results), packed into one binary (kpt_spirv_unpack). */
 static kpt_status glslang_compile(const kpt_target *t, const char *source,
                                   const kpt_kernel_plan *plan, unsigned flags,
                                   kpt_rtc_output *out, kpt_diag *diag)
 {
     out->route = "glslang";
-    return kpt_spirv_build(source, plan->has_blockmap, &out->binary, &out->size, diag);
+    const bool second = plan->has_blockmap || plan->cfg.kind == KPT_KERNEL_PAGED;
+    return kpt_spirv_build(source, second, &out->binary, &out->size, diag);
 }
 
 const kpt_rtc kpt_rtc_glslang = {"glslang", glslang_identity, glslang_compile};

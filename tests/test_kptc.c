@@ -81,7 +81,7 @@ static void test_emit(void **state)
     r = run("emit", "--emit", "glsl", "--head-dim", "64,32", "document+causal", NULL);
     EXPECT(r, 0, out, "#version 450\n");
     EXPECT(r, 0, out, "#define KPT_DQK 64\n#define KPT_DV 32\n");
-    EXPECT(r, 0, out, "layout(std430, set = 0, binding = 12) readonly buffer kpt_aux_buf1");
+    EXPECT(r, 0, out, "layout(std430, set = 0, binding = 13) readonly buffer kpt_aux_buf1");
     /* the serving kernel: the same template's KPT_ENTRY_PAGED, never the matrix kernel */
     r = run("emit", "--emit", "glsl", "--paged", "--target", "spirv:coopmat", "--head-dim", "128",
             "sliding_window(64)+alibi", NULL);

@@ -442,6 +442,40 @@ static void test_paged_misuse(void **state)
     kpt_context_destroy(&ctx);
 }
 
+/* Vulkan serving plans (lavapipe in CI; skipped without a device): long sequences split over the
+ * keys with a workspace, and on llvmpipe, lengths past what its loop limit allows in 256 parts
+ * refused at plan time with the number it takes. */
+static void test_vulkan_paged_plans(void **state)
+{
+    (void)state;
+    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context *ctx = NULL;
+    if (kpt_context_create(&cp, &ctx, NULL))
+        skip();
+    kpt_pattern *p = parse("causal");
+    kpt_kernel *k = NULL;
+    kpt_kernel_desc desc = {.dtype = KPT_DTYPE_F16, .head_dim = 64, .options = KPT_DESC_PAGED};
+    assert_int_equal(kpt_kernel_get(ctx, p, &desc, &k, NULL), KPT_OK);
+    kpt_paged_shape sh = {.batch = 1, .max_q = 1, .max_kv = 300000, .num_heads_q = 32,
+                          .num_heads_kv = 8};
+    kpt_paged_plan plan;
+    assert_int_equal(kpt_paged_plan_make(k, &sh, &plan, NULL), KPT_OK);
+    assert_true(plan.splits > 1 && plan.splits <= 256);
+    /* f32 O of 64 columns and an LSE per row (32 a block) and part, the LSEs 256-aligned */
+    const size_t slots = (size_t)plan.splits * 8 * 32;
+    assert_int_equal(plan.workspace_bytes, ((slots * 64 * 4 + 255) & ~(size_t)255) + slots * 4);
+    sh.max_kv = 4;
+    assert_int_equal(kpt_paged_plan_make(k, &sh, &plan, NULL), KPT_OK);
+    assert_int_equal(plan.splits, 1);
+    assert_int_equal(plan.workspace_bytes, 0);
+    if (strstr(kpt_context_device_name(ctx), "llvmpipe")) {
+        sh.max_kv = 2000000000;
+        EXPECT(KPT_ERR_LIMIT, kpt_paged_plan_make(k, &sh, &plan, DIAG), "takes at most");
+    }
+    kpt_pattern_destroy(&p);
+    kpt_context_destroy(&ctx);
+}
+
 static void test_offline_caches(void **state)
 {
     (void)state;
@@ -959,6 +993,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_context_misuse),
         cmocka_unit_test(test_kernel_misuse),
         cmocka_unit_test(test_paged_misuse),
+        cmocka_unit_test(test_vulkan_paged_plans),
         cmocka_unit_test(test_offline_caches),
         cmocka_unit_test(test_disk_entry_that_will_not_load),
         cmocka_unit_test(test_unwritable_cache),

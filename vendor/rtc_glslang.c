@@ -49,7 +49,7 @@ static kpt_status compile_error(kpt_diag *diag, const char *stage, const char *l
                         stage, (int)(n > 300 ? 300 : n), e);
 }
 
-static kpt_status compile_locked(const char *glsl, bool blockmap, uint32_t **words,
+static kpt_status compile_locked(const char *glsl, bool second, uint32_t **words,
                                  size_t *count, kpt_diag *diag)
 {
     const glslang_input_t in = {
@@ -69,8 +69,8 @@ static kpt_status compile_locked(const char *glsl, bool blockmap, uint32_t **wor
     glslang_shader_t *sh = glslang_shader_create(&in);
     if (!sh)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (glslang)");
-    if (blockmap)
-        glslang_shader_set_preamble(sh, "#define KPT_ENTRY_BLOCKMAP 1\n");
+    if (second)
+        glslang_shader_set_preamble(sh, "#define KPT_ENTRY_SECOND 1\n");
     kpt_status st = KPT_OK;
     glslang_program_t *prog = NULL;
     if (!glslang_shader_preprocess(sh, &in) || !glslang_shader_parse(sh, &in)) {
@@ -118,14 +118,14 @@ kpt_status kpt_spirv_validate(const uint32_t *words, size_t count, kpt_diag *dia
     return st;
 }
 
-kpt_status kpt_spirv_compile(const char *glsl, bool blockmap, uint32_t **words, size_t *count,
+kpt_status kpt_spirv_compile(const char *glsl, bool second, uint32_t **words, size_t *count,
                              kpt_diag *diag)
 {
     *words = NULL;
     *count = 0;
     pthread_once(&init_once, init_glslang);
     pthread_mutex_lock(&compile_lock);
-    kpt_status st = compile_locked(glsl, blockmap, words, count, diag);
+    kpt_status st = compile_locked(glsl, second, words, count, diag);
     pthread_mutex_unlock(&compile_lock);
     if (!st && (st = kpt_spirv_validate(*words, *count, diag))) {
         free(*words);
@@ -135,7 +135,7 @@ kpt_status kpt_spirv_compile(const char *glsl, bool blockmap, uint32_t **words, 
     return st;
 }
 
-kpt_status kpt_spirv_build(const char *glsl, bool blockmap, void **binary, size_t *size,
+kpt_status kpt_spirv_build(const char *glsl, bool second, void **binary, size_t *size,
                            kpt_diag *diag)
 {
     *binary = NULL;
@@ -143,7 +143,7 @@ kpt_status kpt_spirv_build(const char *glsl, bool blockmap, void **binary, size_
     uint32_t *a = NULL, *m = NULL;
     size_t na = 0, nm = 0;
     kpt_status st = kpt_spirv_compile(glsl, false, &a, &na, diag);
-    if (!st && blockmap)
+    if (!st && second)
         st = kpt_spirv_compile(glsl, true, &m, &nm, diag);
     uint32_t *out = NULL;
     if (!st && !(out = malloc((4 + na + nm) * sizeof(uint32_t))))

@@ -40,8 +40,8 @@ extern "C" {
 #endif
 
 /* Kernel desc option: the serving kernels (kpt_paged_run) instead of the forward. CUDA (sm_80
- * and newer, head dims 32, 64, 96, 128 and 256; Dqk and Dv may differ), Vulkan (head dims 1 to 256;
- * no split over the keys) and the CPU backend have them. */
+ * and newer, head dims 32, 64, 96, 128 and 256; Dqk and Dv may differ), Vulkan (head dims 1 to 256)
+ * and the CPU backend have them. */
 enum { KPT_DESC_PAGED = 1u << 1 };
 
 /* The arguments of a serving call. Tensors are device pointers (host pointers on the CPU

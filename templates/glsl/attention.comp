@@ -6,8 +6,9 @@
 // its output accumulator and its softmax statistics stay in registers, and the workgroup stages
 // one K and V tile at a time in shared memory (sized from the device's limit by the planner).
 // On devices with cooperative matrices, f16 kernels take the KPT_COOPMAT variant instead.
-// The source is compiled twice: as the attention kernel, and with KPT_ENTRY_BLOCKMAP defined (the
-// compiler's preamble) as the block-map kernel of data-dependent masks.
+// The source is compiled twice: as the attention kernel, and with KPT_ENTRY_SECOND defined (the
+// compiler's preamble) as its second entry point: the block-map kernel of data-dependent masks,
+// or the serving kernel's combine of results split over the keys.
 @CONFIG@
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_control_flow_attributes : require
@@ -29,9 +30,11 @@
 #define KPT_LD(x) float(x)
 #define KPT_ST(v) KPT_ELEM(v)
 #endif
-#ifndef KPT_ENTRY_BLOCKMAP
-#define KPT_ENTRY_BLOCKMAP 0
+#ifndef KPT_ENTRY_SECOND
+#define KPT_ENTRY_SECOND 0
 #endif
+#define KPT_ENTRY_BLOCKMAP (KPT_ENTRY_SECOND && !KPT_ENTRY_PAGED)
+#define KPT_ENTRY_COMBINE (KPT_ENTRY_SECOND && KPT_ENTRY_PAGED)
 #if KPT_COOPMAT && !KPT_ENTRY_BLOCKMAP
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -85,6 +88,9 @@ layout(std430, set = 0, binding = 6) buffer kpt_geom_buf {
     // serving: the page table's start and row stride, the starts of cu_seqlens_q and kv_lens,
     // rows per page, pages in the cache, page-table columns (0: no page table) and tokens T
     readonly uint po, ps, cuo, kvo, page_size, num_pages, max_pages, T;
+    // serving split over the keys: parts per sequence, and where the partial results' O and
+    // LSE start in the workspace (floats; runtime/paged_args.h has the slots' order)
+    readonly uint splits, wso, wlo;
     readonly kpt_auxgeom aux[KPT_NAUX];
 } G;
 
@@ -98,6 +104,11 @@ layout(std430, set = 0, binding = 7) readonly buffer kpt_sink_buf { float sink[]
 layout(std430, set = 0, binding = 8) readonly buffer kpt_pt_buf { int pt[]; } PTb;
 layout(std430, set = 0, binding = 9) readonly buffer kpt_cu_buf { int cu[]; } CUb;
 layout(std430, set = 0, binding = 10) readonly buffer kpt_kvl_buf { int kv[]; } KVb;
+#if KPT_ENTRY_COMBINE
+layout(std430, set = 0, binding = 11) readonly buffer kpt_ws_buf { float ws[]; } Wb;
+#else
+layout(std430, set = 0, binding = 11) writeonly buffer kpt_ws_buf { float ws[]; } Wb;
+#endif
 #endif
 #if KPT_BF16
 uint kpt_bf16_bits(float v)
@@ -836,28 +847,167 @@ void kpt_pg_nan(int tok, int h)
         Lb.lse[G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]] = uintBitsToFloat(0x7fc00000u);
 }
 
+// The workspace slot of row r of split s of (sequence b, row block blk, kv head hk): the order of
+// runtime/paged_args.h (kpt_paged_workspace_bytes), with KPT_BM rows a block.
+uint kpt_pg_slot(int b, int blk, int s, int hk, int r)
+{
+    return (((uint(b) * uint(A.n_qt) + uint(blk)) * G.splits + uint(s)) * uint(A.Hkv) +
+            uint(hk)) * uint(KPT_BM) + uint(r);
+}
+
+// Which row of its sequence an invocation holds, and where: the workgroup (blk, hk, b) holds rows
+// blk * KPT_BM + tid; row R is query token R / group with query head hk * group + R % group.
+struct kpt_pg_row {
+    int t0, q_len, kv_len, rows, r0; // the sequence's first token, lengths; the block's first row
+    int i, h, tok;                     // this invocation's query index, head and token
+};
+
+kpt_pg_row kpt_pg_row_of(int blk, int hk, int b, int tid)
+{
+    kpt_pg_row x;
+    x.t0 = CUb.cu[G.cuo + uint(b)];
+    x.q_len = max(CUb.cu[G.cuo + uint(b) + 1u] - x.t0, 0);
+    x.kv_len = max(KVb.kv[G.kvo + uint(b)], 0);
+    x.rows = x.q_len * A.group;
+    x.r0 = blk * KPT_BM;
+    const int R = min(x.r0 + tid, max(x.rows - 1, 0));
+    x.i = R / A.group;
+    x.h = hk * A.group + (R - x.i * A.group);
+    x.tok = x.t0 + x.i;
+    return x;
+}
+
+#if KPT_ENTRY_COMBINE
+// ---- the combine of a serving run split over the keys ------------------------------------------
+// The serving kernel's grid without the splits: an invocation per row. The splits' LSEs become
+// weights (the sink joins the denominator here), then O is the weighted sum of the splits'
+// partial results, KPT_CH columns at a time (lavapipe counts every loop iteration).
+#define KPT_CB_CHUNKS ((KPT_DV + KPT_CH - 1) / KPT_CH)
 void main()
 {
     const int tid = int(gl_LocalInvocationID.x);
     const int blk = int(gl_WorkGroupID.x), hk = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
     A = P;
-    const int t0 = CUb.cu[G.cuo + uint(b)];
-    const int q_len = max(CUb.cu[G.cuo + uint(b) + 1u] - t0, 0);
-    const int kv_len = max(KVb.kv[G.kvo + uint(b)], 0);
+    const kpt_pg_row x = kpt_pg_row_of(blk, hk, b, tid);
+    if (x.r0 + tid >= x.rows || uint(x.tok) >= G.T)
+        return; // the serving kernel wrote nothing for this row
+    const int S = int(G.splits);
+    float M = KPT_NINF;
+    for (int s = 0; s < S; s++)
+        M = max(M, Wb.ws[G.wlo + kpt_pg_slot(b, blk, s, hk, tid)]);
+    const float s2 = G.so == KPT_NO_SINK ? KPT_NINF : Sb.sink[G.so + uint(x.h) * G.ss] * KPT_LOG2E;
+    M = max(M, s2);
+    const float Mu = M == KPT_NINF ? 0.0 : M;
+    float den = s2 == KPT_NINF ? 0.0 : exp2(s2 - Mu);
+    for (int s = 0; s < S; s++) {
+        const float e = Wb.ws[G.wlo + kpt_pg_slot(b, blk, s, hk, tid)];
+        den += e == KPT_NINF ? 0.0 : exp2(e - Mu);
+    }
+    const float inv = den > 0.0 ? 1.0 / den : 0.0;
+    const uint obase = G.oo + uint(x.tok) * G.os[0] + uint(x.h) * G.os[1];
+    [[dont_unroll]] for (int c = 0; c < KPT_CB_CHUNKS; c++) {
+        float o[KPT_CH];
+        [[unroll]] for (int e = 0; e < KPT_CH; e++)
+            o[e] = 0.0;
+        for (int s = 0; s < S; s++) {
+            const uint slot = kpt_pg_slot(b, blk, s, hk, tid);
+            const float e2 = Wb.ws[G.wlo + slot];
+            if (e2 == KPT_NINF)
+                continue; // a split that kept nothing: weight 0 (its O is 0)
+            const float w = exp2(e2 - Mu);
+            [[unroll]] for (int e = 0; e < KPT_CH; e++)
+                if (c * KPT_CH + e < KPT_DV)
+                    o[e] += w * Wb.ws[G.wso + slot * uint(KPT_DV) + uint(c * KPT_CH + e)];
+        }
+        [[unroll]] for (int e = 0; e < KPT_CH; e++)
+            if (c * KPT_CH + e < KPT_DV)
+                Ob.o[obase + uint(c * KPT_CH + e) * G.os[2]] = KPT_ST(o[e] * inv);
+    }
+    if (G.lo != KPT_NO_LSE)
+        Lb.lse[G.lo + uint(x.tok) * G.ls[0] + uint(x.h) * G.ls[1]] =
+            den > 0.0 ? (M + log2(den)) * KPT_LN2 : KPT_NINF;
+    kpt_check_loops();
+}
+
+#else
+// The first and last kv tile (lo, hi; hi < lo: none) that some row of the workgroup keeps. Each
+// invocation classifies its run of tiles as one box first: most runs of a window or a causal
+// mask are settled by that one test.
+shared int s_lo, s_hi;
+
+void kpt_pg_live(int b, int hk, int g0, int g1, int qa, int qz, int kv_len, int tid, out int lo,
+                 out int hi)
+{
+    const int n_kt = (kv_len + KPT_BN - 1) / KPT_BN;
+#if KPT_HAS_MASK && !KPT_MASK_AUX
+    if (tid == 0) {
+        s_lo = n_kt;
+        s_hi = -1;
+    }
+    barrier();
+    // tiles floor(n_kt tid / KPT_BM) .. floor(n_kt (tid + 1) / KPT_BM) - 1, in 32 bits
+    const int nq = n_kt / KPT_BM, nr = n_kt - nq * KPT_BM;
+    const int ta = nq * tid + nr * tid / KPT_BM, tz = nq * (tid + 1) + nr * (tid + 1) / KPT_BM;
+    int my_lo = n_kt, my_hi = -1;
+    if (ta < tz) {
+        const int cb = kpt_pg_class(b, hk, g0, g1, qa, qz, ta * KPT_BN,
+                                    tz == n_kt ? kv_len - 1 : tz * KPT_BN - 1);
+        if (cb == 2) {
+            my_lo = ta;
+            my_hi = tz - 1;
+        } else if (cb == 1) {
+            for (int t = ta; t < tz; t++)
+                if (kpt_pg_class(b, hk, g0, g1, qa, qz, t * KPT_BN,
+                                 min(t * KPT_BN + KPT_BN, kv_len) - 1) != 0) {
+                    my_lo = min(my_lo, t);
+                    my_hi = t;
+                }
+        }
+    }
+    if (my_hi >= 0) {
+        atomicMin(s_lo, my_lo);
+        atomicMax(s_hi, my_hi);
+    }
+    barrier();
+    lo = s_lo;
+    hi = s_hi;
+#else
+    lo = 0;
+    hi = n_kt - 1;
+#endif
+}
+
+// A split's partial result: O / l, and the LSE in log2 units without the sink (the combine
+// adds it); a row that kept nothing gives O = 0 and LSE = -inf.
+void kpt_pg_part(uint slot, float m, float l)
+{
+    const float inv = l > 0.0 ? 1.0 / l : 0.0;
+    for (int d = 0; d < KPT_DV; d++)
+        Wb.ws[G.wso + slot * uint(KPT_DV) + uint(d)] = acc[d] * inv;
+    Wb.ws[G.wlo + slot] = l > 0.0 ? m + log2(l) : KPT_NINF;
+}
+
+void main()
+{
+    const int tid = int(gl_LocalInvocationID.x);
+    const int S = int(G.splits), blk = int(gl_WorkGroupID.x) / S;
+    const int split = int(gl_WorkGroupID.x) - blk * S;
+    const int hk = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
+    A = P;
+    const kpt_pg_row x = kpt_pg_row_of(blk, hk, b, tid);
+    const int kv_len = x.kv_len, group = A.group, rows = x.rows, r0 = x.r0;
     A.Sq = kv_len;
     A.Skv = kv_len;
-    const int group = A.group, rows = q_len * group, r0 = blk * KPT_BM;
-    if (blk == A.n_qt - 1) // rows past the plan's
+    if (blk == A.n_qt - 1 && split == 0) // rows past the plan's
         for (int R = A.n_qt * KPT_BM + tid; R < rows; R += KPT_BM)
-            kpt_pg_nan(t0 + R / group, hk * group + R % group);
+            kpt_pg_nan(x.t0 + R / group, hk * group + R % group);
     if (r0 >= rows)
         return; // the whole workgroup: no rows of this sequence here
-    const int R = min(r0 + tid, rows - 1), rz = min(r0 + KPT_BM, rows) - 1;
-    const int i = R / group, h = hk * group + (R - i * group), tok = t0 + i;
-    const int qi = kv_len - q_len + i; // the row's logical position
+    const int rz = min(r0 + KPT_BM, rows) - 1, h = x.h, tok = x.tok;
+    const int qi = kv_len - x.q_len + x.i; // the row's logical position
     const bool live = r0 + tid < rows && uint(tok) < G.T;
     // the workgroup's positions and heads, for tile classes
-    const int qa = kv_len - q_len + r0 / group, qz = kv_len - q_len + rz / group;
+    const int qa = kv_len - x.q_len + r0 / group, qz = kv_len - x.q_len + rz / group;
     int g0 = 0, g1 = group - 1;
     if (rz - r0 + 1 < group && r0 % group <= rz % group) {
         g0 = r0 % group;
@@ -872,8 +1022,14 @@ void main()
     for (int d = 0; d < KPT_DV; d++)
         acc[d] = 0.0;
     float m = KPT_NINF, l = 0.0;
-    const int n_kt = (kv_len + KPT_BN - 1) / KPT_BN;
-    for (int t = 0; t < n_kt; t++) {
+    // this split's share of the live tiles: floor(n s / S) .. floor(n (s + 1) / S) - 1, with
+    // n = q S + r computed as q s + r s / S so that nothing needs 64 bits
+    int lo, hi;
+    kpt_pg_live(b, hk, g0, g1, qa, qz, kv_len, tid, lo, hi);
+    const int n = max(hi - lo + 1, 0), nq = n / S, nr = n - nq * S;
+    const int beg = lo + nq * split + nr * split / S;
+    const int end = lo + nq * (split + 1) + nr * (split + 1) / S - 1;
+    for (int t = beg; t <= end; t++) {
         const int k0 = t * KPT_BN, nk = min(KPT_BN, kv_len - k0);
         const int cls = kpt_pg_class(b, hk, g0, g1, qa, qz, k0, k0 + nk - 1);
         if (cls == 0)
@@ -890,10 +1046,14 @@ void main()
     }
     if (!live)
         return;
-    kpt_row_store(h, m, l, G.oo + uint(tok) * G.os[0] + uint(h) * G.os[1], G.os[2],
-                  G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]);
+    if (S > 1)
+        kpt_pg_part(kpt_pg_slot(b, blk, split, hk, tid), m, l);
+    else
+        kpt_row_store(h, m, l, G.oo + uint(tok) * G.os[0] + uint(h) * G.os[1], G.os[2],
+                      G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]);
     kpt_check_loops();
 }
+#endif // KPT_ENTRY_COMBINE
 
 #else
 // ---- the attention kernel ---------------------------------------------------------------------

@@ -11,8 +11,9 @@
  * Prints a line per failing case and a summary; exits 0 when every case passes, 1 when one
  * fails, 77 (skip) when the backend has no device. On the CPU backend the kernels are the
  * reference itself: that run checks the API's plumbing only. Vulkan has a matrix of its own:
- * its kernel splits nothing, takes f32 too and any head dim, and Mesa's llvmpipe (CI) limits
- * the kv length (about 2800 keys at D = 128). */
+ * its kernel takes f32 too and any head dim, and on Mesa's llvmpipe (CI) a plan splits long kv
+ * lengths for the driver's loop limit. A run fails when no case of its matrix split the keys
+ * (the combine would go unchecked). */
 #include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
@@ -67,6 +68,7 @@ static int naux_of(const kpt_pattern *p, const kpt_paged_batch *pb, void *docs,
 typedef struct outcome {
     double rel, lse_err;
     long nan, touched;
+    int splits; /* the plan's */
     char why[200];
 } outcome;
 
@@ -166,6 +168,7 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         snprintf(res->why, sizeof(res->why), "plan: %.150s", d.message);
         ok = false;
     }
+    res->splits = ok ? plan.splits : 0;
     if (ok && plan.workspace_bytes && kpt_buffer_create(ctx, plan.workspace_bytes, &ws, &d)) {
         snprintf(res->why, sizeof(res->why), "workspace: %.150s", d.message);
         ok = false;
@@ -318,10 +321,10 @@ static void build(bool quick)
     }
 }
 
-/* The Vulkan matrix: kv lengths llvmpipe runs (up to 1500 keys at D = 128, 2000 at D = 32),
- * f16, bf16 and f32, head dims 32 to 128, page sizes 1 to 256 and contiguous, ragged lengths
- * with 0 and 1, GQA 1, 4 and 8, sinks, plans from bounds above and below the lengths. Paths
- * are relative to the source tree. */
+/* The Vulkan matrix: f16, bf16 and f32, head dims 32 to 256, page sizes 1 to 256 and
+ * contiguous, ragged lengths with 0 and 1, GQA 1, 4 and 8, sinks, plans from bounds above and
+ * below the lengths, and kv lengths to 20k: split over the keys where llvmpipe's loop limit or
+ * the device's size asks for it. Paths are relative to the source tree. */
 static void build_vulkan(bool quick)
 {
     static const char *const pats[] = {
@@ -336,6 +339,7 @@ static void build_vulkan(bool quick)
     static const int kvr[8] = {700, 1, 1500, 900, 33, 5, 0, 64};
     static const int kvs[8] = {1200, 600, 250, 1500, 64, 5, 777, 1025};
     static const int kvlong[1] = {2000}, ql[1] = {3};
+    static const int q2[2] = {1, 0}, kv20k[2] = {20000, 0}, q16b[2] = {16, 5}, kv9k[2] = {9000, 5};
     for (int i = 0; i < npat; i++) {
         const char *p = pats[i];
         /* quick (CI): one kernel per pattern, f16 D = 64 (llvmpipe compiles each kernel for
@@ -350,6 +354,11 @@ static void build_vulkan(bool quick)
         add(p, KPT_DTYPE_F16, d2, 16, 2, 0, false, false, 1, ql, kvlong, 0);
         if (i == 0)
             add(p, KPT_DTYPE_F16, 64, 16, 4, 16, false, false, 8, qr, kvr, 2);
+        /* one sequence decoding over 20k keys, the other empty: the keys split for the loop
+         * limit (llvmpipe) or to fill the device; speculative decoding over 9000 */
+        add(p, KPT_DTYPE_F16, 64, 16, 2, 16, false, i % 2 == 0, 2, q2, kv20k, 0);
+        if (i < 3)
+            add(p, t1, d1, 8, 1, 64, true, true, 2, q16b, kv9k, 0);
         if (i == 0 && quick) {
             add(p, KPT_DTYPE_BF16, 128, 16, 4, 1, false, true, 4, q4, kvs, 0);
             add(p, KPT_DTYPE_F32, 32, 16, 2, 0, false, false, 1, ql, kvlong, 0);
@@ -413,7 +422,7 @@ int main(int argc, char **argv)
         build_vulkan(quick);
     else
         build(quick);
-    int pass = 0, fail = 0;
+    int pass = 0, fail = 0, split = 0;
     for (int i = 0; i < ncases; i++) {
         const pcase *c = &cases[i];
         char name[200];
@@ -428,14 +437,20 @@ int main(int argc, char **argv)
         outcome res;
         if (run_case(c, seed + (uint64_t)i, &res)) {
             pass++;
-            printf("  ok   %-80s rel %.2e lse %.2e\n", name, res.rel, res.lse_err);
+            split += res.splits > 1;
+            printf("  ok   %-80s rel %.2e lse %.2e splits %d\n", name, res.rel, res.lse_err,
+                   res.splits);
         } else {
             fail++;
             printf("  FAIL %-80s %s\n", name, res.why);
         }
         fflush(stdout);
     }
-    printf("%d passed, %d failed\n", pass, fail);
+    if (vulkan && !filter && !split) {
+        printf("  FAIL no case split the keys: the combine went unchecked\n");
+        fail++;
+    }
+    printf("%d passed, %d failed (%d split over the keys)\n", pass, fail, split);
     kpt_context_destroy(&ctx);
     return fail ? 1 : 0;
 }
