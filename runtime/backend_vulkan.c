@@ -948,6 +948,9 @@ static int paged_splits(const vk_backend *v, const vk_kernel *k, const kpt_paged
     while (splits < KPT_PAGED_MAX_SPLITS && splits < n_kt &&
            !paged_fits(v, k, n_kt, splits, group))
         splits++;
+    const char *cap = getenv("KPT_VK_MAX_SPLITS"); /* for comparisons; 1: never split */
+    if (cap && atoi(cap) >= 1 && splits > atoi(cap))
+        splits = atoi(cap);
     /* the grid's x (row blocks times splits) and the workspace's 32-bit float offsets */
     const int64_t x_max = v->limits.maxComputeWorkGroupCount[0];
     while (splits > 1) {

@@ -6,7 +6,11 @@
  * shorter lengths, and one made for fewer queries than a sequence has (the rows past what it
  * covers must be NaN, never wrong).
  *
- *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N]
+ *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N] [--repeat N]
+ *
+ * --repeat N: after a case passes, runs it N times more and prints the median wall time of a
+ * run (launch to synchronisation) and the GB/s of K and V read: a rough timing, for backends
+ * (Vulkan) that bench/ does not cover.
  *
  * Prints a line per failing case and a summary; exits 0 when every case passes, 1 when one
  * fails, 77 (skip) when the backend has no device. On the CPU backend the kernels are the
@@ -23,6 +27,7 @@
 
 #include <kpt/kpt.h>
 
+#include "base/clock.h"
 #include "base/numeric.h"
 #include "tools/paged_batch.h"
 #include "tools/rng.h"
@@ -42,6 +47,30 @@ typedef struct pcase {
 
 static kpt_context *ctx;
 static bool on_cpu;
+static int repeat;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median wall time (µs) of `repeat` runs of the call, each synchronised. */
+static double time_runs(const kpt_kernel *k, const kpt_paged_plan *plan, const kpt_paged_args *a,
+                        void *ws)
+{
+    double t[64];
+    int n = repeat < 64 ? repeat : 64;
+    for (int i = 0; i < n; i++) {
+        double t0 = kpt_now_ms();
+        if (kpt_paged_run(k, plan, a, ws, ws ? plan->workspace_bytes : 0, NULL, NULL) ||
+            kpt_context_synchronize(ctx, NULL))
+            return 0;
+        t[i] = (kpt_now_ms() - t0) * 1e3;
+    }
+    qsort(t, (size_t)n, sizeof(t[0]), cmp_double);
+    return n ? t[n / 2] : 0;
+}
 
 static kpt_buffer *upload(const void *src, size_t n)
 {
@@ -69,6 +98,7 @@ typedef struct outcome {
     double rel, lse_err;
     long nan, touched;
     int splits; /* the plan's */
+    double us;  /* the median run's wall time (--repeat), or 0 */
     char why[200];
 } outcome;
 
@@ -189,6 +219,8 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
             snprintf(res->why, sizeof(res->why), "run: %.150s", d.message);
             ok = false;
         }
+        if (ok && repeat)
+            res->us = time_runs(k, &plan, &da, ws ? kpt_buffer_data(ws) : NULL);
     }
     if (ok) { /* compare the sequences' rows; the rest must be untouched */
         double num = 0, den = 0;
@@ -339,6 +371,7 @@ static void build_vulkan(bool quick)
     static const int kvr[8] = {700, 1, 1500, 900, 33, 5, 0, 64};
     static const int kvs[8] = {1200, 600, 250, 1500, 64, 5, 777, 1025};
     static const int kvlong[1] = {2000}, ql[1] = {3};
+    static const int kv32k[8] = {32768, 32768, 32768, 32768, 32768, 32768, 32768, 32768};
     static const int q2[2] = {1, 0}, kv20k[2] = {20000, 0}, q16b[2] = {16, 5}, kv9k[2] = {9000, 5};
     for (int i = 0; i < npat; i++) {
         const char *p = pats[i];
@@ -371,6 +404,10 @@ static void build_vulkan(bool quick)
         if (quick)
             continue;
         add(p, KPT_DTYPE_BF16, 64, 32, 8, 7, false, false, 8, qr, kvr, 1);
+        if (i < 2) { /* decode of a 32k cache, one sequence and eight (--repeat times them) */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 1, q1, kv32k, 0);
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, q1, kv32k, 0);
+        }
     }
 }
 
@@ -383,6 +420,7 @@ int main(int argc, char **argv)
                                          {"filter", required_argument, NULL, 'f'},
                                          {"seed", required_argument, NULL, 's'},
                                          {"backend", required_argument, NULL, 'b'},
+                                         {"repeat", required_argument, NULL, 'r'},
                                          {NULL, 0, NULL, 0}};
     bool bad = false;
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
@@ -394,12 +432,14 @@ int main(int argc, char **argv)
             seed = strtoull(optarg, NULL, 10);
         else if (c == 'b')
             backend = optarg;
+        else if (c == 'r')
+            repeat = atoi(optarg);
         else
             bad = true; /* getopt_long said what was wrong */
     }
     if (bad || optind != argc) {
         fprintf(stderr, "usage: paged_check [--backend cuda|vulkan|cpu] [--quick] "
-                        "[--filter TEXT] [--seed N]\n");
+                        "[--filter TEXT] [--seed N] [--repeat N]\n");
         return 2;
     }
     const bool vulkan = !strcmp(backend, "vulkan");
@@ -438,8 +478,16 @@ int main(int argc, char **argv)
         if (run_case(c, seed + (uint64_t)i, &res)) {
             pass++;
             split += res.splits > 1;
-            printf("  ok   %-80s rel %.2e lse %.2e splits %d\n", name, res.rel, res.lse_err,
+            printf("  ok   %-80s rel %.2e lse %.2e splits %d", name, res.rel, res.lse_err,
                    res.splits);
+            if (res.us > 0) {
+                double bytes = 0;
+                for (int b = 0; b < c->B; b++)
+                    bytes += (double)c->kv[b] * c->hkv * (c->d + c->dv) *
+                             kpt_dtype_size(c->dtype);
+                printf("  %.1f us %.0f GB/s", res.us, bytes / res.us * 1e-3);
+            }
+            printf("\n");
         } else {
             fail++;
             printf("  FAIL %-80s %s\n", name, res.why);
