@@ -642,10 +642,10 @@ static kpt_status paged_budget(const vk_backend *v, const vk_kernel *k, int max_
     return kpt_diag_set(diag, KPT_ERR_LIMIT,
                         "the plan's kv length = %d is too long for %s: Mesa's llvmpipe stops a "
                         "shader's loops after %d iterations in all, and this serving kernel (head "
-                        "dims %d/%d, %d splits) takes at most %lld keys on this device "
+                        "dims %d/%d, keys in %d part%s) takes at most %lld keys on this device "
                         "(docs/vulkan.md)",
                         max_kv, v->base.device_name, KPT_VK_LLVMPIPE_LOOPS, k->plan.cfg.dqk,
-                        k->plan.cfg.dv, splits, (long long)(lo * bn));
+                        k->plan.cfg.dv, splits, splits == 1 ? "" : "s", (long long)(lo * bn));
 }
 
 static kpt_status check_groups(const vk_backend *v, const uint32_t g[3], const char *what,
