@@ -522,6 +522,15 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
         plan->splits > KPT_PAGED_MAX_SPLITS || plan->q_per_block < 1)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
+    /* the kernel's row offsets, and page offsets where there are pages, are 32-bit products */
+    const int64_t lim = INT32_MAX;
+    const int64_t page_k = pa.paged ? a.ks[0] : 0, page_v = pa.paged ? a.vs[0] : 0;
+    if (a.ks[1] > lim || a.vs[1] > lim || page_k > lim || page_v > lim)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                            "the cache's page and row strides (k: %lld, %lld; v: %lld, %lld "
+                            "elements) must be below 2^31 on CUDA",
+                            (long long)a.ks[0], (long long)a.ks[1], (long long)a.vs[0],
+                            (long long)a.vs[1]);
     if (workspace && workspace_bytes < plan->workspace_bytes)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "workspace of %zu bytes; the plan needs %zu", workspace_bytes,

@@ -77,6 +77,45 @@ __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i6
     }
 }
 
+// Whether a tile's K and V loads can share their rows' lookups (kpt_pg_load_kv): the same
+// chunks a row in both, and whole rows a thread.
+#define KPT_PG_KV_SHARED (KPT_DQK == KPT_DV && KPT_THREADS % (KPT_DQK / 8) == 0 && \
+                          KPT_BN % (KPT_THREADS / (KPT_DQK / 8)) == 0)
+
+// Keys [k0, k0 + KPT_BN) of K and V at once, for the caches most calls have: MODE 0 a
+// contiguous one (gK and gV are then sequence b's row of the cache), MODE 1 pages of a
+// power-of-two size whose ids were staged in shared memory (spt). Each thread copies the same
+// column chunk of the same rows of K and V, so a key's page is found once for both, with none
+// of kpt_pg_page's branches per row; row strides, and page strides where there are pages, fit
+// 32 bits (kpt_cuda_paged checks). Decoding is bound by
+// these loads' issue as much as by memory: the generic pair of kpt_pg_load calls took about 40
+// instructions a 16-byte copy (H100, ncu).
+template <int MODE>
+__device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, const u16 *gV,
+                                               int ksp, int ksr, int vsp, int vsr,
+                                               const kpt_pargs &P, const int *spt, int spa,
+                                               int k0, int kv_len)
+{
+    constexpr int CH = KPT_DQK / 8, RSTEP = KPT_THREADS / CH, ITERS = KPT_BN / RSTEP;
+    const int c = (int)threadIdx.x % CH, r0 = (int)threadIdx.x / CH;
+    const int lim = MODE == 0 ? min(kv_len, P.page_size) : kv_len;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int r = r0 + it * RSTEP, pos = k0 + r;
+        int page = MODE == 0 ? 0 : -1, off = MODE == 0 ? pos : 0;
+        if (MODE == 1 && pos < kv_len) {
+            const int pi = pos >> P.page_shift;
+            off = pos & (P.page_size - 1);
+            page = pi < P.max_pages ? spt[pi - spa] : -1;
+        }
+        const bool ok = pos < lim && page >= 0;
+        const i64 kr = ok ? (i64)page * ksp + (i64)off * ksr : 0;
+        const i64 vr = ok ? (i64)page * vsp + (i64)off * vsr : 0;
+        kpt_cp16(dK + (u32)(r * KPT_KSTR + c * 8) * 2u, gK + kr + c * 8, ok);
+        kpt_cp16(dV + (u32)(r * KPT_VSTR + c * 8) * 2u, gV + vr + c * 8, ok);
+    }
+}
+
 #if KPT_HAS_MASK
 // The class of keys [k0, k1] against query positions [qa, qz] for every head of kv head hk
 // (0 nothing kept, 2 everything, 1 mixed or unknown).
@@ -372,11 +411,22 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         while (t <= hi && KPT_PG_CLASS(t) == 0) t++;
         return t;
     };
+    // the cache's kind, settled once: 0 contiguous, 1 pages staged above, 2 anything else
+    const int mode = KPT_PG_KV_SHARED ? (!P.paged ? 0 : P.page_shift >= 0 && spt ? 1 : 2) : 2;
     auto load = [&](int t, int stage) {
-        kpt_pg_load<KPT_DQK, KPT_KSTR>(sK + stage * KPT_BN * KPT_KSTR * 2, gK, A.ks[0], A.ks[1],
-                                       P, ptrow, spt, spa, b, t * KPT_BN, kv_len);
-        kpt_pg_load<KPT_DV, KPT_VSTR>(sV + stage * KPT_BN * KPT_VSTR * 2, gV, A.vs[0], A.vs[1],
-                                      P, ptrow, spt, spa, b, t * KPT_BN, kv_len);
+        const u32 dK = sK + stage * KPT_BN * KPT_KSTR * 2, dV = sV + stage * KPT_BN * KPT_VSTR * 2;
+        if (mode == 0)
+            kpt_pg_load_kv<0>(dK, dV, gK + (i64)b * A.ks[0], gV + (i64)b * A.vs[0], 0,
+                              (int)A.ks[1], 0, (int)A.vs[1], P, spt, spa, t * KPT_BN, kv_len);
+        else if (mode == 1)
+            kpt_pg_load_kv<1>(dK, dV, gK, gV, (int)A.ks[0], (int)A.ks[1], (int)A.vs[0],
+                              (int)A.vs[1], P, spt, spa, t * KPT_BN, kv_len);
+        else {
+            kpt_pg_load<KPT_DQK, KPT_KSTR>(dK, gK, A.ks[0], A.ks[1], P, ptrow, spt, spa, b,
+                                           t * KPT_BN, kv_len);
+            kpt_pg_load<KPT_DV, KPT_VSTR>(dV, gV, A.vs[0], A.vs[1], P, ptrow, spt, spa, b,
+                                          t * KPT_BN, kv_len);
+        }
     };
 
     // The ring: KPT_STAGES - 1 tiles in flight ahead of the one computed.
