@@ -540,6 +540,10 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
     int64_t blocks = (int64_t)plan->batch * plan->q_blocks;
     if (blocks == 0)
         return KPT_OK;
+    if (plan->splits > 1 && blocks * KPT_PAGED_ROWS > INT32_MAX) /* the combine: a CTA a row */
+        return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                            "%lld query blocks: too many to combine split results in one launch",
+                            (long long)blocks);
     if ((st = kpt_cuda_make_current(k->dev, diag)))
         return st;
     const kpt_cu_api *cu = k->dev->cu;
@@ -561,7 +565,7 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                                   (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);
     if (!r && plan->splits > 1)
-        r = cu->LaunchKernel(k->paged_combine, (unsigned)(blocks * (KPT_PAGED_ROWS / 4)),
+        r = cu->LaunchKernel(k->paged_combine, (unsigned)(blocks * KPT_PAGED_ROWS),
                              (unsigned)a.Hkv, 1, 128, 1, 1, 0, stream, params, NULL);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);
