@@ -540,7 +540,9 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
     int64_t blocks = (int64_t)plan->batch * plan->q_blocks;
     if (blocks == 0)
         return KPT_OK;
-    if (plan->splits > 1 && blocks * KPT_PAGED_ROWS > INT32_MAX) /* the combine: a CTA a row */
+    /* the combine's CTAs: 4, 2 or 1 rows each (kpt_pg_cwpr in templates/cuda/paged.cu) */
+    const int combine_rows = plan->splits >= 16 ? 1 : plan->splits >= 8 ? 2 : 4;
+    if (plan->splits > 1 && blocks * (KPT_PAGED_ROWS / combine_rows) > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT,
                             "%lld query blocks: too many to combine split results in one launch",
                             (long long)blocks);
@@ -565,7 +567,8 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                                   (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);
     if (!r && plan->splits > 1)
-        r = cu->LaunchKernel(k->paged_combine, (unsigned)(blocks * KPT_PAGED_ROWS),
+        r = cu->LaunchKernel(k->paged_combine,
+                             (unsigned)(blocks * (KPT_PAGED_ROWS / combine_rows)),
                              (unsigned)a.Hkv, 1, 128, 1, 1, 0, stream, params, NULL);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);

@@ -596,73 +596,81 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r4(const kpt
     kpt_paged_body<4>(A, P);
 }
 
-// The combine of P.splits partial results: a CTA per row of a (sequence, query block, kv head)
-// (grid x: blocks * KPT_PG_ROWS, y: kv heads). The threads first turn the splits' LSEs into
-// weights (the sink joins the denominator here), kept in shared memory; then each warp sums
-// every fourth split's partial O, its lanes over the columns with several splits' loads in
-// flight, and the four sums meet in shared memory. A warp a row, waiting on its splits a few
-// at a time, took 18 us at one decoding sequence (33 splits, H100): a fifth of the decode.
+// The combine of P.splits partial results (grid x: blocks * KPT_PG_ROWS / rows a CTA, y: kv
+// heads). Each row of a (sequence, query block, kv head) gets one to four warps, by the splits
+// (kpt_pg_cwpr; the host sizes the grid with it): its threads turn the splits' LSEs into weights
+// (the sink joins the denominator here), kept in shared memory; then each of its warps sums
+// every wpr-th split's partial O, its lanes over the columns with several splits' loads in
+// flight, and the warps' sums meet in shared memory. A warp a row, waiting on its splits a few
+// at a time, took 18 us at one decoding sequence (33 splits, H100): a fifth of the decode; four
+// warps a row for a handful of splits were slower than one.
 #define KPT_PG_VEC ((KPT_DV % 128 == 0) ? 4 : (KPT_DV % 64 == 0) ? 2 : 1)
-#define KPT_PG_CW 4 // warps of the combine
-__device__ __forceinline__ float kpt_pg_block_max(float v, float *red)
+#define KPT_PG_CW 4 // warps of the combine's CTA
+__device__ __forceinline__ int kpt_pg_cwpr(int splits)
+{
+    return splits >= 16 ? 4 : splits >= 8 ? 2 : 1;
+}
+
+// The maximum (or sum) of v over the wpr warps of row group wr, in a fixed order. Every thread
+// of the CTA calls it (two barriers).
+template <bool MAX>
+__device__ __forceinline__ float kpt_pg_group_reduce(float v, float *red, int wr, int wpr)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, u) : v + u;
+    }
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
-    v = red[0];
-#pragma unroll
-    for (int w = 1; w < KPT_PG_CW; w++) v = fmaxf(v, red[w]);
+    v = red[wr * wpr];
+    for (int q = 1; q < wpr; q++) v = MAX ? fmaxf(v, red[wr * wpr + q]) : v + red[wr * wpr + q];
     __syncthreads(); // red is reused
     return v;
 }
-__device__ __forceinline__ float kpt_pg_block_sum(float v, float *red)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < KPT_PG_CW; w++) v += red[w]; // a fixed order: the same bits every run
-    __syncthreads();
-    return v;
-}
+
 extern "C" __global__ void __launch_bounds__(KPT_PG_CW * 32)
 kpt_paged_combine(const kpt_args A, const kpt_pargs P)
 {
-    __shared__ float s_w[KPT_PAGED_MAX_SPLITS_DEV];
+    __shared__ float s_w[KPT_PG_CW][KPT_PAGED_MAX_SPLITS_DEV];
     __shared__ __align__(16) float s_o[KPT_PG_CW][KPT_DV];
     __shared__ float s_red[KPT_PG_CW];
+    const int wpr = kpt_pg_cwpr(P.splits), rpc = KPT_PG_CW / wpr, per_blk = KPT_PG_ROWS / rpc;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int blk = (int)blockIdx.x / KPT_PG_ROWS, r = (int)blockIdx.x % KPT_PG_ROWS;
+    const int wr = warp / wpr, part = warp % wpr, t = part * 32 + lane, nt = wpr * 32;
+    const int blk = (int)blockIdx.x / per_blk, r0 = (int)blockIdx.x % per_blk * rpc, r = r0 + wr;
     const kpt_pg_work w = kpt_pg_work_of(A, P, blk * P.splits, (int)blockIdx.y, P.splits);
-    if (r >= w.n_tok * A.group) return; // the whole CTA
-    const kpt_pg_row x = kpt_pg_row_of(A, P, w, r);
-    if (x.t < 0) return;
+    if (r0 >= w.n_tok * A.group) return; // the whole CTA
+    bool live = r < w.n_tok * A.group;
+    kpt_pg_row x = {};
+    if (live) {
+        x = kpt_pg_row_of(A, P, w, r);
+        live = x.t >= 0;
+    }
     const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
     const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
     float M = KPT_NINF;
-    for (int s = tid; s < P.splits; s += KPT_PG_CW * 32)
+    for (int s = t; live && s < P.splits; s += nt)
         M = fmaxf(M, pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r]);
-    M = kpt_pg_block_max(M, s_red);
-    const float s2 = P.sinks ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
-                             : KPT_NINF;
+    M = kpt_pg_group_reduce<true>(M, s_red, wr, wpr);
+    const float s2 = live && P.sinks
+                         ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
+                         : KPT_NINF;
     M = fmaxf(M, s2);
     const float Mu = M == KPT_NINF ? 0.0f : M;
     float den = 0.0f;
-    for (int s = tid; s < P.splits; s += KPT_PG_CW * 32) {
+    for (int s = t; live && s < P.splits; s += nt) {
         const float e = kpt_ex2(pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r] - Mu);
-        s_w[s] = e;
+        s_w[wr][s] = e;
         den += e;
     }
-    den = kpt_pg_block_sum(den, s_red) + kpt_ex2(s2 - Mu); // its barriers publish s_w too
+    den = kpt_pg_group_reduce<false>(den, s_red, wr, wpr) + kpt_ex2(s2 - Mu); // publishes s_w
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    for (int d0 = lane * KPT_PG_VEC; d0 < KPT_DV; d0 += 32 * KPT_PG_VEC) {
+    for (int d0 = lane * KPT_PG_VEC; live && d0 < KPT_DV; d0 += 32 * KPT_PG_VEC) {
         float acc[KPT_PG_VEC] = {};
 #pragma unroll 4
-        for (int s = warp; s < P.splits; s += KPT_PG_CW) {
-            const float ws = s_w[s];
+        for (int s = part; s < P.splits; s += wpr) {
+            const float ws = s_w[wr][s];
             const float *src = po + ((first + (i64)s * A.Hkv) * KPT_PG_ROWS + r) * KPT_DV + d0;
             float v[KPT_PG_VEC];
             if (KPT_PG_VEC == 4) {
@@ -681,12 +689,12 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
         for (int e = 0; e < KPT_PG_VEC; e++) s_o[warp][d0 + e] = acc[e];
     }
     __syncthreads();
-    for (int d = tid; d < KPT_DV; d += KPT_PG_CW * 32) {
-        float o = 0.0f;
-#pragma unroll
-        for (int q = 0; q < KPT_PG_CW; q++) o += s_o[q][d];
+    if (!live) return;
+    for (int d = t; d < KPT_DV; d += nt) {
+        float o = s_o[wr * wpr][d];
+        for (int q = 1; q < wpr; q++) o += s_o[wr * wpr + q][d];
         kpt_pg_store(A, x.t, x.h, d, o * inv);
     }
-    if (tid == 0)
+    if (t == 0)
         kpt_pg_store(A, x.t, x.h, -1, den > 0.0f ? (M + __log2f(den)) * KPT_LN2 : KPT_NINF);
 }
