@@ -3,8 +3,9 @@
  * 256, no paging; token-major and head-major caches) x GQA ratios (1, 4, 8) x queries per
  * sequence (1, 4, 16, ragged with 0 and 1) x kv lengths (short to 20k, split and unsplit) x head
  * dims (64, 128, 256, Dqk != Dv), with and without sinks, a plan made from bounds reused for
- * shorter lengths, and one made for fewer queries than a sequence has (the rows past what it
- * covers must be NaN, never wrong).
+ * shorter lengths, one made for 50 times the longest kv length (most parts of the split empty)
+ * run without a workspace, and one made for fewer queries than a sequence has (the rows past
+ * what it covers must be NaN, never wrong).
  *
  *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N] [--repeat N]
  *
@@ -42,7 +43,8 @@ typedef struct pcase {
     int B;
     int q[8], kv[8]; /* per sequence (the first B) */
     int bounds; /* plan from bounds (max_q, max_kv): 0 none, 1 above the real lengths, 2 with
-                   max_q 1 (below them) */
+                   max_q 1 (below them), 3 with max_kv 50 times the longest (the keys split
+                   into parts most of which hold none) and no workspace (the run's own) */
 } pcase;
 
 static kpt_context *ctx;
@@ -189,8 +191,8 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         shape.cu_seqlens_q = NULL;
         shape.kv_lens = NULL;
         shape.max_q = c->bounds == 2 ? 1 : 16;
-        shape.max_kv = h.maxkv;
-        for (int b = 0; b < c->B && c->bounds == 1; b++)
+        shape.max_kv = c->bounds == 3 ? 50 * h.maxkv : h.maxkv;
+        for (int b = 0; b < c->B && c->bounds != 2; b++)
             shape.max_q = c->q[b] > shape.max_q ? c->q[b] : shape.max_q;
     }
     kpt_paged_plan plan;
@@ -199,7 +201,8 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         ok = false;
     }
     res->splits = ok ? plan.splits : 0;
-    if (ok && plan.workspace_bytes && kpt_buffer_create(ctx, plan.workspace_bytes, &ws, &d)) {
+    if (ok && plan.workspace_bytes && c->bounds != 3 &&
+        kpt_buffer_create(ctx, plan.workspace_bytes, &ws, &d)) {
         snprintf(res->why, sizeof(res->why), "workspace: %.150s", d.message);
         ok = false;
     }
@@ -329,6 +332,7 @@ static void build(bool quick)
         add(p, KPT_DTYPE_BF16, 128, 32, 8, 0, false, false, 1, ql, kvlong, 0);
         if (i == 0) {
             add(p, KPT_DTYPE_BF16, 64, 16, 4, 16, false, false, 8, qr, kvr, 2);
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 3);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 0);
             with_dv(64);
             add(p, KPT_DTYPE_F16, 64, 16, 2, 64, true, false, 4, q4, kvs, 0);
@@ -385,8 +389,10 @@ static void build_vulkan(bool quick)
         add(p, t2, 64, 8, 8, 64, true, false, 4, q16, kvs, 0);
         add(p, KPT_DTYPE_F16, d1, 32, 8, 256, false, true, 8, qr, kvr, 0);
         add(p, KPT_DTYPE_F16, d2, 16, 2, 0, false, false, 1, ql, kvlong, 0);
-        if (i == 0)
+        if (i == 0) {
             add(p, KPT_DTYPE_F16, 64, 16, 4, 16, false, false, 8, qr, kvr, 2);
+            add(p, KPT_DTYPE_F16, 64, 16, 4, 16, false, true, 8, qr, kvr, 3);
+        }
         /* one sequence decoding over 20k keys, the other empty: the keys split for the loop
          * limit (llvmpipe) or to fill the device; speculative decoding over 9000 */
         add(p, KPT_DTYPE_F16, 64, 16, 2, 16, false, i % 2 == 0, 2, q2, kv20k, 0);
@@ -471,7 +477,11 @@ int main(int argc, char **argv)
         snprintf(name, sizeof(name), "%s %s %s %d:%d page %d%s%s B%d q0 %d kv0 %d%s", c->pattern,
                  kpt_dtype_name(c->dtype), dims, c->hq, c->hkv, c->page,
                  c->head_major ? " head-major" : "", c->sinks ? " sinks" : "", c->B, c->q[0],
-                 c->kv[0], c->bounds == 1 ? " bounds-plan" : c->bounds ? " short-plan" : "");
+                 c->kv[0],
+                 c->bounds == 1   ? " bounds-plan"
+                 : c->bounds == 2 ? " short-plan"
+                 : c->bounds == 3 ? " far-bounds-plan, no workspace"
+                                  : "");
         if (filter && !strstr(name, filter))
             continue;
         outcome res;
