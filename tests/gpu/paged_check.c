@@ -332,7 +332,7 @@ static void build(bool quick)
         add(p, KPT_DTYPE_BF16, 128, 32, 8, 0, false, false, 1, ql, kvlong, 0);
         if (i == 0) {
             add(p, KPT_DTYPE_BF16, 64, 16, 4, 16, false, false, 8, qr, kvr, 2);
-            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 3);
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, q1, kvs, 3);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 0);
             with_dv(64);
             add(p, KPT_DTYPE_F16, 64, 16, 2, 64, true, false, 4, q4, kvs, 0);
