@@ -472,6 +472,39 @@ static void test_vulkan_paged_plans(void **state)
         sh.max_kv = 2000000000;
         EXPECT(KPT_ERR_LIMIT, kpt_paged_plan_make(k, &sh, &plan, DIAG), "takes at most");
     }
+    /* a split run: a workspace short of the plan's is refused before anything runs; without one
+     * the backend takes a temporary buffer (paged_check checks the results) */
+    sh.max_kv = 300000;
+    assert_int_equal(kpt_paged_plan_make(k, &sh, &plan, NULL), KPT_OK);
+    kpt_buffer *q, *kv, *o, *cu, *lens, *ws;
+    const int32_t cu_h[2] = {0, 1}, kv_h[1] = {8};
+    assert_int_equal(kpt_buffer_create(ctx, 32 * 64 * 2, &q, NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_create(ctx, 8 * 8 * 64 * 2, &kv, NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_create(ctx, 32 * 64 * 2, &o, NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_create(ctx, sizeof(cu_h), &cu, NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_create(ctx, sizeof(kv_h), &lens, NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_create(ctx, plan.workspace_bytes, &ws, NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_write(cu, 0, cu_h, sizeof(cu_h), NULL), KPT_OK);
+    assert_int_equal(kpt_buffer_write(lens, 0, kv_h, sizeof(kv_h), NULL), KPT_OK);
+    const kpt_tensor cache = kpt_tensor_contiguous(kpt_buffer_data(kv), KPT_DTYPE_F16, 4,
+                                                   (int64_t[]){1, 8, 8, 64});
+    const kpt_paged_args a = {
+        .q = kpt_tensor_contiguous(kpt_buffer_data(q), KPT_DTYPE_F16, 3, (int64_t[]){1, 32, 64}),
+        .o = kpt_tensor_contiguous(kpt_buffer_data(o), KPT_DTYPE_F16, 3, (int64_t[]){1, 32, 64}),
+        .k = cache,
+        .v = cache,
+        .cu_seqlens_q = kpt_tensor_contiguous(kpt_buffer_data(cu), KPT_DTYPE_I32, 1,
+                                              (int64_t[]){2}),
+        .kv_lens = kpt_tensor_contiguous(kpt_buffer_data(lens), KPT_DTYPE_I32, 1,
+                                         (int64_t[]){1}),
+    };
+    EXPECT(KPT_ERR_INVALID_ARGUMENT,
+           kpt_paged_run(k, &plan, &a, kpt_buffer_data(ws), plan.workspace_bytes - 4, NULL, DIAG),
+           "workspace of");
+    assert_int_equal(kpt_paged_run(k, &plan, &a, NULL, 0, NULL, NULL), KPT_OK);
+    kpt_buffer *all[] = {q, kv, o, cu, lens, ws};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        kpt_buffer_destroy(&all[i]);
     kpt_pattern_destroy(&p);
     kpt_context_destroy(&ctx);
 }
