@@ -958,7 +958,7 @@ void kpt_pg_live(int b, int hk, int g0, int g1, int qa, int qz, int kv_len, int 
         } else if (cb == 1) {
             for (int t = ta; t < tz; t++)
                 if (kpt_pg_class(b, hk, g0, g1, qa, qz, t * KPT_BN,
-                                 min(t * KPT_BN + KPT_BN, kv_len) - 1) != 0) {
+                                 t * KPT_BN + min(KPT_BN, kv_len - t * KPT_BN) - 1) != 0) {
                     my_lo = min(my_lo, t);
                     my_hi = t;
                 }
