@@ -1,0 +1,95 @@
+/* Serving plans (runtime/paged_args.c), which the CUDA and Vulkan backends share: how lengths and
+ * the device's size become row blocks, splits over the keys and a workspace, and what the plan
+ * refuses. No GPU: the functions are pure. */
+#include "tests/testutil.h"
+
+#include "runtime/paged_args.h"
+
+static void test_split_count(void **state)
+{
+    (void)state;
+    /* enough parts to fill the slots once: one decoding sequence of 8 kv heads, 264 slots */
+    assert_int_equal(kpt_paged_split_count(8, 32768, 64, 264), 33);
+    /* each part keeps two tiles at least */
+    assert_int_equal(kpt_paged_split_count(8, 256, 64, 264), 2);
+    assert_int_equal(kpt_paged_split_count(8, 100, 64, 264), 1);
+    /* a batch that fills the device is not split; neither is an empty one */
+    assert_int_equal(kpt_paged_split_count(512, 32768, 64, 264), 1);
+    assert_int_equal(kpt_paged_split_count(0, 32768, 64, 264), 1);
+    /* at most KPT_PAGED_MAX_SPLITS */
+    assert_int_equal(kpt_paged_split_count(1, 1 << 24, 64, 100000), KPT_PAGED_MAX_SPLITS);
+}
+
+static void test_plan(void **state)
+{
+    (void)state;
+    kpt_diag d = {0};
+    kpt_paged_plan pl;
+    /* one sequence decoding over 32k keys, GQA 32:8, on 132 SMs of two CTAs each */
+    kpt_paged_shape s = {.batch = 1, .max_q = 1, .max_kv = 32768, .num_heads_q = 32,
+                         .num_heads_kv = 8};
+    assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.q_per_block, 4);
+    assert_int_equal(pl.rows, 16);
+    assert_int_equal(pl.q_blocks, 1);
+    assert_int_equal(pl.splits, 33);
+    /* partial O (f32, 128 columns) of 64 rows per part and kv head, 256-aligned, then LSEs */
+    size_t slots = 33 * 8 * 64, lse_off = 0;
+    assert_int_equal(pl.workspace_bytes, slots * 128 * 4 + slots * 4);
+    assert_int_equal(kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128, &lse_off),
+                     pl.workspace_bytes);
+    assert_int_equal(lse_off, slots * 128 * 4);
+    /* ragged lengths: the longest sequence's 33 queries of 4 heads need three 64-row blocks */
+    const int32_t cu[4] = {0, 0, 1, 34}, kv[3] = {0, 700, 5000};
+    s = (kpt_paged_shape){.batch = 3, .cu_seqlens_q = cu, .kv_lens = kv, .num_heads_q = 16,
+                          .num_heads_kv = 4};
+    assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.max_q, 33);
+    assert_int_equal(pl.max_kv, 5000);
+    assert_int_equal(pl.q_per_block, 16);
+    assert_int_equal(pl.q_blocks, 3);
+    assert_int_equal(pl.splits, 7); /* 36 units into 264 slots */
+    /* no device (the CPU backend): one block a sequence, nothing split, no workspace */
+    assert_int_equal(kpt_paged_plan_compute(&s, 0, 0, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 1);
+    assert_int_equal(pl.q_blocks, 1);
+    assert_int_equal(pl.rows, 33 * 4);
+    assert_int_equal(pl.workspace_bytes, 0);
+}
+
+#define EXPECT_PLAN(s, text)                                                                     \
+    do {                                                                                         \
+        kpt_diag d_ = {0};                                                                       \
+        kpt_paged_plan p_;                                                                       \
+        assert_int_not_equal(kpt_paged_plan_compute(&(s), 264, 64, 128, &p_, &d_), KPT_OK);      \
+        if (!strstr(d_.message, (text)))                                                         \
+            fail_msg("got '%s', expected '%s'", d_.message, (text));                             \
+    } while (0)
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    int32_t cu[3] = {0, 2, 1}, kv[2] = {4, 4};
+    kpt_paged_shape s = {.batch = 2, .cu_seqlens_q = cu, .kv_lens = kv, .num_heads_q = 8,
+                         .num_heads_kv = 2};
+    EXPECT_PLAN(s, "cu_seqlens_q decreases at sequence 1 (2, then 1)");
+    cu[2] = 3;
+    kv[0] = 1;
+    EXPECT_PLAN(s, "sequence 0 has 2 queries but 1 keys");
+    kv[0] = 4;
+    s.num_heads_q = 7;
+    EXPECT_PLAN(s, "Hq a multiple of Hkv");
+    s.num_heads_q = 256;
+    s.num_heads_kv = 2;
+    EXPECT_PLAN(s, "GQA ratio 128: the serving kernels take up to 64");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_count),
+        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
