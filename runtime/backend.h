@@ -48,12 +48,13 @@ typedef struct kpt_backend_ops {
                                   uint64_t workspace, size_t workspace_bytes, void *stream,
                                   kpt_diag *diag);
     /* Serving kernels (NULL where the backend has none): the plan of a batch shape on this
-     * device, and a run under it (workspace 0: the backend allocates a temporary one). */
+     * device, and a run under it (workspace 0: the backend allocates a temporary one; else
+     * kpt_paged_run has checked it holds the plan's workspace_bytes). */
     kpt_status (*paged_plan)(kpt_backend *b, void *kernel, const kpt_paged_shape *shape,
                              kpt_paged_plan *out, kpt_diag *diag);
     kpt_status (*launch_paged)(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
-                               const kpt_paged_args *args, uint64_t workspace,
-                               size_t workspace_bytes, void *stream, kpt_diag *diag);
+                               const kpt_paged_args *args, uint64_t workspace, void *stream,
+                               kpt_diag *diag);
     /* Device memory (host memory for the CPU backend), for kpt_buffer and block maps. Reads
      * and writes are synchronous; synchronize waits for all work of the device. */
     kpt_status (*mem_alloc)(kpt_backend *b, size_t bytes, uint64_t *mem, kpt_diag *diag);

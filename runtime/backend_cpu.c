@@ -114,8 +114,8 @@ static kpt_status cpu_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_s
 }
 
 static kpt_status cpu_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
-                                   const kpt_paged_args *a, uint64_t workspace,
-                                   size_t workspace_bytes, void *stream, kpt_diag *diag)
+                                   const kpt_paged_args *a, uint64_t workspace, void *stream,
+                                   kpt_diag *diag)
 {
     const cpu_kernel *k = kernel;
     kpt_paged_binding pb;

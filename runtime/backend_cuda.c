@@ -74,10 +74,10 @@ static kpt_status cuda_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_
 }
 
 static kpt_status cuda_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
-                                    const kpt_paged_args *args, uint64_t workspace,
-                                    size_t workspace_bytes, void *stream, kpt_diag *diag)
+                                    const kpt_paged_args *args, uint64_t workspace, void *stream,
+                                    kpt_diag *diag)
 {
-    return kpt_cuda_paged(kernel, plan, args, workspace, workspace_bytes, stream, diag);
+    return kpt_cuda_paged(kernel, plan, args, workspace, stream, diag);
 }
 
 static kpt_status cuda_blockmap_size(kpt_backend *b, void *kernel, const kpt_attention_args *args,

@@ -1031,8 +1031,8 @@ static kpt_status pack_workspace(vk_backend *v, const kpt_paged_plan *plan, uint
 /* Validates a serving call against `plan` and fills L (lock held). Returns with L->groups all
  * 0 when the batch is empty. */
 static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_plan *plan,
-                             const kpt_paged_args *a, uint64_t ws, size_t ws_bytes,
-                             vk_launch *L, vk_alloc *tmp, kpt_diag *diag)
+                             const kpt_paged_args *a, uint64_t ws, vk_launch *L,
+                             vk_alloc *tmp, kpt_diag *diag)
 {
     memset(L, 0, sizeof(*L));
     L->k = k;
@@ -1051,10 +1051,6 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
                                                    : 0))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
-    if (ws && ws_bytes < plan->workspace_bytes)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "workspace of %zu bytes; the plan needs %zu", ws_bytes,
-                            plan->workspace_bytes);
     const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};
     if ((st = check_ios(pl, io, diag)))
         return st;
@@ -1099,8 +1095,8 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
 }
 
 static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_plan *plan,
-                                  const kpt_paged_args *args, uint64_t workspace,
-                                  size_t workspace_bytes, void *stream, kpt_diag *diag)
+                                  const kpt_paged_args *args, uint64_t workspace, void *stream,
+                                  kpt_diag *diag)
 {
     vk_backend *v = vb(b);
     const vk_kernel *k = kernel;
@@ -1117,7 +1113,7 @@ static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_lock(&v->lock);
     vk_alloc tmp = {0};
-    st = pack_paged(v, k, plan, args, workspace, workspace_bytes, L, &tmp, diag);
+    st = pack_paged(v, k, plan, args, workspace, L, &tmp, diag);
     if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
         st = bind_set(v, L, diag);
         if (!st)
@@ -1153,6 +1149,21 @@ static const char *component_name(VkComponentTypeNV t)
     return (unsigned)t < sizeof(names) / sizeof(names[0]) ? names[t] : "?";
 }
 
+/* Whether the device has Vulkan extension `name`. */
+static bool has_extension(vk_backend *v, const char *name)
+{
+    uint32_t count = 0;
+    VkExtensionProperties *ext = NULL;
+    bool found = false;
+    if (!v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, NULL) && count &&
+        (ext = calloc(count, sizeof(*ext))) &&
+        !v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, ext))
+        for (uint32_t i = 0; i < count && !found; i++)
+            found = !strcmp(ext[i].extensionName, name);
+    free(ext);
+    return found;
+}
+
 /* What the device offers for the cooperative-matrix kernel: the extensions it needs, and whether
  * VK_NV_cooperative_matrix has the shape the kernel uses (16x16x16, f16 inputs, f32
  * accumulators, subgroup scope). Also written out for reports (v->matrix_support). */
@@ -1165,18 +1176,9 @@ static vk_matrix_caps probe_matrix_support(vk_backend *v)
     vk_matrix_caps mc = {0};
     char *s = v->matrix_support;
     size_t n = sizeof(v->matrix_support), at = 0;
-    uint32_t count = 0;
-    VkExtensionProperties *ext = NULL;
-    if (!v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, NULL) && count &&
-        (ext = calloc(count, sizeof(*ext))) &&
-        v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, ext))
-        count = 0;
-    for (uint32_t i = 0; ext && i < count; i++) {
-        mc.nv |= !strcmp(ext[i].extensionName, "VK_NV_cooperative_matrix");
-        mc.khr |= !strcmp(ext[i].extensionName, "VK_KHR_cooperative_matrix");
-        mc.f16i8 |= !strcmp(ext[i].extensionName, "VK_KHR_shader_float16_int8");
-    }
-    free(ext);
+    mc.nv = has_extension(v, "VK_NV_cooperative_matrix");
+    mc.khr = has_extension(v, "VK_KHR_cooperative_matrix");
+    mc.f16i8 = has_extension(v, "VK_KHR_shader_float16_int8");
     at += (size_t)snprintf(s + at, n - at, "cooperative matrix: %s%s%s", mc.nv ? "NV" : "",
                            mc.nv && mc.khr ? " and " : "",
                            mc.khr ? "KHR" : !mc.nv ? "none" : "");
@@ -1350,20 +1352,6 @@ static bool is_llvmpipe(vk_backend *v, const VkPhysicalDeviceProperties *pr)
         return dp.driverID == VK_DRIVER_ID_MESA_LLVMPIPE;
     }
     return !strncmp(pr->deviceName, "llvmpipe", 8);
-}
-
-static bool has_extension(vk_backend *v, const char *name)
-{
-    uint32_t count = 0;
-    VkExtensionProperties *ext = NULL;
-    bool found = false;
-    if (!v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, NULL) && count &&
-        (ext = calloc(count, sizeof(*ext))) &&
-        !v->vk.EnumerateDeviceExtensionProperties(v->phys, NULL, &count, ext))
-        for (uint32_t i = 0; i < count && !found; i++)
-            found = !strcmp(ext[i].extensionName, name);
-    free(ext);
-    return found;
 }
 
 /* How many serving workgroups the device runs at once, which the plans split the keys to fill:

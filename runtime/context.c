@@ -699,9 +699,13 @@ kpt_status kpt_paged_run(const kpt_kernel *k, const kpt_paged_plan *plan,
         return st;
     if (!plan || !args)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "%s is NULL", !plan ? "plan" : "args");
+    if (workspace && workspace_bytes < plan->workspace_bytes)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "workspace of %zu bytes; the plan needs %zu", workspace_bytes,
+                            plan->workspace_bytes);
     kpt_backend *b = k->mod->ctx->backend;
     return b->ops->launch_paged(b, k->mod->impl, plan, args, (uint64_t)(uintptr_t)workspace,
-                                workspace_bytes, stream, diag);
+                                stream, diag);
 }
 
 kpt_status kpt_blockmap_create(const kpt_kernel *k, const kpt_attention_args *args, void *stream,

@@ -508,7 +508,7 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
 
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                           const kpt_paged_args *args, CUdeviceptr workspace,
-                          size_t workspace_bytes, CUstream stream, kpt_diag *diag)
+                          CUstream stream, kpt_diag *diag)
 {
     if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
@@ -531,10 +531,6 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                             "elements) must be below 2^31 on CUDA",
                             (long long)a.ks[0], (long long)a.ks[1], (long long)a.vs[0],
                             (long long)a.vs[1]);
-    if (workspace && workspace_bytes < plan->workspace_bytes)
-        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "workspace of %zu bytes; the plan needs %zu", workspace_bytes,
-                            plan->workspace_bytes);
     if (workspace % 256)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "workspace must be 256-byte aligned");
     int64_t blocks = (int64_t)plan->batch * plan->q_blocks;

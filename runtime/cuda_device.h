@@ -89,8 +89,8 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
                                kpt_paged_plan *out, kpt_diag *diag);
 /* A serving run under `plan` on `stream` (workspace 0: a temporary one, stream-ordered). */
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
-                          const kpt_paged_args *args, CUdeviceptr workspace,
-                          size_t workspace_bytes, CUstream stream, kpt_diag *diag);
+                          const kpt_paged_args *args, CUdeviceptr workspace, CUstream stream,
+                          kpt_diag *diag);
 
 /* Bytes of workspace kpt_cuda_attention_backward needs for these arguments and gradients
  * (grads NULL: without aux gradients; otherwise validated as the launch does). */

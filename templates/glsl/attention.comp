@@ -847,6 +847,14 @@ void kpt_pg_nan(int tok, int h)
         Lb.lse[G.lo + uint(tok) * G.ls[0] + uint(h) * G.ls[1]] = uintBitsToFloat(0x7fc00000u);
 }
 
+// floor(n i / parts) in 32 bits (n i may not fit): with n = q parts + r, q i + r i / parts; the
+// first of part i's share when n things are shared out among `parts`.
+int kpt_share(int n, int i, int parts)
+{
+    const int q = n / parts;
+    return q * i + (n - q * parts) * i / parts;
+}
+
 // The workspace slot of row r of split s of (sequence b, row block blk, kv head hk): the order of
 // runtime/paged_args.h (kpt_paged_workspace_bytes), with KPT_BM rows a block.
 uint kpt_pg_slot(int b, int blk, int s, int hk, int r)
@@ -880,8 +888,9 @@ kpt_pg_row kpt_pg_row_of(int blk, int hk, int b, int tid)
 #if KPT_ENTRY_COMBINE
 // ---- the combine of a serving run split over the keys ------------------------------------------
 // The serving kernel's grid without the splits: an invocation per row. The splits' LSEs become
-// weights (the sink joins the denominator here), then O is the weighted sum of the splits'
-// partial results, KPT_CH columns at a time (lavapipe counts every loop iteration).
+// weights and their sum the row's l (kpt_sink then adds the sink to the denominator, as for an
+// unsplit row), then O is the weighted sum of the splits' partial results, KPT_CH columns at a
+// time (lavapipe counts every loop iteration).
 #define KPT_CB_CHUNKS ((KPT_DV + KPT_CH - 1) / KPT_CH)
 void main()
 {
@@ -895,15 +904,14 @@ void main()
     float M = KPT_NINF;
     for (int s = 0; s < S; s++)
         M = max(M, Wb.ws[G.wlo + kpt_pg_slot(b, blk, s, hk, tid)]);
-    const float s2 = G.so == KPT_NO_SINK ? KPT_NINF : Sb.sink[G.so + uint(x.h) * G.ss] * KPT_LOG2E;
-    M = max(M, s2);
     const float Mu = M == KPT_NINF ? 0.0 : M;
-    float den = s2 == KPT_NINF ? 0.0 : exp2(s2 - Mu);
+    float l = 0.0;
     for (int s = 0; s < S; s++) {
         const float e = Wb.ws[G.wlo + kpt_pg_slot(b, blk, s, hk, tid)];
-        den += e == KPT_NINF ? 0.0 : exp2(e - Mu);
+        l += e == KPT_NINF ? 0.0 : exp2(e - Mu);
     }
-    const float inv = den > 0.0 ? 1.0 / den : 0.0;
+    float inv = l > 0.0 ? 1.0 / l : 0.0, lse2;
+    kpt_sink(x.h, Mu, l, inv, lse2);
     const uint obase = G.oo + uint(x.tok) * G.os[0] + uint(x.h) * G.os[1];
     [[dont_unroll]] for (int c = 0; c < KPT_CB_CHUNKS; c++) {
         float o[KPT_CH];
@@ -924,8 +932,7 @@ void main()
                 Ob.o[obase + uint(c * KPT_CH + e) * G.os[2]] = KPT_ST(o[e] * inv);
     }
     if (G.lo != KPT_NO_LSE)
-        Lb.lse[G.lo + uint(x.tok) * G.ls[0] + uint(x.h) * G.ls[1]] =
-            den > 0.0 ? (M + log2(den)) * KPT_LN2 : KPT_NINF;
+        Lb.lse[G.lo + uint(x.tok) * G.ls[0] + uint(x.h) * G.ls[1]] = lse2 * KPT_LN2;
     kpt_check_loops();
 }
 
@@ -945,9 +952,7 @@ void kpt_pg_live(int b, int hk, int g0, int g1, int qa, int qz, int kv_len, int 
         s_hi = -1;
     }
     barrier();
-    // tiles floor(n_kt tid / KPT_BM) .. floor(n_kt (tid + 1) / KPT_BM) - 1, in 32 bits
-    const int nq = n_kt / KPT_BM, nr = n_kt - nq * KPT_BM;
-    const int ta = nq * tid + nr * tid / KPT_BM, tz = nq * (tid + 1) + nr * (tid + 1) / KPT_BM;
+    const int ta = kpt_share(n_kt, tid, KPT_BM), tz = kpt_share(n_kt, tid + 1, KPT_BM);
     int my_lo = n_kt, my_hi = -1;
     if (ta < tz) {
         const int cb = kpt_pg_class(b, hk, g0, g1, qa, qz, ta * KPT_BN,
@@ -1022,13 +1027,11 @@ void main()
     for (int d = 0; d < KPT_DV; d++)
         acc[d] = 0.0;
     float m = KPT_NINF, l = 0.0;
-    // this split's share of the live tiles: floor(n s / S) .. floor(n (s + 1) / S) - 1, with
-    // n = q S + r computed as q s + r s / S so that nothing needs 64 bits
+    // this split's share of the live tiles
     int lo, hi;
     kpt_pg_live(b, hk, g0, g1, qa, qz, kv_len, tid, lo, hi);
-    const int n = max(hi - lo + 1, 0), nq = n / S, nr = n - nq * S;
-    const int beg = lo + nq * split + nr * split / S;
-    const int end = lo + nq * (split + 1) + nr * (split + 1) / S - 1;
+    const int n = max(hi - lo + 1, 0);
+    const int beg = lo + kpt_share(n, split, S), end = lo + kpt_share(n, split + 1, S) - 1;
     for (int t = beg; t <= end; t++) {
         const int k0 = t * KPT_BN, nk = min(KPT_BN, kv_len - k0);
         const int cls = kpt_pg_class(b, hk, g0, g1, qa, qz, k0, k0 + nk - 1);
