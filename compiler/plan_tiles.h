@@ -60,11 +60,11 @@ int64_t kpt_glsl_paged_loop_iterations(const kpt_kernel_plan *pl, int64_t n_kt, 
 int64_t kpt_glsl_combine_loop_iterations(const kpt_kernel_plan *pl, int splits);
 
 /* The CUDA serving kernel's shared memory besides the plan's smem_bytes: its static tile
- * classes, page ids and live-tile range (templates/cuda/paged.cu: s_cls, s_pt, s_lo and s_hi;
- * unmasked kernels have only the page ids, so this is a bound), and its copy of the argument
- * block, kpt_args (runtime/kernel_args.h asserts the host twin's size): ptxas counts 11552
- * bytes in all for a masked kernel. */
-#define KPT_PAGED_STATIC_SMEM (2048 + 8192 + 8)
+ * classes, page ids, live-tile range and rows (templates/cuda/paged.cu: s_cls, s_pt, s_lo,
+ * s_hi and s_rows, 12 bytes for each of up to 64 rows; unmasked kernels have no classes or
+ * range, so this is a bound), and its copy of the argument block, kpt_args
+ * (runtime/kernel_args.h asserts the host twin's size). */
+#define KPT_PAGED_STATIC_SMEM (2048 + 8192 + 8 + 768)
 #define KPT_KERNEL_ARGS_BYTES 1304
 
 /* The sm_90a backward kernels (templates/cuda/attention_bwd_sm90.cu): kpt_bwd_dkdv's steps of 64

@@ -496,14 +496,38 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
     if (!k || k->plan.cfg.kind != KPT_KERNEL_PAGED)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "not a serving kernel (get it with KPT_DESC_PAGED)");
-    /* CTAs resident per SM: shared memory bounds them (the static part and the 1 KB the
-     * driver reserves per CTA included), as do the 2048 threads of an SM */
-    size_t per_cta = k->plan.smem_bytes + KPT_KERNEL_ARGS_BYTES + KPT_PAGED_STATIC_SMEM + 1024;
-    int per_sm = k->dev->smem_per_sm > 0 ? (int)((size_t)k->dev->smem_per_sm / per_cta) : 1;
-    int max_threads = 2048 / (k->plan.warps * 32);
-    per_sm = per_sm < 1 ? 1 : per_sm > max_threads ? max_threads : per_sm;
-    return kpt_paged_plan_compute(shape, k->dev->sm_count * per_sm, KPT_PAGED_ROWS,
+    /* Split until the CTAs fill the SMs once, one CTA each. A CTA's fixed costs (its start,
+     * the merge of its warps, the combine's share) are paid once per part, and two parts per
+     * SM, as this was, read 2-4 % less of the cache per second than one longer part (H100,
+     * bf16 D = 128, 32:8, one query token: 1 x 32k 1800 -> 1880 GB/s, 1 x 4k 650 -> 690,
+     * 8 x 32k 2660 -> 2750; docs/BENCHMARKS.md); counts between one and two an SM were
+     * slower than either (the SMs with two CTAs finish last). */
+    return kpt_paged_plan_compute(shape, k->dev->sm_count, KPT_PAGED_ROWS,
                                   k->plan.cfg.dv, out, diag);
+}
+
+/* Whether the serving combine is launched as a programmatic dependent of the attention kernel
+ * (sm_90 kernels on sm_90 devices, a driver with cuLaunchKernelEx, KPT_CUDA_PDL not "0"): its
+ * CTAs are then scheduled while the attention's last CTAs run, and wait in the kernel
+ * (griddepcontrol.wait) for its results, so the launch gap between the two kernels goes. */
+static bool combine_pdl(const kpt_cuda_kernel *k)
+{
+    const char *e = getenv("KPT_CUDA_PDL");
+    return k->dev->sm >= 90 && k->plan.cfg.sm >= 90 && k->dev->cu->LaunchKernelEx &&
+           !(e && !strcmp(e, "0"));
+}
+
+static CUresult launch_combine(const kpt_cuda_kernel *k, unsigned grid_x, unsigned grid_y,
+                               CUstream stream, void **params)
+{
+    const kpt_cu_api *cu = k->dev->cu;
+    if (!combine_pdl(k))
+        return cu->LaunchKernel(k->paged_combine, grid_x, grid_y, 1, 128, 1, 1, 0, stream, params,
+                                NULL);
+    kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1};
+    kpt_cu_launch_config cfg = {.grid = {grid_x, grid_y, 1}, .block = {128, 1, 1},
+                                .stream = stream, .attrs = &attr, .num_attrs = 1};
+    return cu->LaunchKernelEx(&cfg, k->paged_combine, params, NULL);
 }
 
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
@@ -538,7 +562,7 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
         return KPT_OK;
     /* the combine's CTAs: 4, 2 or 1 rows each (kpt_pg_cwpr in templates/cuda/paged.cu) */
     const int combine_rows = plan->splits >= 16 ? 1 : plan->splits >= 8 ? 2 : 4;
-    if (plan->splits > 1 && blocks * (KPT_PAGED_ROWS / combine_rows) > INT32_MAX)
+    if (plan->splits > 1 && blocks * ((plan->rows + combine_rows - 1) / combine_rows) > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT,
                             "%lld query blocks: too many to combine split results in one launch",
                             (long long)blocks);
@@ -563,9 +587,8 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                                   (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);
     if (!r && plan->splits > 1)
-        r = cu->LaunchKernel(k->paged_combine,
-                             (unsigned)(blocks * (KPT_PAGED_ROWS / combine_rows)),
-                             (unsigned)a.Hkv, 1, 128, 1, 1, 0, stream, params, NULL);
+        r = launch_combine(k, (unsigned)(blocks * ((plan->rows + combine_rows - 1) / combine_rows)),
+                           (unsigned)a.Hkv, stream, params);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);
     if (r)

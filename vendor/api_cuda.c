@@ -1,5 +1,6 @@
 /* libcuda through dlopen (see cuda_driver.h). */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -7,6 +8,13 @@
 
 #include "base/diag.h"
 #include "vendor/api_cuda.h"
+
+/* the layouts of cuda.h's CUlaunchAttribute and CUlaunchConfig (64-bit) */
+_Static_assert(sizeof(kpt_cu_launch_attr) == 72 && offsetof(kpt_cu_launch_attr, value) == 8,
+               "CUlaunchAttribute");
+_Static_assert(sizeof(kpt_cu_launch_config) == 56 &&
+               offsetof(kpt_cu_launch_config, stream) == 32 &&
+               offsetof(kpt_cu_launch_config, num_attrs) == 48, "CUlaunchConfig");
 
 static kpt_cu_api api;
 static bool api_ok;
@@ -57,6 +65,8 @@ static bool bind(void *lib)
 #undef SYM
     /* optional: only the sm_90a kernel needs it, and it says so when it is missing */
     *(void **)&api.TensorMapEncodeTiled = dlsym(lib, "cuTensorMapEncodeTiled");
+    /* optional: without it the serving combine is launched the plain way */
+    *(void **)&api.LaunchKernelEx = dlsym(lib, "cuLaunchKernelEx");
     return true;
 }
 

@@ -25,7 +25,28 @@ enum {
     KPT_CU_ATTR_SMEM_PER_SM = 81,       /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
     KPT_CU_ATTR_SMEM_OPTIN = 97,        /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     KPT_CU_FUNC_MAX_DYNAMIC_SMEM = 8,   /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+    KPT_CU_LAUNCH_PROGRAMMATIC = 6,     /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
 };
+
+/* CUlaunchAttribute and CUlaunchConfig (cuLaunchKernelEx): the value is a 64-byte union whose
+ * members include a pointer, hence the alignment. */
+typedef struct kpt_cu_launch_attr {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int i;
+        void *align;
+    } value;
+} kpt_cu_launch_attr;
+
+typedef struct kpt_cu_launch_config {
+    unsigned grid[3], block[3];
+    unsigned shared_bytes;
+    CUstream stream;
+    kpt_cu_launch_attr *attrs;
+    unsigned num_attrs;
+} kpt_cu_launch_config;
 
 typedef struct kpt_cu_api {
     CUresult (*Init)(unsigned);
@@ -66,6 +87,9 @@ typedef struct kpt_cu_api {
     CUresult (*TensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
                                      const uint64_t *, const unsigned *, const unsigned *, int,
                                      int, int, int);
+    /* cuLaunchKernelEx (CUDA 12+ drivers; NULL on older ones): launches with attributes, here
+     * programmatic dependent launch on sm_90 */
+    CUresult (*LaunchKernelEx)(const kpt_cu_launch_config *, CUfunction, void **, void **);
 } kpt_cu_api;
 
 /* Loads libcuda.so.1 ($KPT_LIBCUDA overrides) and runs cuInit once; thread-safe. Returns NULL

@@ -234,35 +234,83 @@ __device__ __forceinline__ kpt_pg_row kpt_pg_row_of(const kpt_args &A, const kpt
     return x;
 }
 
-// The end of a CTA: one row's merged softmax state (M in log2 units, L, o = O / L) written as
-// the result (a single split, the sink joining the denominator here) or as a partial result.
-__device__ __forceinline__ void kpt_pg_finish(const kpt_args &A, const kpt_pargs &P,
-                                              const kpt_pg_work &w, int r, const kpt_pg_row &x,
-                                              int d, float M, float L, float o)
+// The end of a CTA for one row, a warp's collective: its merged softmax state (M in log2
+// units, L) and its columns (col(d) = O[d] / L), written as the result (a single split; the sink
+// joins the denominator here) or as a partial result. Lanes own KPT_PG_VEC adjacent columns.
+#define KPT_PG_VEC ((KPT_DV % 128 == 0) ? 4 : (KPT_DV % 64 == 0) ? 2 : 1)
+template <typename COL>
+__device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_pargs &P,
+                                                  const kpt_pg_work &w, int r, const kpt_pg_row &x,
+                                                  float M, float L, COL col)
 {
+    constexpr int V = KPT_PG_VEC;
+    const int lane = threadIdx.x & 31;
     const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
     if (P.splits > 1) {
         const i64 slot = (((i64)(w.b * P.q_blocks + w.qb) * P.splits + w.split) * A.Hkv + w.hk) *
                              KPT_PG_ROWS + r;
-        if (d < 0)
-            ((float *)P.part_lse)[slot] = lse2;
-        else
-            ((float *)P.part_o)[slot * KPT_DV + d] = o;
+        if (lane == 0) ((float *)P.part_lse)[slot] = lse2;
+        for (int d0 = lane * V; d0 < KPT_DV; d0 += 32 * V) {
+            float *dst = (float *)P.part_o + slot * KPT_DV + d0; // 16-byte aligned (workspace)
+            if constexpr (V == 4) {
+                *(float4 *)dst = make_float4(col(d0), col(d0 + 1), col(d0 + 2), col(d0 + 3));
+            } else {
+#pragma unroll
+                for (int e = 0; e < V; e++) dst[e] = col(d0 + e);
+            }
+        }
         return;
     }
-    float tot = lse2;
+    float tot = lse2, scale = 1.0f;
     if (P.sinks) {
         const float s2 = ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E;
         tot = kpt_sink_lse2(lse2, s2);
-        o *= L > 0.0f ? kpt_ex2(lse2 - tot) : 0.0f;
+        scale = L > 0.0f ? kpt_ex2(lse2 - tot) : 0.0f;
     }
-    kpt_pg_store(A, x.t, x.h, d, d < 0 ? tot * KPT_LN2 : o);
+    if (lane == 0) kpt_pg_store(A, x.t, x.h, -1, tot * KPT_LN2);
+    u16 *go = (u16 *)A.o + (i64)x.t * A.os[0] + (i64)x.h * A.os[1];
+    for (int d0 = lane * V; d0 < KPT_DV; d0 += 32 * V) {
+        float c[V];
+#pragma unroll
+        for (int e = 0; e < V; e++) c[e] = col(d0 + e) * scale;
+        const u64 at = (u64)(go + d0); // o's strides are the caller's: vector stores where aligned
+        if constexpr (V == 4) {
+            if ((at & 7) == 0) {
+                *(uint2 *)(go + d0) = make_uint2(kpt_pack(c[0], c[1]), kpt_pack(c[2], c[3]));
+                continue;
+            }
+        } else if constexpr (V == 2) {
+            if ((at & 3) == 0) {
+                *(u32 *)(go + d0) = kpt_pack(c[0], c[1]);
+                continue;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < V; e++) go[d0 + e] = (u16)(kpt_pack(c[e], 0.0f) & 0xffffu);
+    }
 }
 
 // Past head dim 128 the warps of a row block split O's columns instead of the tile's keys: each
 // computes the scores of all 64 keys (the same softmax state in each) and P V for its share of
 // Dv, so O takes 32 registers a thread instead of 128 (which spilled and kept one CTA an SM).
 #define KPT_PG_DVSPLIT (KPT_DV > 128)
+
+// Programmatic dependent launch (sm_90; runtime/cuda_device.c, combine_pdl): the attention
+// kernel lets the combine's CTAs be scheduled as soon as all of its own have started, and the
+// combine waits for its completion (and its memory) before reading the partial results. Both
+// are no-ops for a plain launch.
+__device__ __forceinline__ void kpt_pg_grid_launch()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kpt_pg_grid_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 template <int WR>
 __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
@@ -280,6 +328,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     const int wr = warp / WPR, wk = KPT_PG_DVSPLIT ? 0 : warp % WPR;
     const int wd = KPT_PG_DVSPLIT ? warp % WPR : 0;
 
+    kpt_pg_grid_launch();
     const kpt_pg_work w = kpt_pg_work_of(Ag, P, (int)blockIdx.x, (int)blockIdx.y, P.splits);
     kpt_pg_overflow(Ag, P, w);
     if (w.n_tok == 0) return; // a block past the sequence's queries: the combine skips it too
@@ -287,6 +336,9 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     const int n_kt = (kv_len + KPT_BN - 1) / KPT_BN;
     for (int i = tid; i < (int)(sizeof(kpt_args) / 4); i += KPT_THREADS)
         ((u32 *)&A)[i] = ((const u32 *)&Ag)[i];
+    // the rows' heads, positions and rows of q and o, worked out once (a division each)
+    __shared__ kpt_pg_row s_rows[16 * WR];
+    if (tid < 16 * WR) s_rows[tid] = kpt_pg_row_of(Ag, P, w, tid);
     __syncthreads();
     if (tid == 0) {
         A.Sq = A.Skv = kv_len;
@@ -296,9 +348,9 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     // Q: the block's rows, gathered from their tokens and heads.
     {
         constexpr int CH = KPT_DQK / 8;
-        for (int i = tid; i < KPT_PG_ROWS * CH; i += KPT_THREADS) {
+        for (int i = tid; i < 16 * WR * CH; i += KPT_THREADS) {
             const int r = i / CH, c = i % CH;
-            const kpt_pg_row x = kpt_pg_row_of(Ag, P, w, r);
+            const kpt_pg_row x = s_rows[r];
             const bool ok = x.t >= 0;
             const u16 *g = (const u16 *)Ag.q + (ok ? (i64)x.t * Ag.qs[0] + (i64)x.h * Ag.qs[1] : 0);
             kpt_cp16(sQ + (u32)(r * KPT_QSTR + c * 8) * 2u, g + c * 8, ok);
@@ -312,7 +364,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     kpt_uniform U[2];
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
-        rw[rr] = kpt_pg_row_of(A, P, w, wr * 16 + (lane >> 2) + rr * 8);
+        rw[rr] = s_rows[wr * 16 + (lane >> 2) + rr * 8];
         kpt_uniform_init(A, b, rw[rr].h, U[rr]);
     }
 
@@ -562,9 +614,11 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         }
     }
     __syncthreads();
-    for (int e = tid; e < 16 * WR * (KPT_DV + 1); e += KPT_THREADS) {
-        const int r = e / (KPT_DV + 1), d = e % (KPT_DV + 1) - 1; // d = -1: the row's LSE
-        const kpt_pg_row x = kpt_pg_row_of(A, P, w, r);
+    // A warp a row: the slices' states merged once, then its lanes over the columns (the merge
+    // per element, as it was, took half of a CTA's time at 4k keys: its divisions and
+    // exponentials repeated 129 times a row, and padding rows passed through it too).
+    for (int r = warp; r < 16 * WR; r += KPT_WARPS) {
+        const kpt_pg_row x = s_rows[r];
         if (x.t < 0) continue;
         const float *base = scr + (r / 16) * WK * WSZ;
         const int rl = r % 16;
@@ -572,14 +626,18 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 #pragma unroll
         for (int s = 0; s < WK; s++) M = fmaxf(M, base[s * WSZ + 16 * KPT_DV + rl]);
         const float Mu = M == KPT_NINF ? 0.0f : M;
-        float L = 0.0f, o = 0.0f;
+        float a[WK], L = 0.0f;
 #pragma unroll
         for (int s = 0; s < WK; s++) {
-            const float a = kpt_ex2(base[s * WSZ + 16 * KPT_DV + rl] - Mu);
-            L += a * base[s * WSZ + 16 * KPT_DV + 16 + rl];
-            if (d >= 0) o += a * base[s * WSZ + rl * KPT_DV + d];
+            a[s] = kpt_ex2(base[s * WSZ + 16 * KPT_DV + rl] - Mu);
+            L += a[s] * base[s * WSZ + 16 * KPT_DV + 16 + rl];
         }
-        kpt_pg_finish(A, P, w, r, x, d, M, L, L > 0.0f ? o / L : 0.0f);
+        kpt_pg_finish_row(A, P, w, r, x, M, L, [&](int d) {
+            float o = 0.0f;
+#pragma unroll
+            for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * KPT_DV + d];
+            return L > 0.0f ? o / L : 0.0f;
+        });
     }
 }
 
@@ -596,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r4(const kpt
     kpt_paged_body<4>(A, P);
 }
 
-// The combine of P.splits partial results (grid x: blocks * KPT_PG_ROWS / rows a CTA, y: kv
+// The combine of P.splits partial results (grid x: blocks * ceil(P.rows / rows a CTA), y: kv
 // heads). Each row of a (sequence, query block, kv head) gets one to four warps, by the splits
 // (kpt_pg_cwpr; the host sizes the grid with it): its threads turn the splits' LSEs into weights
 // (the sink joins the denominator here), kept in shared memory; then each of its warps sums
@@ -604,7 +662,6 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r4(const kpt
 // flight, and the warps' sums meet in shared memory. A warp a row, waiting on its splits a few
 // at a time, took 18 us at one decoding sequence (33 splits, H100): a fifth of the decode; four
 // warps a row for a handful of splits were slower than one.
-#define KPT_PG_VEC ((KPT_DV % 128 == 0) ? 4 : (KPT_DV % 64 == 0) ? 2 : 1)
 #define KPT_PG_CW 4 // warps of the combine's CTA
 __device__ __forceinline__ int kpt_pg_cwpr(int splits)
 {
@@ -635,7 +692,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     __shared__ float s_w[KPT_PG_CW][KPT_PAGED_MAX_SPLITS_DEV];
     __shared__ __align__(16) float s_o[KPT_PG_CW][KPT_DV];
     __shared__ float s_red[KPT_PG_CW];
-    const int wpr = kpt_pg_cwpr(P.splits), rpc = KPT_PG_CW / wpr, per_blk = KPT_PG_ROWS / rpc;
+    const int wpr = kpt_pg_cwpr(P.splits), rpc = KPT_PG_CW / wpr, per_blk = (P.rows + rpc - 1) / rpc;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wr = warp / wpr, part = warp % wpr, t = part * 32 + lane, nt = wpr * 32;
     const int blk = (int)blockIdx.x / per_blk, r0 = (int)blockIdx.x % per_blk * rpc, r = r0 + wr;
@@ -647,11 +704,17 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
         x = kpt_pg_row_of(A, P, w, r);
         live = x.t >= 0;
     }
+    kpt_pg_grid_wait(); // the attention kernel's partial results, when launched as its dependent
     const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
     const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
+    // this thread's splits' LSEs, several loads in flight, kept in s_w until they are weights
     float M = KPT_NINF;
-    for (int s = t; live && s < P.splits; s += nt)
-        M = fmaxf(M, pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r]);
+#pragma unroll 8
+    for (int s = t; live && s < P.splits; s += nt) {
+        const float v = pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r];
+        s_w[wr][s] = v;
+        M = fmaxf(M, v);
+    }
     M = kpt_pg_group_reduce<true>(M, s_red, wr, wpr);
     const float s2 = live && P.sinks
                          ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
@@ -660,7 +723,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     const float Mu = M == KPT_NINF ? 0.0f : M;
     float den = 0.0f;
     for (int s = t; live && s < P.splits; s += nt) {
-        const float e = kpt_ex2(pl[(first + (i64)s * A.Hkv) * KPT_PG_ROWS + r] - Mu);
+        const float e = kpt_ex2(s_w[wr][s] - Mu);
         s_w[wr][s] = e;
         den += e;
     }
@@ -668,7 +731,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     for (int d0 = lane * KPT_PG_VEC; live && d0 < KPT_DV; d0 += 32 * KPT_PG_VEC) {
         float acc[KPT_PG_VEC] = {};
-#pragma unroll 4
+#pragma unroll 8
         for (int s = part; s < P.splits; s += wpr) {
             const float ws = s_w[wr][s];
             const float *src = po + ((first + (i64)s * A.Hkv) * KPT_PG_ROWS + r) * KPT_DV + d0;
