@@ -17,7 +17,7 @@ extern const char kpt_tmpl_cuda_attention_bwd_sm90[];
 extern const char kpt_tmpl_cuda_hopper[];
 extern const char kpt_tmpl_cuda_paged[];
 
-static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
+static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_plan *pl)
 {
     kpt_sb_printf(sb, "// shape class: %s, Dqk %d, Dv %d, sm_%d%s%s\n",
                   kpt_dtype_name(pl->cfg.dtype), pl->cfg.dqk, pl->cfg.dv, pl->cfg.sm,
@@ -41,8 +41,8 @@ static void emit_config(kpt_strbuf *sb, const kpt_kernel_plan *pl)
         kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d",
                       KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS);
     if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
-        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_MASK_AUX %d", pl->bm_per_h,
-                      pl->mask_loads);
+        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_MASK_AUX %d\n"
+                      "#define KPT_NUM_AUX %d", pl->bm_per_h, pl->mask_loads, p->num_aux);
 }
 
 /* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient,
@@ -88,7 +88,7 @@ kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,
                            const kpt_c_dialect *d, char **out, kpt_diag *diag)
 {
     kpt_strbuf cfg = {0}, kernel = {0};
-    emit_config(&cfg, plan);
+    emit_config(&cfg, p, plan);
     kpt_status st = kernel_text(p, plan, d, &kernel, diag);
     if (!st && kernel.failed)
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory (cuda codegen)");

@@ -35,6 +35,9 @@ typedef struct kpt_kernel_args {
 
 _Static_assert(sizeof(kpt_kernel_aux_arg) == 56, "kpt_kernel_aux_arg layout");
 _Static_assert(sizeof(kpt_kernel_args) == KPT_KERNEL_ARGS_BYTES, "kpt_kernel_args layout");
+/* the serving kernel copies the block without its unused aux slots (KPT_ARGS_AUX_AT, _TAIL_AT) */
+_Static_assert(offsetof(kpt_kernel_args, aux) == 392 && offsetof(kpt_kernel_args, sinks) == 1288,
+               "kpt_kernel_args offsets");
 
 /* The gradient arguments of the backward kernels: the host twin of `struct kpt_gargs` in
  * templates/cuda/attention_bwd.cu. */

@@ -64,7 +64,7 @@ __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i6
                                             int spa, int b, int k0, int kv_len)
 {
     constexpr int CH = D / 8, N = KPT_BN * CH, ITERS = (N + KPT_THREADS - 1) / KPT_THREADS;
-#pragma unroll
+#pragma unroll 2 // each step finds its row's page on its own: unrolled, it was most of the code
     for (int it = 0; it < ITERS; it++) {
         const int i = (int)threadIdx.x + it * KPT_THREADS;
         if (N % KPT_THREADS != 0 && i >= N) break;
@@ -334,8 +334,17 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     if (w.n_tok == 0) return; // a block past the sequence's queries: the combine skips it too
     const int b = w.b, hk = w.hk, kv_len = w.kv_len;
     const int n_kt = (kv_len + KPT_BN - 1) / KPT_BN;
-    for (int i = tid; i < (int)(sizeof(kpt_args) / 4); i += KPT_THREADS)
-        ((u32 *)&A)[i] = ((const u32 *)&Ag)[i];
+    {
+        // the argument block but the aux tensors the pattern does not name: a warp's lanes read
+        // 32 addresses of the constant bank one after another, and all 16 slots tripled the copy
+        constexpr int head = (KPT_ARGS_AUX_AT + KPT_NUM_AUX * (int)sizeof(kpt_aux)) / 4;
+        constexpr int tail = KPT_ARGS_TAIL_AT / 4;
+        constexpr int n = head + (int)(sizeof(kpt_args) / 4) - tail;
+        for (int i = tid; i < n; i += KPT_THREADS) {
+            const int wd = i < head ? i : i - head + tail;
+            ((u32 *)&A)[wd] = ((const u32 *)&Ag)[wd];
+        }
+    }
     // the rows' heads, positions and rows of q and o, worked out once (a division each)
     __shared__ kpt_pg_row s_rows[16 * WR];
     if (tid < 16 * WR) s_rows[tid] = kpt_pg_row_of(Ag, P, w, tid);
