@@ -93,8 +93,9 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
  * rows (16 each) and, where rows are fewer, the keys of each tile. Decoding is bound by memory,
  * and what keeps the memory system busy is CTAs per SM more than depth: with two stages (87 KB
  * at D = 128) two CTAs share an SM and stream the cache faster than one CTA with five (H100,
- * bf16, B = 8, 32k keys, GQA 32:8: 2585 GB/s against 2477; with 16-row pages 2498 against
- * 1714, where one CTA's page lookups stalled its own loads). Tiles are classified by interval
+ * bf16, B = 8, 32k keys, GQA 32:8: 2585 GB/s against 2477; with 16-row pages 2498 against 1714,
+ * where one CTA's page lookups stalled its own loads) — where a batch gives more CTAs than SMs;
+ * a plan's split aims at one CTA an SM (kpt_cuda_paged_plan). Tiles are classified by interval
  * analysis only: masks that read aux data are evaluated per element in every tile a sequence's
  * length leaves (no block map: the lengths live on the device). */
 static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,

@@ -701,7 +701,8 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     __shared__ float s_w[KPT_PG_CW][KPT_PAGED_MAX_SPLITS_DEV];
     __shared__ __align__(16) float s_o[KPT_PG_CW][KPT_DV];
     __shared__ float s_red[KPT_PG_CW];
-    const int wpr = kpt_pg_cwpr(P.splits), rpc = KPT_PG_CW / wpr, per_blk = (P.rows + rpc - 1) / rpc;
+    const int wpr = kpt_pg_cwpr(P.splits), rpc = KPT_PG_CW / wpr;
+    const int per_blk = (P.rows + rpc - 1) / rpc; // the combine's CTAs a query block
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wr = warp / wpr, part = warp % wpr, t = part * 32 + lane, nt = wpr * 32;
     const int blk = (int)blockIdx.x / per_blk, r0 = (int)blockIdx.x % per_blk * rpc, r = r0 + wr;
