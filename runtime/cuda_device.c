@@ -498,10 +498,11 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
                             "not a serving kernel (get it with KPT_DESC_PAGED)");
     /* Split until the CTAs fill the SMs once, one CTA each. A CTA's fixed costs (its start,
      * the merge of its warps, the combine's share) are paid once per part, and two parts per
-     * SM, as this was, read 2-4 % less of the cache per second than one longer part (H100,
-     * bf16 D = 128, 32:8, one query token: 1 x 32k 1800 -> 1880 GB/s, 1 x 4k 650 -> 690,
-     * 8 x 32k 2660 -> 2750; docs/BENCHMARKS.md); counts between one and two an SM were
-     * slower than either (the SMs with two CTAs finish last). */
+     * SM, as this was, streamed up to 12 % slower than one longer part (H100, bf16, D = 128,
+     * 32:8: 1 x 1 x 4k 765 -> 817 GB/s, 1 x 16 x 4k 519 -> 584; docs/BENCHMARKS.md, "The
+     * CTA's end"); counts between one and two an SM were slower than either (the SMs with two
+     * CTAs finish last). Where a batch has more work items than SMs nothing is split, and two
+     * CTAs an SM run at once (plan_paged sizes them for that). */
     return kpt_paged_plan_compute(shape, k->dev->sm_count, KPT_PAGED_ROWS,
                                   k->plan.cfg.dv, out, diag);
 }
