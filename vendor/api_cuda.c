@@ -1,20 +1,23 @@
 /* libcuda through dlopen (see cuda_driver.h). */
 #include <dlfcn.h>
-#include <stddef.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/diag.h"
 #include "vendor/api_cuda.h"
 
-/* the layouts of cuda.h's CUlaunchAttribute and CUlaunchConfig (64-bit) */
+/* the layouts of cuda.h's CUlaunchAttribute and CUlaunchConfig (64-bit: NVIDIA's drivers are) */
+#if UINTPTR_MAX > 0xffffffffu
 _Static_assert(sizeof(kpt_cu_launch_attr) == 72 && offsetof(kpt_cu_launch_attr, value) == 8,
                "CUlaunchAttribute");
 _Static_assert(sizeof(kpt_cu_launch_config) == 56 &&
                offsetof(kpt_cu_launch_config, stream) == 32 &&
                offsetof(kpt_cu_launch_config, num_attrs) == 48, "CUlaunchConfig");
+#endif
 
 static kpt_cu_api api;
 static bool api_ok;
