@@ -4,8 +4,9 @@
  * sequence (1, 4, 16, ragged with 0 and 1) x kv lengths (short to 20k, split and unsplit) x head
  * dims (64, 128, 256, Dqk != Dv), with and without sinks, a plan made from bounds reused for
  * shorter lengths, one made for 50 times the longest kv length (most parts of the split empty)
- * run without a workspace, and one made for fewer queries than a sequence has (the rows past
- * what it covers must be NaN, never wrong).
+ * run without a workspace, one made for fewer queries than a sequence has (the rows past what
+ * it covers must be NaN, never wrong), and O with padded rows (unaligned for vector stores; the
+ * pads must stay unwritten).
  *
  *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N] [--repeat N]
  *
@@ -45,6 +46,8 @@ typedef struct pcase {
     int bounds; /* plan from bounds (max_q, max_kv): 0 none, 1 above the real lengths, 2 with
                    max_q 1 (below them), 3 with max_kv 50 times the longest (the keys split
                    into parts most of which hold none) and no workspace (the run's own) */
+    bool o_pad; /* O's rows padded by an element ([T, Hq, Dv + 1] strides): rows of most heads
+                   start unaligned for vector stores, and the pads must stay unwritten */
 } pcase;
 
 static kpt_context *ctx;
@@ -113,11 +116,17 @@ static bool past_plan(const kpt_paged_batch *h, const pcase *c, int t, int max_q
     return false;
 }
 
+/* Elements between O's rows (one head's Dv values): Dv, or Dv + 1 where they are padded. */
+static int o_row_stride(const pcase *c)
+{
+    return c->dv + (c->o_pad ? 1 : 0);
+}
+
 /* Whether output row `row` (O and its LSE gl) is NaN throughout. */
 static bool nan_row(const void *o, const pcase *c, size_t row, float gl)
 {
     for (int e = 0; e < c->dv; e++)
-        if (!isnan(kpt_load_as_double(o, c->dtype, (int64_t)(row * c->dv + e))))
+        if (!isnan(kpt_load_as_double(o, c->dtype, (int64_t)(row * o_row_stride(c) + e))))
             return false;
     return isnan(gl);
 }
@@ -156,7 +165,7 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         }
     }
     /* the device, outputs poisoned */
-    size_t es = (size_t)kpt_dtype_size(c->dtype), obytes = orows * c->dv * es;
+    size_t es = (size_t)kpt_dtype_size(c->dtype), obytes = orows * o_row_stride(c) * es;
     void *o = malloc(obytes), *lse = malloc(orows * 4 + 4);
     /* poison: NaN, or under a short plan a finite value (NaN there is the kernel's answer) */
     const int poison = c->bounds == 2 ? 0x7b : 0xff;
@@ -215,6 +224,10 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
                                   kpt_buffer_data(dkv), c->sinks ? kpt_buffer_data(ds) : NULL,
                                   c->dtype, KPT_DTYPE_F32};
         kpt_paged_args da = kpt_paged_batch_args(&h, &dm, daux, nd);
+        if (c->o_pad) {
+            da.o.stride[1] = o_row_stride(c);
+            da.o.stride[0] = (int64_t)c->hq * o_row_stride(c);
+        }
         if (kpt_paged_run(k, &plan, &da, ws ? kpt_buffer_data(ws) : NULL,
                           ws ? plan.workspace_bytes : 0, NULL, &d) ||
             kpt_context_synchronize(ctx, &d) || kpt_buffer_read(dout, 0, o, obytes, &d) ||
@@ -250,8 +263,13 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
                 res->lse_err = gl != -INFINITY ? INFINITY : res->lse_err;
             else
                 res->lse_err = fmax(res->lse_err, fabs(gl - rl) / fmax(1.0, fabs(rl)));
+            if (c->o_pad) { /* the pad after the row */
+                const unsigned char *pb = (const unsigned char *)o + (row * o_row_stride(c) + c->dv) * es;
+                for (size_t i = 0; i < es; i++)
+                    res->touched += pb[i] != poison;
+            }
             for (int e = 0; e < c->dv; e++) {
-                double x = kpt_load_as_double(o, c->dtype, (int64_t)(row * c->dv + e));
+                double x = kpt_load_as_double(o, c->dtype, (int64_t)(row * o_row_stride(c) + e));
                 double y = ref_o[row * c->dv + e];
                 if (isnan(x)) {
                     res->nan++;
@@ -309,6 +327,13 @@ static void with_dv(int dv)
         cases[ncases - 1].dv = dv;
 }
 
+/* The last case added with O's rows padded (pcase.o_pad). */
+static void with_o_pad(void)
+{
+    if (ncases > 0)
+        cases[ncases - 1].o_pad = true;
+}
+
 static void build(bool quick)
 {
     static const char *const pats[] = {
@@ -323,6 +348,7 @@ static void build(bool quick)
     static const int kvr[8] = {700, 1, 2048, 5000, 33, 900, 0, 64}, kvs[8] = {3000, 1500, 250, 4000,
                                                                             64, 5, 777, 2049};
     static const int kvlong[1] = {20000}, ql[1] = {1}, ql4[1] = {7};
+    static const int kvshort[8] = {150, 1, 64, 100, 33, 190, 0, 77}; /* three tiles at most */
     for (int i = 0; i < npat; i++) {
         const char *p = pats[i];
         add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, q1, kvs, 0);
@@ -337,6 +363,15 @@ static void build(bool quick)
             with_dv(64);
             add(p, KPT_DTYPE_F16, 64, 16, 2, 64, true, false, 4, q4, kvs, 0);
             with_dv(128);
+            /* O padded: unsplit (keys too few to split), so the attention kernel writes O with
+             * four or two columns a lane where rows are aligned and one where not; and split,
+             * so the combine writes it */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvshort, 0);
+            with_o_pad();
+            add(p, KPT_DTYPE_F16, 64, 16, 2, 64, true, false, 8, qr, kvshort, 0);
+            with_o_pad();
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 1, ql, kvlong, 0);
+            with_o_pad();
         }
         if (i == 0 && !on_cpu) { /* the CPU runs the reference twice: plumbing only */
             /* head dim 256 (Gemma): decode, speculative, ragged, long, Dv far above Dqk */
@@ -405,6 +440,8 @@ static void build_vulkan(bool quick)
         if (i == 0) {
             add(p, KPT_DTYPE_F16, 96, 16, 4, 16, false, true, 8, qr, kvr, 0);
             with_dv(40);
+            add(p, KPT_DTYPE_F16, 64, 16, 4, 16, false, true, 8, qr, kvr, 0);
+            with_o_pad();
             add(p, KPT_DTYPE_F16, 256, 8, 2, 16, false, false, 8, qr, kvr, 0);
         }
         if (quick)
@@ -474,14 +511,15 @@ int main(int argc, char **argv)
         char name[200];
         char dims[32];
         snprintf(dims, sizeof(dims), c->dv == c->d ? "D%d" : "D%d/%d", c->d, c->dv);
-        snprintf(name, sizeof(name), "%s %s %s %d:%d page %d%s%s B%d q0 %d kv0 %d%s", c->pattern,
-                 kpt_dtype_name(c->dtype), dims, c->hq, c->hkv, c->page,
+        snprintf(name, sizeof(name), "%s %s %s %d:%d page %d%s%s B%d q0 %d kv0 %d%s%s",
+                 c->pattern, kpt_dtype_name(c->dtype), dims, c->hq, c->hkv, c->page,
                  c->head_major ? " head-major" : "", c->sinks ? " sinks" : "", c->B, c->q[0],
                  c->kv[0],
                  c->bounds == 1   ? " bounds-plan"
                  : c->bounds == 2 ? " short-plan"
                  : c->bounds == 3 ? " far-bounds-plan, no workspace"
-                                  : "");
+                                  : "",
+                 c->o_pad ? " o-padded" : "");
         if (filter && !strstr(name, filter))
             continue;
         outcome res;
