@@ -264,7 +264,8 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
             else
                 res->lse_err = fmax(res->lse_err, fabs(gl - rl) / fmax(1.0, fabs(rl)));
             if (c->o_pad) { /* the pad after the row */
-                const unsigned char *pb = (const unsigned char *)o + (row * o_row_stride(c) + c->dv) * es;
+                const unsigned char *pb =
+                    (const unsigned char *)o + (row * o_row_stride(c) + c->dv) * es;
                 for (size_t i = 0; i < es; i++)
                     res->touched += pb[i] != poison;
             }
