@@ -134,9 +134,22 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
                                   diag);
 }
 
+/* Whether the serving combine is launched as a programmatic dependent of the attention kernel
+ * (sm_90 kernels on sm_90 devices, a driver with cuLaunchKernelEx, KPT_CUDA_PDL not "0" when
+ * the kernel is loaded): its CTAs are then scheduled while the attention's last CTAs run, and
+ * wait in the kernel (griddepcontrol.wait) for its results, so the launch gap between the two
+ * kernels goes. */
+static bool combine_pdl(const kpt_cuda_kernel *k)
+{
+    const char *e = getenv("KPT_CUDA_PDL");
+    return k->dev->sm >= 90 && k->plan.cfg.sm >= 90 && k->dev->cu->LaunchKernelEx &&
+           !(e && !strcmp(e, "0"));
+}
+
 static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
 {
     static const char *const names[] = KPT_CUDA_PAGED_ENTRIES;
+    k->combine_pdl = combine_pdl(k);
     for (int i = 0; i < 3; i++) {
         kpt_status st = get_big_function(k, &k->paged[i], names[i], diag);
         if (st)
@@ -507,22 +520,11 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
                                   k->plan.cfg.dv, out, diag);
 }
 
-/* Whether the serving combine is launched as a programmatic dependent of the attention kernel
- * (sm_90 kernels on sm_90 devices, a driver with cuLaunchKernelEx, KPT_CUDA_PDL not "0"): its
- * CTAs are then scheduled while the attention's last CTAs run, and wait in the kernel
- * (griddepcontrol.wait) for its results, so the launch gap between the two kernels goes. */
-static bool combine_pdl(const kpt_cuda_kernel *k)
-{
-    const char *e = getenv("KPT_CUDA_PDL");
-    return k->dev->sm >= 90 && k->plan.cfg.sm >= 90 && k->dev->cu->LaunchKernelEx &&
-           !(e && !strcmp(e, "0"));
-}
-
 static CUresult launch_combine(const kpt_cuda_kernel *k, unsigned grid_x, unsigned grid_y,
                                CUstream stream, void **params)
 {
     const kpt_cu_api *cu = k->dev->cu;
-    if (!combine_pdl(k))
+    if (!k->combine_pdl)
         return cu->LaunchKernel(k->paged_combine, grid_x, grid_y, 1, 128, 1, 1, 0, stream, params,
                                 NULL);
     kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1};
@@ -563,7 +565,8 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
         return KPT_OK;
     /* the combine's CTAs: 4, 2 or 1 rows each (kpt_pg_cwpr in templates/cuda/paged.cu) */
     const int combine_rows = plan->splits >= 16 ? 1 : plan->splits >= 8 ? 2 : 4;
-    if (plan->splits > 1 && blocks * ((plan->rows + combine_rows - 1) / combine_rows) > INT32_MAX)
+    const int64_t combine_ctas = blocks * ((plan->rows + combine_rows - 1) / combine_rows);
+    if (plan->splits > 1 && combine_ctas > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT,
                             "%lld query blocks: too many to combine split results in one launch",
                             (long long)blocks);
@@ -588,8 +591,7 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                                   (unsigned)(k->plan.warps * 32), 1, 1,
                                   (unsigned)k->plan.smem_bytes, stream, params, NULL);
     if (!r && plan->splits > 1)
-        r = launch_combine(k, (unsigned)(blocks * ((plan->rows + combine_rows - 1) / combine_rows)),
-                           (unsigned)a.Hkv, stream, params);
+        r = launch_combine(k, (unsigned)combine_ctas, (unsigned)a.Hkv, stream, params);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);
     if (r)

@@ -38,6 +38,7 @@ typedef struct kpt_cuda_kernel {
     CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux, bwd_dsinks; /* backward (no attention) */
     CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
+    bool combine_pdl; /* the combine is a programmatic dependent launch (cuda_device.c) */
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
     /* sm_90a forward: whether the last call's lengths and scalars gave short work items

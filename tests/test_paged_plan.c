@@ -25,7 +25,7 @@ static void test_plan(void **state)
     (void)state;
     kpt_diag d = {0};
     kpt_paged_plan pl;
-    /* one sequence decoding over 32k keys, GQA 32:8, on 132 SMs of two CTAs each */
+    /* one sequence decoding over 32k keys, GQA 32:8, on a device of 264 slots */
     kpt_paged_shape s = {.batch = 1, .max_q = 1, .max_kv = 32768, .num_heads_q = 32,
                          .num_heads_kv = 8};
     assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);

@@ -286,7 +286,7 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
             }
         }
 #pragma unroll
-        for (int e = 0; e < V; e++) go[d0 + e] = (u16)(kpt_pack(c[e], 0.0f) & 0xffffu);
+        for (int e = 0; e < V; e++) kpt_pg_store(A, x.t, x.h, d0 + e, c[e]);
     }
 }
 
