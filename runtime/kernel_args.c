@@ -8,6 +8,23 @@
 kpt_status kpt_kernel_check_rows(const kpt_tensor *t, const char *name, kpt_dtype want,
                                  int64_t d, kpt_diag *diag)
 {
+    kpt_status st = kpt_kernel_check_elems(t, name, want, d, diag);
+    if (st)
+        return st;
+    for (int i = 0; i < t->rank - 1; i++)
+        if (t->stride[i] % 8)
+            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                                "tensor %s: stride %d (%lld) must be a multiple of 8 elements "
+                                "(16-byte rows)", name, i, (long long)t->stride[i]);
+    if ((uintptr_t)t->data % 16)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
+                            "tensor %s: the data pointer must be 16-byte aligned", name);
+    return KPT_OK;
+}
+
+kpt_status kpt_kernel_check_elems(const kpt_tensor *t, const char *name, kpt_dtype want,
+                                  int64_t d, kpt_diag *diag)
+{
     if (t->dtype != want)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s is %s; this kernel was compiled for %s", name,
@@ -24,14 +41,10 @@ kpt_status kpt_kernel_check_rows(const kpt_tensor *t, const char *name, kpt_dtyp
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s: the head dim must be contiguous (stride 1, not %lld)", name,
                             (long long)t->stride[last]);
-    for (int i = 0; i < last; i++)
-        if (t->stride[i] % 8)
-            return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                                "tensor %s: stride %d (%lld) must be a multiple of 8 elements "
-                                "(16-byte rows)", name, i, (long long)t->stride[i]);
-    if ((uintptr_t)t->data % 16)
+    if ((uintptr_t)t->data % kpt_dtype_size(want))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "tensor %s: the data pointer must be 16-byte aligned", name);
+                            "tensor %s: the data pointer must be aligned to its element size",
+                            name);
     return KPT_OK;
 }
 
@@ -71,15 +84,16 @@ kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_bind
 kpt_status kpt_kernel_args_pack_tensors(const kpt_kernel_plan *pl, const char *backend,
                                         const kpt_tensor *q, const kpt_tensor *k,
                                         const kpt_tensor *v, const kpt_tensor *o,
-                                        const kpt_tensor *lse, kpt_kernel_args *out,
-                                        kpt_diag *diag)
+                                        const kpt_tensor *lse, bool o_any_rows,
+                                        kpt_kernel_args *out, kpt_diag *diag)
 {
     kpt_status st;
     kpt_dtype dt = pl->cfg.dtype;
     if ((st = kpt_kernel_check_rows(q, "q", dt, pl->cfg.dqk, diag)) ||
         (st = kpt_kernel_check_rows(k, "k", dt, pl->cfg.dqk, diag)) ||
         (st = kpt_kernel_check_rows(v, "v", dt, pl->cfg.dv, diag)) ||
-        (st = kpt_kernel_check_rows(o, "o", dt, pl->cfg.dv, diag)))
+        (st = (o_any_rows ? kpt_kernel_check_elems : kpt_kernel_check_rows)(o, "o", dt,
+                                                                            pl->cfg.dv, diag)))
         return st;
     if (lse->data && lse->dtype != KPT_DTYPE_F32)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "tensor lse must be f32 on %s",
@@ -109,7 +123,7 @@ static kpt_status pack_bound(const kpt_pattern *p, const kpt_kernel_plan *pl, co
                              kpt_kernel_args *out, kpt_diag *diag)
 {
     kpt_status st = kpt_kernel_args_pack_tensors(pl, backend, &a->q, &a->k, &a->v, &a->o,
-                                                 &a->lse, out, diag);
+                                                 &a->lse, false, out, diag);
     if (st)
         return st;
     const kpt_attn_shape *s = &bind->shape;

@@ -5,6 +5,7 @@
 #ifndef KPT_RUNTIME_KERNEL_ARGS_H
 #define KPT_RUNTIME_KERNEL_ARGS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,14 +60,20 @@ _Static_assert(sizeof(kpt_kernel_gargs) == 456, "kpt_kernel_gargs layout");
 kpt_status kpt_kernel_check_rows(const kpt_tensor *t, const char *name, kpt_dtype want,
                                  int64_t d, kpt_diag *diag);
 
+/* The same for a tensor the kernels write element by element where its rows are not aligned:
+ * the dtype, the contiguous head dim of size d and data aligned to the element; any strides. */
+kpt_status kpt_kernel_check_elems(const kpt_tensor *t, const char *name, kpt_dtype want,
+                                  int64_t d, kpt_diag *diag);
+
 /* The row checks of q, k, v and o (kpt_kernel_check_rows against the plan's dtype and head
- * dims) and lse (f32 where given), then `out` zeroed and their pointers and strides (as many as
- * each tensor's rank) filled in: what the forward, backward and serving packs share. */
+ * dims; kpt_kernel_check_elems for o where o_any_rows) and lse (f32 where given), then `out`
+ * zeroed and their pointers and strides (as many as each tensor's rank) filled in: what the
+ * forward, backward and serving packs share. */
 kpt_status kpt_kernel_args_pack_tensors(const kpt_kernel_plan *pl, const char *backend,
                                         const kpt_tensor *q, const kpt_tensor *k,
                                         const kpt_tensor *v, const kpt_tensor *o,
-                                        const kpt_tensor *lse, kpt_kernel_args *out,
-                                        kpt_diag *diag);
+                                        const kpt_tensor *lse, bool o_any_rows,
+                                        kpt_kernel_args *out, kpt_diag *diag);
 
 /* The scale, runtime scalars and aux tensors of a binding into `out` (the rest untouched). */
 kpt_status kpt_kernel_args_pack_extras(const kpt_pattern *p, const kpt_attn_binding *bind,

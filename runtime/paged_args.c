@@ -275,8 +275,10 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
     kpt_status st = kpt_paged_bind(p, a, plan->max_kv, &pb, diag);
     if (!st)
         st = kpt_paged_check_plan(plan, &pb, diag);
+    /* o may have any row strides: the serving kernels store it with vector stores where a row
+     * is aligned and element by element where it is not (kpt_pg_finish_row) */
     if (st || (st = kpt_kernel_args_pack_tensors(pl, backend, &a->q, &a->k, &a->v, &a->o,
-                                                 &a->lse, out, diag)))
+                                                 &a->lse, true, out, diag)))
         return st;
     memset(pout, 0, sizeof(*pout));
     out->B = (int32_t)pb.B;

@@ -1,6 +1,6 @@
 /* Serving plans (runtime/paged_args.c), which the CUDA and Vulkan backends share: how lengths and
  * the device's size become row blocks, splits over the keys and a workspace, and what the plan
- * refuses. No GPU: the functions are pure. */
+ * refuses, and the row checks of the tensors they take. No GPU: the functions are pure. */
 #include "tests/testutil.h"
 
 #include "runtime/paged_args.h"
@@ -84,12 +84,50 @@ static void test_refusals(void **state)
     EXPECT_PLAN(s, "GQA ratio 128: the serving kernels take up to 64");
 }
 
+#define EXPECT_ROWS(call, text)                                                                  \
+    do {                                                                                         \
+        kpt_diag d_ = {0};                                                                       \
+        assert_int_not_equal((call), KPT_OK);                                                    \
+        if (!strstr(d_.message, (text)))                                                         \
+            fail_msg("got '%s', expected '%s'", d_.message, (text));                             \
+    } while (0)
+
+/* The row checks of the kernels' tensors: q, k and v (and the forward's o) need 16-byte rows
+ * for their vector copies; the serving kernels' o only the element's alignment. */
+static void test_row_checks(void **state)
+{
+    (void)state;
+    static _Alignas(16) uint16_t buf[4 * 2 * 129 + 8];
+    kpt_tensor t = {.data = buf, .dtype = KPT_DTYPE_BF16, .rank = 3, .shape = {4, 2, 128},
+                    .stride = {2 * 129, 129, 1}};
+    kpt_diag d = {0};
+    EXPECT_ROWS(kpt_kernel_check_rows(&t, "o", KPT_DTYPE_BF16, 128, &d_),
+                "tensor o: stride 0 (258) must be a multiple of 8 elements");
+    assert_int_equal(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d), KPT_OK);
+    t.data = (char *)buf + 1;
+    EXPECT_ROWS(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d_),
+                "tensor o: the data pointer must be aligned to its element size");
+    t.data = buf + 1;
+    t.stride[0] = 256;
+    t.stride[1] = 128;
+    assert_int_equal(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d), KPT_OK);
+    EXPECT_ROWS(kpt_kernel_check_rows(&t, "q", KPT_DTYPE_BF16, 128, &d_),
+                "tensor q: the data pointer must be 16-byte aligned");
+    t.stride[2] = 2;
+    EXPECT_ROWS(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d_),
+                "the head dim must be contiguous");
+    t.stride[2] = 1;
+    EXPECT_ROWS(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_F16, 128, &d_),
+                "tensor o is bf16; this kernel was compiled for f16");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_count),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_row_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
