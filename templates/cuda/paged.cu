@@ -99,20 +99,30 @@ __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, co
     constexpr int CH = KPT_DQK / 8, RSTEP = KPT_THREADS / CH, ITERS = KPT_BN / RSTEP;
     const int c = (int)threadIdx.x % CH, r0 = (int)threadIdx.x / CH;
     const int lim = MODE == 0 ? min(kv_len, P.page_size) : kv_len;
+    // byte addresses and byte strides (below 2^32: the element strides are non-negative and
+    // below 2^31, kpt_cuda_paged checks), so that each address is two wide multiply-adds
+    const char *bK = (const char *)(gK + c * 8), *bV = (const char *)(gV + c * 8);
+    const u32 kp2 = 2u * (u32)ksp, kr2 = 2u * (u32)ksr, vp2 = 2u * (u32)vsp, vr2 = 2u * (u32)vsr;
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
         const int r = r0 + it * RSTEP, pos = k0 + r;
-        int page = MODE == 0 ? 0 : -1, off = MODE == 0 ? pos : 0;
-        if (MODE == 1 && pos < kv_len) {
+        bool ok = pos < lim;
+        u32 page = 0, off = (u32)pos;
+        if (MODE == 1) {
+            // Without branches: a key the table holds has its page id staged (pi - spa is in
+            // the staged range), any other reads entry 0 and is dropped. Branches and signed
+            // 64-bit products here made the paged copies 30 % more instructions than the
+            // contiguous ones in the 64-row kernel (ncu, 8 x 16 x 32k, page 16).
             const int pi = pos >> P.page_shift;
-            off = pos & (P.page_size - 1);
-            page = pi < P.max_pages ? spt[pi - spa] : -1;
+            ok = ok && pi < P.max_pages;
+            const int id = spt[ok ? pi - spa : 0];
+            ok = ok && id >= 0;
+            page = ok ? (u32)id : 0u;
+            off = (u32)(pos & (P.page_size - 1));
         }
-        const bool ok = pos < lim && page >= 0;
-        const i64 kr = ok ? (i64)page * ksp + (i64)off * ksr : 0;
-        const i64 vr = ok ? (i64)page * vsp + (i64)off * vsr : 0;
-        kpt_cp16(dK + (u32)(r * KPT_KSTR + c * 8) * 2u, gK + kr + c * 8, ok);
-        kpt_cp16(dV + (u32)(r * KPT_VSTR + c * 8) * 2u, gV + vr + c * 8, ok);
+        off = ok ? off : 0u; // a dropped row's address is the head's first row: never faults
+        kpt_cp16(dK + (u32)(r * KPT_KSTR + c * 8) * 2u, bK + (u64)page * kp2 + (u64)off * kr2, ok);
+        kpt_cp16(dV + (u32)(r * KPT_VSTR + c * 8) * 2u, bV + (u64)page * vp2 + (u64)off * vr2, ok);
     }
 }
 
@@ -650,15 +660,26 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     }
 }
 
-extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r1(const kpt_args A, const kpt_pargs P)
+// Up to head dim 128 the kernels say one CTA an SM is enough, which frees ptxas's register
+// budget: without it the 16-row kernel took 168 registers and spilled (D = 128, after the
+// branch-free page lookup of kpt_pg_load_kv), with it 185 and none. Two CTAs an SM still fit
+// where the plan wants them (2 x 128 x 255 registers). At head dim 256 the same bound made the
+// 16- and 32-row kernels spill more (255 registers each), so they keep ptxas's own target.
+#if KPT_DQK <= 128 && KPT_DV <= 128
+#define KPT_PG_BOUNDS __launch_bounds__(KPT_THREADS, 1)
+#else
+#define KPT_PG_BOUNDS __launch_bounds__(KPT_THREADS)
+#endif
+
+extern "C" __global__ void KPT_PG_BOUNDS kpt_paged_r1(const kpt_args A, const kpt_pargs P)
 {
     kpt_paged_body<1>(A, P);
 }
-extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r2(const kpt_args A, const kpt_pargs P)
+extern "C" __global__ void KPT_PG_BOUNDS kpt_paged_r2(const kpt_args A, const kpt_pargs P)
 {
     kpt_paged_body<2>(A, P);
 }
-extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_paged_r4(const kpt_args A, const kpt_pargs P)
+extern "C" __global__ void KPT_PG_BOUNDS kpt_paged_r4(const kpt_args A, const kpt_pargs P)
 {
     kpt_paged_body<4>(A, P);
 }
