@@ -1,7 +1,11 @@
 """Serving benchmark: kpt's paged kernels (decode, speculative decode) beside SDPA's cuDNN and
-FLASH backends on the same tensors, in one process. Reports GB/s of K+V read (burst: one call
-after an L2 flush; sustained: many calls back to back) and the fraction of the device's
-measured copy bandwidth; checks agreement first; checks a CUDA graph capture and replay.
+FLASH backends on the same tensors, in one process, and FlashInfer's paged wrappers where the
+flashinfer package imports (on the paged cache of the first --pages size: fi_dec is
+BatchDecodeWithPagedKVCacheWrapper on CUDA cores, one query token only; fi_tc the same on tensor
+cores, and for Sq > 1 BatchPrefillWithPagedKVCacheWrapper with its fa2 backend, not causal, as
+kpt's `full`). Reports GB/s of K+V read (burst: one call after an L2 flush; sustained: many calls
+back to back) and the fraction of the device's measured copy bandwidth; checks agreement first;
+checks a CUDA graph capture and replay.
 
     python3 bench/bench_paged.py --lib build/libkpt.so [--quick] [--out FILE.json]
 """
@@ -24,6 +28,17 @@ def load_kpt(lib):
 
 FLUSH = None
 FLEX = []
+FI_WORKSPACE = []
+
+
+def load_flashinfer():
+    try:
+        import flashinfer
+    except Exception as e:  # not installed: the peers are left out, and the output says so
+        print(f"flashinfer: not available ({str(e).splitlines()[0][:100]})", flush=True)
+        return None
+    print(f"flashinfer {flashinfer.__version__}", flush=True)
+    return flashinfer
 
 
 def flush_l2():
@@ -64,7 +79,8 @@ def copy_bandwidth():
 
 
 class Case:
-    def __init__(self, capi, ctx, kern, B, Sq, Skv, hq=32, hkv=8, d=128, page=0, dtype=torch.bfloat16):
+    def __init__(self, capi, ctx, kern, B, Sq, Skv, hq=32, hkv=8, d=128, page=0, dtype=torch.bfloat16,
+                 page_order="random"):
         self.B, self.Sq, self.Skv, self.hq, self.hkv, self.d, self.page = B, Sq, Skv, hq, hkv, d, page
         dev = "cuda"
         self.q = torch.randn(B * Sq, hq, d, dtype=dtype, device=dev)
@@ -78,7 +94,10 @@ class Case:
         self.pt = None
         if page:
             npg = Skv // page
-            perm = torch.randperm(B * npg, device=dev)
+            # random: pages anywhere in the cache, as a server's allocator leaves them after a
+            # while; linear: each sequence's pages in order, one after another
+            perm = (torch.randperm(B * npg, device=dev) if page_order == "random"
+                    else torch.arange(B * npg, device=dev))
             self.pt = perm.view(B, npg).to(torch.int32).contiguous()
             self.kp = torch.empty(B * npg, page, hkv, d, dtype=dtype, device=dev)
             self.vp = torch.empty_like(self.kp)
@@ -109,8 +128,41 @@ class Case:
         return FLEX[0](q, self.kd.transpose(1, 2), self.vd.transpose(1, 2),
                        enable_gqa=True).transpose(1, 2)
 
+    def fi_plan(self, fi, kind):
+        """A FlashInfer wrapper planned for this paged case: returns its run as a closure."""
+        if not FI_WORKSPACE:
+            FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+        B, npg = self.B, self.pt.shape[1]
+        dev = "cuda"
+        indptr = torch.arange(0, B * npg + 1, npg, dtype=torch.int32, device=dev)
+        indices = self.pt.reshape(-1).contiguous()
+        last = torch.full((B,), self.Skv - (npg - 1) * self.page, dtype=torch.int32, device=dev)
+        kv = (self.kp, self.vp)
+        if kind == "fi_dec" or (kind == "fi_tc" and self.Sq == 1):
+            w = fi.BatchDecodeWithPagedKVCacheWrapper(FI_WORKSPACE[0], "NHD",
+                                                      use_tensor_cores=kind == "fi_tc")
+            w.plan(indptr, indices, last, self.hq, self.hkv, self.d, self.page,
+                   q_data_type=self.q.dtype, kv_data_type=self.kp.dtype)
+        else:
+            w = fi.BatchPrefillWithPagedKVCacheWrapper(FI_WORKSPACE[0], "NHD", backend="fa2")
+            qo = torch.arange(0, B * self.Sq + 1, self.Sq, dtype=torch.int32, device=dev)
+            w.plan(qo, indptr, indices, last, self.hq, self.hkv, self.d, self.page, causal=False,
+                   q_data_type=self.q.dtype, kv_data_type=self.kp.dtype)
+        return lambda: w.run(self.q, kv)
+
     def kv_bytes(self):
         return 2 * self.B * self.Skv * self.hkv * self.d * self.q.element_size()
+
+
+def peer_fn(c, fi_case, fi, b):
+    """The call of peer `b` on case c (fi_case: its paged twin for FlashInfer)."""
+    if b is None:
+        return c.flex
+    if isinstance(b, str):  # FlashInfer: planned here, outside the timings
+        if b == "fi_dec" and c.Sq > 1:
+            return (lambda: None,)
+        return (lambda: fi_case.fi_plan(fi, b),)
+    return lambda: c.sdpa(b)
 
 
 def agree(a, b):
@@ -163,6 +215,8 @@ def main():
     ap.add_argument("--pages", default="16", help="page sizes of the paged variants (comma list)")
     ap.add_argument("--flex", action="store_true", help="FlexAttention too (compiled per shape)")
     ap.add_argument("--only", help="B,Sq,Skv cases only, e.g. 8,1,32768;8,4,32768")
+    ap.add_argument("--page-order", choices=["random", "linear"], default="random",
+                    help="where the paged variants' pages lie in the cache")
     ap.add_argument("--dim", type=int, default=128, help="head dim (Dqk = Dv)")
     ap.add_argument("--heads", default="32:8", help="query heads:kv heads")
     args = ap.parse_args()
@@ -183,6 +237,10 @@ def main():
     Sqs = [1, 4] if args.quick else [1, 4, 16]
     Skvs = [4096, 32768]
     peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    fi = load_flashinfer()
+    if fi is not None:
+        out["flashinfer"] = fi.__version__
+        peers.update({"fi_dec": "fi_dec", "fi_tc": "fi_tc"})
     if args.flex:
         from torch.nn.attention.flex_attention import flex_attention
         FLEX.append(torch.compile(flex_attention, dynamic=False))
@@ -200,7 +258,8 @@ def main():
                 # the paged variant over the same data
                 paged = {}
                 for ps in pages:
-                    cp = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D, page=ps)
+                    cp = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D, page=ps,
+                              page_order=args.page_order)
                     cp.q.copy_(c.q)
                     cp.kp[cp.pt.view(-1).long()] = c.kd.view(-1, ps, HKV, D)
                     cp.vp[cp.pt.view(-1).long()] = c.vd.view(-1, ps, HKV, D)
@@ -208,10 +267,14 @@ def main():
                 row = {"B": B, "Sq": Sq, "Skv": Skv}
                 ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
                 res = {}
+                fi_case = paged[f"kpt_p{pages[0]}"]
                 for name, fn in [("kpt", c.kpt)] + [(n, x.kpt) for n, x in paged.items()] + \
-                        [(n, (lambda b=b: c.sdpa(b)) if b is not None else c.flex)
-                         for n, b in peers.items()]:
+                        [(n, peer_fn(c, fi_case, fi, b)) for n, b in peers.items()]:
                     try:
+                        if isinstance(fn, tuple):  # a peer whose setup needs a try of its own
+                            fn = fn[0]()
+                        if fn is None:
+                            continue
                         o = fn()
                         torch.cuda.synchronize()
                     except Exception as e:  # a backend that refuses the shape
@@ -219,7 +282,8 @@ def main():
                         row[name + "_error"] = str(e).splitlines()[0][:120]
                         continue
                     if ref is not None:
-                        o2 = o.view(B, Sq, HQ, D) if name.startswith("kpt") else o
+                        flat = name.startswith("kpt") or name.startswith("fi_")
+                        o2 = o.view(B, Sq, HQ, D) if flat else o
                         row[name + "_err"] = agree(o2, ref)
                     burst, sus = timed(fn)
                     res[name] = (c.kv_bytes() / burst / 1e6, c.kv_bytes() / sus / 1e6)
