@@ -18,6 +18,7 @@ loader's usual search for libkpt.so.0.
 """
 import ctypes
 import os
+import struct
 
 # ---- the C ABI: mirrors of include/kpt/*.h --------------------------------------------------
 
@@ -236,17 +237,28 @@ def view(t):
     return Tensor(t.data_ptr(), dtype, tuple(t.shape), tuple(t.stride()))
 
 
+# kpt_tensor's bytes, packed in one step: a ctypes constructor with its two arrays took twice as
+# long, and every tensor of every call goes through here (nine for a serving run)
+_TENSOR_BYTES = struct.Struct("@Pii4q4q")
+_NO_DIMS = (0, 0, 0, 0)
+assert _TENSOR_BYTES.size == ctypes.sizeof(_Tensor)
+
+
 def _tensor(t):
-    out = _Tensor()
     if t is None:
-        return out
-    t = view(t)
-    if len(t.shape) > 4:
+        return _Tensor()
+    if isinstance(t, Tensor):
+        address, dtype, shape, strides = t.address, t.dtype, tuple(t.shape), tuple(t.strides)
+    else:  # a torch tensor, read directly
+        dtype = _TORCH_DTYPES.get(str(t.dtype))
+        if dtype is None:
+            raise TypeError(f"kpt: unsupported tensor dtype {t.dtype}")
+        address, shape, strides = t.data_ptr(), tuple(t.shape), t.stride()
+    if len(shape) > 4:
         raise ValueError("kpt: tensors have rank 4 at most")
-    out.data, out.dtype, out.rank = t.address, DTYPES[t.dtype], len(t.shape)
-    for i, (n, s) in enumerate(zip(t.shape, t.strides)):
-        out.shape[i], out.stride[i] = n, s
-    return out
+    return _Tensor.from_buffer_copy(_TENSOR_BYTES.pack(address, DTYPES[dtype], len(shape),
+                                                       *(shape + _NO_DIMS)[:4],
+                                                       *(strides + _NO_DIMS)[:4]))
 
 
 class _ArgsHolder:
