@@ -693,6 +693,7 @@ extern "C" __global__ void KPT_PG_BOUNDS kpt_paged_r4(const kpt_args A, const kp
 // at a time, took 18 us at one decoding sequence (33 splits, H100): a fifth of the decode; four
 // warps a row for a handful of splits were slower than one.
 #define KPT_PG_CW 4 // warps of the combine's CTA
+#define KPT_PG_PF 4 // splits a warp of the combine loads before its weights are known
 __device__ __forceinline__ int kpt_pg_cwpr(int splits)
 {
     return splits >= 16 ? 4 : splits >= 8 ? 2 : 1;
@@ -738,6 +739,31 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     kpt_pg_grid_wait(); // the attention kernel's partial results, when launched as its dependent
     const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
     const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
+    // this warp's first KPT_PG_PF splits' partial O (its lanes' first columns), loaded with the
+    // LSEs rather than after the weights: one wait on memory fewer between the attention's end
+    // and the output (the loads do not need the weights, only the sums do)
+    constexpr int V = KPT_PG_VEC, PF = KPT_PG_PF;
+    const int d00 = lane * V;
+    auto part_o = [&](int s, int d0, float *v) {
+        const float *src = po + ((first + (i64)s * A.Hkv) * KPT_PG_ROWS + r) * KPT_DV + d0;
+        if constexpr (V == 4) {
+            const float4 f = *(const float4 *)src;
+            v[0] = f.x, v[V > 1 ? 1 : 0] = f.y, v[V > 2 ? 2 : 0] = f.z, v[V > 3 ? 3 : 0] = f.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; e++) v[e] = src[e];
+        }
+    };
+    float pre[PF][V];
+#pragma unroll
+    for (int i = 0; i < PF; i++) {
+        const int s = part + i * wpr;
+        if (live && s < P.splits && d00 < KPT_DV)
+            part_o(s, d00, pre[i]);
+        else
+#pragma unroll
+            for (int e = 0; e < V; e++) pre[i][e] = 0.0f;
+    }
     // this thread's splits' LSEs, several loads in flight, kept in s_w until they are weights
     float M = KPT_NINF;
 #pragma unroll 8
@@ -760,27 +786,27 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     }
     den = kpt_pg_group_reduce<false>(den, s_red, wr, wpr) + kpt_ex2(s2 - Mu); // publishes s_w
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    for (int d0 = lane * KPT_PG_VEC; live && d0 < KPT_DV; d0 += 32 * KPT_PG_VEC) {
-        float acc[KPT_PG_VEC] = {};
+    // an empty split has weight 0 and O 0; never 0 * NaN
+    auto add = [](float *acc, float ws, const float *v) {
+#pragma unroll
+        for (int e = 0; e < V; e++) acc[e] += ws > 0.0f ? ws * v[e] : 0.0f;
+    };
+    for (int d0 = d00; live && d0 < KPT_DV; d0 += 32 * V) {
+        float acc[V] = {};
+        int s = part; // the splits in the same order either way: the bits do not depend on PF
+        if (d0 == d00) {
+#pragma unroll
+            for (int i = 0; i < PF; i++, s += wpr)
+                if (s < P.splits) add(acc, s_w[wr][s], pre[i]);
+        }
 #pragma unroll 8
-        for (int s = part; s < P.splits; s += wpr) {
-            const float ws = s_w[wr][s];
-            const float *src = po + ((first + (i64)s * A.Hkv) * KPT_PG_ROWS + r) * KPT_DV + d0;
-            float v[KPT_PG_VEC];
-            if (KPT_PG_VEC == 4) {
-                const float4 f = *(const float4 *)src;
-                v[0] = f.x, v[KPT_PG_VEC > 1 ? 1 : 0] = f.y, v[KPT_PG_VEC > 2 ? 2 : 0] = f.z,
-                v[KPT_PG_VEC > 3 ? 3 : 0] = f.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < KPT_PG_VEC; e++) v[e] = src[e];
-            }
-            // an empty split has weight 0 and O 0; never 0 * NaN
-#pragma unroll
-            for (int e = 0; e < KPT_PG_VEC; e++) acc[e] += ws > 0.0f ? ws * v[e] : 0.0f;
+        for (; s < P.splits; s += wpr) {
+            float v[V];
+            part_o(s, d0, v);
+            add(acc, s_w[wr][s], v);
         }
 #pragma unroll
-        for (int e = 0; e < KPT_PG_VEC; e++) s_o[warp][d0 + e] = acc[e];
+        for (int e = 0; e < V; e++) s_o[warp][d0 + e] = acc[e];
     }
     __syncthreads();
     if (!live) return;
