@@ -48,34 +48,12 @@ def flush_l2():
     FLUSH.zero_()
 
 
-def timed(fn, burst_reps=20, sustained_reps=200):
-    """Median burst time (ms, one call after an L2 flush) and sustained time (ms a call)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(burst_reps):
-        flush_l2()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(sustained_reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return times[len(times) // 2], a.elapsed_time(b) / sustained_reps
-
-
 def timed_all(fns, burst_reps=20, sustained_reps=200):
-    """timed() for several calls of one case, their bursts interleaved (a round of one call each,
-    after an L2 flush, twenty rounds): the card's clocks drift with what ran before (a sustained
-    loop leaves it hot), and measured one after the other the first call of a case paid for the
-    last one's loop. Sustained loops follow, one call after the other."""
+    """Median burst and sustained times (ms) of several calls of one case, their bursts
+    interleaved (a round of one call each, after an L2 flush, twenty rounds): the card's clocks
+    drift with what ran before (a sustained loop leaves it hot), and measured one after the
+    other the first call of a case paid for the last one's loop. Sustained loops follow, one
+    call after the other."""
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
@@ -100,6 +78,11 @@ def timed_all(fns, burst_reps=20, sustained_reps=200):
         torch.cuda.synchronize()
         out[n] = (t[len(t) // 2], a.elapsed_time(b) / sustained_reps)
     return out
+
+
+def timed(fn, burst_reps=20, sustained_reps=200):
+    """Median burst time (ms, one call after an L2 flush) and sustained time (ms a call)."""
+    return timed_all({"": fn}, burst_reps, sustained_reps)[""]
 
 
 def copy_bandwidth():
