@@ -168,15 +168,15 @@ class Case:
         return 2 * self.B * self.Skv * self.hkv * self.d * self.q.element_size()
 
 
-def peer_fn(c, fi_case, fi, b):
-    """The call of peer `b` on case c (fi_case: its paged twin for FlashInfer)."""
+def peer_setup(c, fi_case, fi, b):
+    """A function that returns the call of peer `b` on case c, or None where the peer has no call
+    for it (fi_case: c's paged twin, which FlashInfer reads; its wrappers are planned there,
+    outside the timings)."""
     if b is None:
-        return c.flex
-    if isinstance(b, str):  # FlashInfer: planned here, outside the timings
-        if b == "fi_dec" and c.Sq > 1:
-            return (lambda: None,)
-        return (lambda: fi_case.fi_plan(fi, b),)
-    return lambda: c.sdpa(b)
+        return lambda: c.flex
+    if isinstance(b, str):  # FlashInfer
+        return lambda: None if b == "fi_dec" and c.Sq > 1 else fi_case.fi_plan(fi, b)
+    return lambda: (lambda: c.sdpa(b))
 
 
 def agree(a, b):
@@ -282,11 +282,12 @@ def main():
                 ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
                 res, fns = {}, {}
                 fi_case = paged[f"kpt_p{pages[0]}"]
-                for name, fn in [("kpt", c.kpt)] + [(n, x.kpt) for n, x in paged.items()] + \
-                        [(n, peer_fn(c, fi_case, fi, b)) for n, b in peers.items()]:
-                    try:
-                        if isinstance(fn, tuple):  # a peer whose setup needs a try of its own
-                            fn = fn[0]()
+                setups = [("kpt", lambda: c.kpt)] + \
+                    [(n, lambda x=x: x.kpt) for n, x in paged.items()] + \
+                    [(n, peer_setup(c, fi_case, fi, b)) for n, b in peers.items()]
+                for name, setup in setups:
+                    try:  # a peer's setup may refuse the shape too
+                        fn = setup()
                         if fn is None:
                             continue
                         o = fn()

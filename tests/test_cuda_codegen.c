@@ -544,10 +544,10 @@ static void test_nvrtc_matrix(void **state)
             assert_true(j->bwd_entries);
         if (j->paged) {
             /* mma.sync kernels at every head dim, without spills for the built-in patterns at
-             * head dims 32 to 128 (at 256 ptxas spills 68 bytes, and graphormer_edges's mask
-             * 124 at 128; docs/serving.md); the combine a programmatic
-             * dependent of the attention on sm_90 only (runtime/cuda_device.c launches it so
-             * there); the static shared memory within what the planner reserves for it */
+             * head dims 32 to 128 (at 256 ptxas spills 68-88 bytes, and graphormer_edges's mask
+             * 124 at 128; docs/serving.md); the combine a programmatic dependent of the
+             * attention on sm_90 only (runtime/cuda_device.c launches it so there); the static
+             * shared memory within what the planner reserves for it */
             assert_true(j->paged_entries);
             if (j->spill_bytes && j->script < 0 && dims[j->dim][0] <= 128 &&
                 dims[j->dim][1] <= 128)

@@ -57,13 +57,19 @@ static void test_plan(void **state)
     assert_int_equal(pl.workspace_bytes, 0);
 }
 
-#define EXPECT_PLAN(s, text)                                                                     \
+/* `call` (which reports into d_) fails with a message holding `text` */
+#define EXPECT_FAIL(call, text)                                                                  \
     do {                                                                                         \
         kpt_diag d_ = {0};                                                                       \
-        kpt_paged_plan p_;                                                                       \
-        assert_int_not_equal(kpt_paged_plan_compute(&(s), 264, 64, 128, &p_, &d_), KPT_OK);      \
+        assert_int_not_equal((call), KPT_OK);                                                    \
         if (!strstr(d_.message, (text)))                                                         \
             fail_msg("got '%s', expected '%s'", d_.message, (text));                             \
+    } while (0)
+
+#define EXPECT_PLAN(s, text)                                                                     \
+    do {                                                                                         \
+        kpt_paged_plan p_;                                                                       \
+        EXPECT_FAIL(kpt_paged_plan_compute(&(s), 264, 64, 128, &p_, &d_), (text));               \
     } while (0)
 
 static void test_refusals(void **state)
@@ -84,14 +90,6 @@ static void test_refusals(void **state)
     EXPECT_PLAN(s, "GQA ratio 128: the serving kernels take up to 64");
 }
 
-#define EXPECT_ROWS(call, text)                                                                  \
-    do {                                                                                         \
-        kpt_diag d_ = {0};                                                                       \
-        assert_int_not_equal((call), KPT_OK);                                                    \
-        if (!strstr(d_.message, (text)))                                                         \
-            fail_msg("got '%s', expected '%s'", d_.message, (text));                             \
-    } while (0)
-
 /* The row checks of the kernels' tensors: q, k and v (and the forward's o) need 16-byte rows
  * for their vector copies; the serving kernels' o only the element's alignment. */
 static void test_row_checks(void **state)
@@ -101,23 +99,23 @@ static void test_row_checks(void **state)
     kpt_tensor t = {.data = buf, .dtype = KPT_DTYPE_BF16, .rank = 3, .shape = {4, 2, 128},
                     .stride = {2 * 129, 129, 1}};
     kpt_diag d = {0};
-    EXPECT_ROWS(kpt_kernel_check_rows(&t, "o", KPT_DTYPE_BF16, 128, &d_),
+    EXPECT_FAIL(kpt_kernel_check_rows(&t, "o", KPT_DTYPE_BF16, 128, &d_),
                 "tensor o: stride 0 (258) must be a multiple of 8 elements");
     assert_int_equal(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d), KPT_OK);
     t.data = (char *)buf + 1;
-    EXPECT_ROWS(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d_),
+    EXPECT_FAIL(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d_),
                 "tensor o: the data pointer must be aligned to its element size");
     t.data = buf + 1;
     t.stride[0] = 256;
     t.stride[1] = 128;
     assert_int_equal(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d), KPT_OK);
-    EXPECT_ROWS(kpt_kernel_check_rows(&t, "q", KPT_DTYPE_BF16, 128, &d_),
+    EXPECT_FAIL(kpt_kernel_check_rows(&t, "q", KPT_DTYPE_BF16, 128, &d_),
                 "tensor q: the data pointer must be 16-byte aligned");
     t.stride[2] = 2;
-    EXPECT_ROWS(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d_),
+    EXPECT_FAIL(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_BF16, 128, &d_),
                 "the head dim must be contiguous");
     t.stride[2] = 1;
-    EXPECT_ROWS(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_F16, 128, &d_),
+    EXPECT_FAIL(kpt_kernel_check_elems(&t, "o", KPT_DTYPE_F16, 128, &d_),
                 "tensor o is bf16; this kernel was compiled for f16");
 }
 

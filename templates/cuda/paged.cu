@@ -748,7 +748,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
         const float *src = po + ((first + (i64)s * A.Hkv) * KPT_PG_ROWS + r) * KPT_DV + d0;
         if constexpr (V == 4) {
             const float4 f = *(const float4 *)src;
-            v[0] = f.x, v[V > 1 ? 1 : 0] = f.y, v[V > 2 ? 2 : 0] = f.z, v[V > 3 ? 3 : 0] = f.w;
+            v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
         } else {
 #pragma unroll
             for (int e = 0; e < V; e++) v[e] = src[e];
