@@ -36,13 +36,17 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
                   pl->has_score);
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
     kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
+    kpt_sb_printf(sb, "#define KPT_MASK_AUX %d\n#define KPT_MASK_BITS %d\n", pl->mask_loads,
+                  pl->mask_bits);
+    if (pl->mask_bits)
+        kpt_sb_printf(sb, "#define KPT_BITS_TILES %d\n", KPT_MASK_BITS_TILES);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
     if (pl->cfg.kind == KPT_KERNEL_BACKWARD) /* the sm_90a kernels' shape, as the runtime's */
         kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d",
                       KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS);
     if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
-        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_MASK_AUX %d\n"
-                      "#define KPT_NUM_AUX %d", pl->bm_per_h, pl->mask_loads, p->num_aux);
+        kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_NUM_AUX %d", pl->bm_per_h,
+                      p->num_aux);
 }
 
 /* The backward kernels' text: templates/cuda/attention_bwd.cu with the score mod's gradient,

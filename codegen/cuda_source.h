@@ -24,6 +24,8 @@
 #define KPT_CUDA_BWD_DSINKS_ENTRY "kpt_bwd_dsinks"
 /* sm_90a kernels with a block map: sorts each map row's q tiles by work (the CTA order) */
 #define KPT_CUDA_BLOCKMAP_ORDER_ENTRY "kpt_blockmap_order"
+/* and, where the plan has mask_bits, the partial tiles' keep bits */
+#define KPT_CUDA_BLOCKMAP_BITS_ENTRY "kpt_blockmap_bits"
 
 /* Returns malloc'ed source in *out (caller frees); d is the target's dialect (kpt_dialect_cuda). */
 kpt_status kpt_cuda_source(const kpt_pattern *p, const kpt_kernel_plan *plan,

@@ -177,13 +177,20 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
          * tile instead of repeated per score (H100, bf16, D = 128, 16k: document 381 TFLOP/s
          * against 127 rolled). */
         bool loads = false;
-        if (pl.has_mask)
-            pl.mask_rolled = kpt_plan_cone_size(&p->g, p->mask, &loads) > KPT_MASK_UNROLL_MAX_NODES;
+        uint32_t nodes = pl.has_mask ? kpt_plan_cone_size(&p->g, p->mask, &loads) : 0;
+        pl.mask_rolled = nodes > KPT_MASK_UNROLL_MAX_NODES;
         pl.warps = 12;
         pl.mt = 1;
         pl.bm = 128;
         pl.bn = dmax == 256 ? 64 : 128;
         pl.q_in_regs = false;
+        /* Partial tiles of costly masks read bits the block-map kernels computed once for all
+         * heads (kpt_blockmap_bits): natten_morton at 16k evaluated its 60-node mask in 1012
+         * tiles a head, half the kernel's instructions. Only with 128-key tiles, whose bits a
+         * thread holds in one 64-bit word. */
+        pl.mask_bits = pl.has_mask && pl.bn == 128 &&
+                       (nodes >= KPT_MASK_BITS_MIN_NODES || pl.has_blockmap);
+        pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         pl.smem_bytes = 1024 + 2 * ((size_t)pl.bm * (size_t)cfg->dqk +
                                     (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv));
         *out = pl;

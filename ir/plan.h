@@ -38,6 +38,10 @@ typedef struct kpt_kernel_config {
                         of 32 and shaderFloat16; f16 kernels then use them where they fit */
 } kpt_kernel_config;
 
+/* The keep bits of a block map (plan.mask_bits) hold at most this many partial tiles of 2048
+ * bytes (16 MB), shared out between the map's rows; tiles beyond evaluate their mask. */
+#define KPT_MASK_BITS_TILES 8192
+
 typedef struct kpt_kernel_plan {
     kpt_kernel_config cfg;
     int bm, bn;        /* q rows and kv rows per tile */
@@ -46,13 +50,19 @@ typedef struct kpt_kernel_plan {
     int stages;        /* kv tiles in flight (cp.async ring) */
     bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
     bool has_mask, has_score;
-    bool has_blockmap; /* the mask reads aux tensors: tiles are classified by a block-map kernel */
+    bool has_blockmap; /* tiles are classified by a block-map kernel: the mask reads aux tensors,
+                          or mask_bits */
     bool mask_loads;   /* the mask reads aux tensors (the paged kernels classify tiles without a
                           block map, a warp at a time: kpt_iv_load is a warp's collective) */
     bool bm_per_b, bm_per_h; /* the block map differs per batch row / per head */
     /* Partial tiles evaluate the mask in a loop rather than unrolled per element: for masks that
      * load aux data or are long, unrolling buys little and costs seconds of NVRTC time. */
     bool mask_rolled;
+    /* sm_90a forward: the block map also holds each partial tile's keep bits, computed once per
+     * map row by the block-map kernels (shared by every head the mask does not depend on), so
+     * the attention kernel loads 8 bytes a thread instead of evaluating the mask there. For
+     * masks that read aux data or are long (rolled); implies has_blockmap. */
+    bool mask_bits;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static

@@ -189,6 +189,9 @@ kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p
     if (!st && plan->has_blockmap && plan->cfg.wgmma &&
         (r = cu->ModuleGetFunction(&k->blockmap_order, k->module, KPT_CUDA_BLOCKMAP_ORDER_ENTRY)))
         st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap order)", r);
+    if (!st && plan->mask_bits &&
+        (r = cu->ModuleGetFunction(&k->blockmap_bits, k->module, KPT_CUDA_BLOCKMAP_BITS_ENTRY)))
+        st = kpt_cu_fail(diag, "cuModuleGetFunction(blockmap bits)", r);
     k->load_ms = kpt_now_ms() - t0;
     if (st) {
         kpt_cuda_kernel_destroy(&k);
@@ -272,10 +275,18 @@ static kpt_status launch_blockmap(const kpt_cuda_kernel *k, kpt_kernel_args *a, 
     const unsigned rows_b = k->plan.bm_per_b ? (unsigned)a->B : 1;
     KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap, (unsigned)ctas, rows_h, rows_b, 256, 1,
                                               1, 0, stream, params, NULL));
-    /* the sm_90a kernel's CTA order, one CTA per map row */
+    /* the sm_90a kernel's CTA order, one CTA per map row (and the slots of keep bits) */
     if (k->blockmap_order)
         KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap_order, 1, rows_h, rows_b, 1024, 1,
                                                   1, 0, stream, params, NULL));
+    /* the keep bits: a CTA per q tile and group of 8 kv tiles */
+    const int64_t groups = ((int64_t)a->n_kt + 7) / 8 * a->n_qt;
+    if (k->blockmap_bits && groups > INT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "block map too large (%lld tile groups)",
+                            (long long)groups);
+    if (k->blockmap_bits)
+        KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap_bits, (unsigned)groups, rows_h,
+                                                  rows_b, 256, 1, 1, 0, stream, params, NULL));
     return KPT_OK;
 }
 
@@ -286,7 +297,8 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kernel is NULL");
     if (!k->plan.has_blockmap)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
-                            "pattern '%s' needs no block map (its mask reads no aux tensor)",
+                            "pattern '%s' needs no block map on this kernel (its mask reads no "
+                            "aux tensor and its partial tiles keep no bits)",
                             k->pattern->name);
     if (!map)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "block map pointer is NULL");

@@ -272,6 +272,70 @@ static void test_plan_paged(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* Which sm_90a forward plans store partial tiles' keep bits (plan.mask_bits: masks of 8 nodes
+ * or more, or that read aux data, with 128-key tiles), and the block map's bytes then: classes,
+ * the order table, each q tile's first slot, and min(pairs, KPT_MASK_BITS_TILES) slots of 2048
+ * bytes shared out evenly between the map rows (kpt_bits_geom in templates/cuda/common.cu). */
+static void test_plan_mask_bits(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *pattern;
+        int d;
+        bool bits;
+    } cases[] = {
+        {"causal", 128, false},          {"sliding_window(100)", 128, false},
+        {"document", 128, true},         {"document+causal", 64, true},
+        {"document", 256, false}, /* 64-key tiles */
+    };
+    kpt_diag d = {0};
+    kpt_kernel_plan plan;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kpt_pattern *p = NULL;
+        assert_int_equal(kpt_pattern_parse(cases[i].pattern, &p, &d), KPT_OK);
+        kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16,
+                               .dqk = cases[i].d, .dv = cases[i].d, .sm = 90, .wgmma = true};
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        if (plan.mask_bits != cases[i].bits)
+            fail_msg("%s, D = %d: mask_bits %d", cases[i].pattern, cases[i].d, plan.mask_bits);
+        assert_true(!plan.mask_bits || plan.has_blockmap);
+        c.wgmma = false; /* the mma.sync kernel evaluates its masks */
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        assert_false(plan.mask_bits);
+        c.kind = KPT_KERNEL_BACKWARD, c.wgmma = true, c.dqk = c.dv = 128;
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        assert_false(plan.mask_bits);
+        kpt_pattern_destroy(&p);
+    }
+    /* a long mask that reads no aux data: bits, and a block map for them alone */
+    for (int i = 0; i < nscripts; i++) {
+        if (!strstr(scripts[i], "natten_morton"))
+            continue;
+        kpt_pattern *p = NULL;
+        assert_int_equal(kpt_pattern_from_lua_file(scripts[i], NULL, &p, &d), KPT_OK);
+        kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                               .dv = 128, .sm = 90, .wgmma = true};
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        assert_true(plan.mask_bits && plan.has_blockmap && !plan.bm_per_h && !plan.bm_per_b);
+        kpt_pattern_destroy(&p);
+    }
+    /* document: one map row per batch row */
+    kpt_pattern *p = NULL;
+    assert_int_equal(kpt_pattern_parse("document", &p, &d), KPT_OK);
+    kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                           .dv = 128, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+    assert_true(plan.bm_per_b && !plan.bm_per_h);
+    kpt_kernel_args a = {.B = 3, .Hq = 4, .n_qt = 5, .n_kt = 7};
+    /* 105 class bytes -> 112, order 60 -> 172 -> 176, bases 60 -> 236 -> 256, 105 slots */
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 256 + 105 * 2048);
+    a.B = 7, a.n_qt = a.n_kt = 40; /* 11200 pairs: 8192 slots, 1170 a row */
+    const size_t head = ((((size_t)11200 + 15) & ~(size_t)15) + 4 * 280 + 15) & ~(size_t)15;
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a),
+                     ((head + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2048);
+    kpt_pattern_destroy(&p);
+}
+
 /* NVRTC's flags follow the plan: sm_90a for the Hopper kernel, and modules with block-map kernels
  * (a mask that reads aux data) compiled kernel by kernel in parallel; one-kernel modules not. */
 static void test_nvrtc_flags(void **state)
@@ -649,6 +713,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
         cmocka_unit_test(test_plan_backward), cmocka_unit_test(test_plan_paged),
+        cmocka_unit_test(test_plan_mask_bits),
         cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),
     };

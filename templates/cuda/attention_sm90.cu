@@ -306,8 +306,9 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
 
 #if KPT_HAS_BLOCKMAP || (KPT_HAS_MASK && KPT_MASK_ROLLED)
 // Which pairs of a partial tile the mask keeps, one bit per score of this thread (bit n * 4 + e
-// for S[n][e]; rows row0 + lane / 4 (+ 8), keys from k0), without touching S. For masks that read
-// aux data it is computed before the scores are waited for, so the loads' latency hides behind
+// for S[n][e]; rows row0 + lane / 4 (+ 8), keys from k0), without touching S; keys past Skv are
+// dropped. The block-map kernels store these words as a tile's keep bits (kpt_blockmap_bits).
+// For masks that read aux data it is computed before the scores are waited for, so the loads' latency hides behind
 // the product, in a loop unrolled only in part, so the loads' registers stay few while S, O and
 // P hold most of them. A large mask (rolled, KPT_MASK_ROLLED) is evaluated here in a loop not
 // unrolled at all: indexing S in such a loop would put the wgmma accumulators in local memory,
@@ -316,7 +317,7 @@ __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_unifor
                                              int h, int row0, int k0, int lane, bool partial)
 {
     u64 keep = ~0ull;
-#if KPT_MASK_NK > 0 && !KPT_HAS_BLOCKMAP
+#if KPT_MASK_NK > 0 && !KPT_MASK_AUX
     // A mask that splits (kpt_mask_keys / kpt_mask_pair): a thread's 64 pairs hold 32 keys, each
     // shared with 7 other lanes, so the warp computes each key's values once (lane l: keys
     // k0 + l + 32 j) and passes them round with shuffles; only the pair test runs per pair.
@@ -350,7 +351,7 @@ __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_unifor
     }
 #else
     if (partial) {
-#if KPT_HAS_BLOCKMAP
+#if KPT_MASK_AUX
 #pragma unroll 4
 #else
 #pragma unroll 1
@@ -413,14 +414,23 @@ __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_unif
     }
 }
 
-// The keep bits of kv tile j for masks that read aux data (kpt_tile_keep); all ones for the
-// others, whose partial tiles kpt_apply_tile evaluates itself.
-#if KPT_HAS_BLOCKMAP
-#define KPT_TILE_KEEP(j, partial)                                                                  \
-    kpt_tile_keep(A, U, b, h, row0, (j) * KPT_BN, lane, partial)
-#else
-#define KPT_TILE_KEEP(j, partial) (~0ull)
+// The keep bits of kv tile j where they are known before its scores are waited for: a partial
+// tile's stored bits (slot >= 0: kpt_blockmap_bits computed them) or, for masks that read aux
+// data, kpt_tile_keep's; all ones where kpt_apply_tile evaluates the mask itself.
+__device__ __forceinline__ u64 kpt_keep(const kpt_args &A, const kpt_uniform &U, int b, int h,
+                                        int row0, int j, int lane, bool partial, int slot)
+{
+#if KPT_MASK_BITS
+    if (slot >= 0)
+        return kpt_bits_word(A, slot, (row0 % KPT_BM) >> 4, lane);
 #endif
+#if KPT_HAS_BLOCKMAP
+    return kpt_tile_keep(A, U, b, h, row0, j * KPT_BN, lane, partial);
+#else
+    (void)slot;
+    return ~0ull;
+#endif
+}
 
 // One consumer warpgroup's work on one item: its 64 rows of the q tile against the live kv
 // tiles [lo, hi] (`ring`: tiles consumed before this item), O left unnormalised in registers
@@ -439,6 +449,9 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         return 0;
     }
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    // the slot of the next partial tile's keep bits (the item's partial tiles have consecutive
+    // slots), or -1
+    int slot = kpt_bits_base(A, b, h, qt);
     float S[KPT_BN / 8][4], alpha[2] = {1.0f, 1.0f};
     u32 P[KPT_BN / 16][4];
     bool grew = false;
@@ -457,9 +470,10 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_issue_s(S, dq, sK + s * KPT_K_BYTES);
         if (c == 0 || jn <= hi)
             kpt_turn_give(c);
-        const bool partial =
-            kpt_class_of(A, cls, b, h, qt, q0, q1, j) != 2 || (j + 1) * KPT_BN > A.Skv;
-        const u64 keep = KPT_TILE_KEEP(j, partial);
+        const int cj = kpt_class_of(A, cls, b, h, qt, q0, q1, j);
+        const bool partial = cj != 2 || (j + 1) * KPT_BN > A.Skv;
+        const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, cj == 1 ? slot : -1);
+        slot += cj == 1 && slot >= 0;
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
@@ -487,9 +501,10 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_issue_pv(O, P, sV + sp * KPT_V_BYTES);
         if (c == 0 || jn <= hi)
             kpt_turn_give(c);
-        const bool partial =
-            kpt_class_of(A, cls, b, h, qt, q0, q1, j) != 2 || (j + 1) * KPT_BN > A.Skv;
-        const u64 keep = KPT_TILE_KEEP(j, partial);
+        const int cj = kpt_class_of(A, cls, b, h, qt, q0, q1, j);
+        const bool partial = cj != 2 || (j + 1) * KPT_BN > A.Skv;
+        const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, cj == 1 ? slot : -1);
+        slot += cj == 1 && slot >= 0;
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));

@@ -209,6 +209,52 @@ __device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
 }
 #endif
 
+#if KPT_MASK_BITS
+// Partial tiles' keep bits (plan.mask_bits). After the order table, 16-byte aligned: per map row,
+// n_qt int32, the slot of each q tile's first partial tile, its others following in kv order, or
+// -1 (kpt_blockmap_order); then, 256-byte aligned, the slots: 2048 bytes each, per row block of
+// 16 rows (8 of them) the 32 lanes' kpt_tile_keep words. At most KPT_BITS_TILES slots, shared
+// out evenly between map rows; a q tile whose partial tiles do not fit its row's share gets -1
+// and evaluates its mask (KPT_BITS_TILES: KPT_MASK_BITS_TILES in ir/plan.h). Host twin:
+// kpt_kernel_args_map_bytes.
+__device__ __forceinline__ void kpt_bits_geom(const kpt_args &A, i64 &base_at, i64 &bits_at,
+                                              i64 &share)
+{
+    const i64 rows = (A.bm_sh ? A.Hq : 1) * (i64)(A.bm_sb ? A.B : 1);
+    const i64 pairs = (i64)A.n_qt * A.n_kt * rows, order_at = (pairs + 15) & ~(i64)15;
+    base_at = (order_at + 4 * (i64)A.n_qt * rows + 15) & ~(i64)15;
+    bits_at = (base_at + 4 * (i64)A.n_qt * rows + 255) & ~(i64)255;
+    share = min(pairs, (i64)KPT_BITS_TILES) / rows;
+}
+__device__ __forceinline__ int *kpt_bits_bases(const kpt_args &A, int b, int h)
+{
+    i64 base_at, bits_at, share;
+    kpt_bits_geom(A, base_at, bits_at, share);
+    const i64 row = (A.bm_sb ? b : 0) * (i64)(A.bm_sh ? A.Hq : 1) + (A.bm_sh ? h : 0);
+    return (int *)((unsigned char *)A.blockmap + base_at) + row * A.n_qt;
+}
+__device__ __forceinline__ int kpt_bits_base(const kpt_args &A, int b, int h, int qt)
+{
+    return kpt_bits_bases(A, b, h)[qt];
+}
+__device__ __forceinline__ u64 *kpt_bits_slot(const kpt_args &A, int slot)
+{
+    i64 base_at, bits_at, share;
+    kpt_bits_geom(A, base_at, bits_at, share);
+    return (u64 *)((unsigned char *)A.blockmap + bits_at) + (i64)slot * 256;
+}
+// Row block blk's word for this lane (written by an earlier launch: read-only here).
+__device__ __forceinline__ u64 kpt_bits_word(const kpt_args &A, int slot, int blk, int lane)
+{
+    return __ldg(kpt_bits_slot(A, slot) + blk * 32 + lane);
+}
+#else
+__device__ __forceinline__ int kpt_bits_base(const kpt_args &, int, int, int)
+{
+    return -1;
+}
+#endif
+
 // The class of kv tile t for this CTA: from the block map when the pattern needs one, else from
 // interval reasoning on the tile's corners.
 __device__ __forceinline__ int kpt_tile_class(const kpt_args &A, int b, int h, int qt, int q0,
@@ -450,24 +496,53 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
     const unsigned char *map = (const unsigned char *)A.blockmap + (i64)blockIdx.z * A.bm_sb +
                                (i64)blockIdx.y * A.bm_sh;
     int *order = kpt_order_row(A, blockIdx.z, blockIdx.y);
+#if KPT_MASK_BITS
+    __shared__ int parts[KPT_ORDER_MAX]; // partial tiles per q tile
+    int *bases = kpt_bits_bases(A, blockIdx.z, blockIdx.y);
+#endif
     if (n > KPT_ORDER_MAX) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
             order[i] = n - 1 - i;
+#if KPT_MASK_BITS
+            bases[i] = -1;
+#endif
+        }
         return;
     }
     for (int qt = warp; qt < n; qt += 32) {
-        int c = 0;
+        int c = 0, np = 0;
         for (int t = lane; t < A.n_kt; t += 32) {
             const int cls = map[(i64)qt * A.bm_sq + t];
             c += cls == 2 ? 2 : cls == 1 ? 5 : 0;
+            np += cls == 1;
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
+        for (int o = 16; o > 0; o >>= 1) {
             c += __shfl_xor_sync(0xffffffffu, c, o);
+            np += __shfl_xor_sync(0xffffffffu, np, o);
+        }
         if (lane == 0)
             cost[qt] = c + 4;
+#if KPT_MASK_BITS
+        if (lane == 0)
+            parts[qt] = np;
+#endif
     }
     __syncthreads();
+#if KPT_MASK_BITS
+    // each q tile's first slot: its row's share, then the partial tiles of the q tiles before it
+    {
+        i64 base_at, bits_at, share;
+        kpt_bits_geom(A, base_at, bits_at, share);
+        const i64 row = (i64)blockIdx.z * gridDim.y + blockIdx.y;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            i64 before = 0;
+            for (int j = 0; j < i; j++)
+                before += parts[j];
+            bases[i] = before + parts[i] <= share ? (int)(row * share + before) : -1;
+        }
+    }
+#endif
     // rank = the q tiles ahead of i: costlier, or as costly and later (as in the plain order)
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int ci = cost[i];
@@ -475,6 +550,45 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
         for (int j = 0; j < n; j++)
             r += cost[j] > ci || (cost[j] == ci && j > i);
         order[r] = i;
+    }
+}
+#endif
+#if KPT_MASK_BITS
+// The keep bits of partial tiles (plan.mask_bits), after kpt_blockmap_order gave each q tile its
+// first slot. A CTA per q tile and group of 8 kv tiles; warp w computes row block w (16 rows) of
+// each partial tile of its group: the mask's words as kpt_tile_keep makes them, which is what the
+// attention kernel then loads instead. The mask runs once per map row rather than once per head
+// and q tile in the attention kernel, and with 8 warps on each tile.
+extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_args A)
+{
+    __shared__ int s_before;
+    const int groups = (A.n_kt + 7) / 8, qt = blockIdx.x / groups, g = blockIdx.x % groups;
+    const int h = blockIdx.y, b = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int base = kpt_bits_base(A, b, h, qt);
+    if (base < 0)
+        return;
+    const unsigned char *row = (const unsigned char *)A.blockmap + (i64)b * A.bm_sb +
+                               (i64)h * A.bm_sh + (i64)qt * A.bm_sq;
+    // partial tiles of this q tile before the group: their slots come first
+    if (threadIdx.x == 0)
+        s_before = 0;
+    __syncthreads();
+    int before = 0;
+    for (int t = threadIdx.x; t < g * 8; t += blockDim.x)
+        before += row[t] == 1;
+    if (before)
+        atomicAdd(&s_before, before);
+    __syncthreads();
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
+    int slot = base + s_before;
+    for (int t = g * 8; t < min(g * 8 + 8, A.n_kt); t++) {
+        if (row[t] != 1)
+            continue;
+        const u64 keep =
+            kpt_tile_keep(A, U, b, h, qt * KPT_BM + warp * 16, t * KPT_BN, lane, true);
+        kpt_bits_slot(A, slot)[warp * 32 + lane] = keep;
+        slot++;
     }
 }
 #endif
