@@ -56,6 +56,11 @@ if [ -x "$KPTC" ]; then
         done
     done
     echo "bit masks: $(grep -c 'cuda       cuda' "$OUT/bit_masks.log") of 16 checks ran"
+    # the sm_90a forward's stored keep bits, with 64 map rows whose shares of slots run out at
+    # the eleventh q tile (tests/mask_bits.lua): bits and the fallback in one launch
+    "$KPTC" check tests/mask_bits.lua --backend cuda --shape 4,16,16,1500,1531,64 \
+        >"$OUT/mask_bits.log" 2>&1 || { status=1; echo "mask_bits.lua: FAILED"; }
+    tail -1 "$OUT/mask_bits.log"
 fi
 
 # the runtime API end to end: caches, bundles, block maps, threads
