@@ -319,7 +319,7 @@ static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
 {
     const int64_t items = (int64_t)a->n_qt * a->Hq * a->B;
     bool short_items = kpt_forward_short_by_length(&k->plan, a->n_kt);
-    if (!short_items && k->plan.has_mask && !k->plan.has_blockmap && items > k->dev->sm_count) {
+    if (!short_items && k->plan.has_mask && !k->plan.mask_loads && items > k->dev->sm_count) {
         const kpt_pattern *p = k->pattern;
         const uint64_t key = kpt_forward_key(a->Sq, a->Skv, a->Hq, a->scalars, p->num_scalars);
         /* a cache, not part of the kernel's meaning: updated through a const kernel */

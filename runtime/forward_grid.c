@@ -13,7 +13,7 @@
 
 bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt)
 {
-    return n_kt <= (pl->has_blockmap ? KPT_PERSISTENT_MAP_TILES : KPT_PERSISTENT_KV_TILES);
+    return n_kt <= (pl->mask_loads ? KPT_PERSISTENT_MAP_TILES : KPT_PERSISTENT_KV_TILES);
 }
 
 bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
@@ -23,7 +23,7 @@ bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, in
     const int64_t n_qt = (sq + bm - 1) / bm, n_kt = (skv + bn - 1) / bn;
     if (kpt_forward_short_by_length(pl, n_kt))
         return true;
-    if (!p->mask || pl->has_blockmap || n_qt <= 0)
+    if (!p->mask || pl->mask_loads || n_qt <= 0)
         return false;
     const kpt_mask_env env = {.sq = (int32_t)sq, .skv = (int32_t)skv, .hq = (int32_t)hq,
                               .scalars = scalars};

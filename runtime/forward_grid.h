@@ -12,8 +12,10 @@
 #include "ir/plan.h"
 #include "ir/ir_eval.h"
 
-/* The most kv tiles that may hold a kept pair for an item to count as short; with a block map,
- * whose items vary more (a static share of them balances worse), fewer. */
+/* The most kv tiles that may hold a kept pair for an item to count as short; with a block map of
+ * a mask that reads aux data, whose items vary more (a static share of them balances worse),
+ * fewer. (A block map made only for keep bits, plan.mask_bits without aux data, counts as none:
+ * its mask is the host's to analyse.) */
 #define KPT_PERSISTENT_KV_TILES 64
 #define KPT_PERSISTENT_MAP_TILES 32
 
@@ -21,7 +23,7 @@
 bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt);
 
 /* Whether the items of a call are short: by length (kpt_forward_short_by_length), or, for a
- * mask the tiles are classified by interval analysis (no block map), at most
+ * mask that reads no aux data (tiles classified by interval analysis, or keep bits), at most
  * KPT_PERSISTENT_KV_TILES tiles in the live range of sampled q tiles (first, middle, last) for
  * the call's lengths and runtime scalars (by the pattern's scalar index) — sliding windows,
  * chunks and local masks over long sequences. Longer block maps and unmasked patterns are not

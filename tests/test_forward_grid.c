@@ -47,6 +47,11 @@ static void test_short_items(void **state)
     assert_false(items_short("sliding_window(8192)", 16384, 0));
     assert_true(items_short("sliding_window($w=256)", 16384, 7000));
     assert_false(items_short("sliding_window($w=256)", 16384, 9000));
+    /* a block map made only for keep bits (a mask of 8+ nodes without aux data) is no block
+     * map here: its mask's live range decides */
+    assert_true(items_short("chunked(4096)+sliding_window(1024)", 65536, 0));
+    assert_true(items_short("chunked(4096)+sliding_window(1024)", 8192, 0));
+    assert_false(items_short("chunked(16384)+sliding_window(12000)", 16384, 0));
 }
 
 static void test_key(void **state)
