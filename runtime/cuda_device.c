@@ -318,7 +318,7 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
 static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
 {
     const int64_t items = (int64_t)a->n_qt * a->Hq * a->B;
-    bool short_items = kpt_forward_short_by_length(&k->plan, a->n_kt);
+    bool short_items = kpt_forward_short_by_length(a->n_kt);
     if (!short_items && k->plan.has_mask && !k->plan.mask_loads && items > k->dev->sm_count) {
         const kpt_pattern *p = k->pattern;
         const uint64_t key = kpt_forward_key(a->Sq, a->Skv, a->Hq, a->scalars, p->num_scalars);

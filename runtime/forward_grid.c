@@ -11,9 +11,9 @@
 #include "compiler/analyze_mask.h"
 #include "runtime/forward_grid.h"
 
-bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt)
+bool kpt_forward_short_by_length(int64_t n_kt)
 {
-    return n_kt <= (pl->mask_loads ? KPT_PERSISTENT_MAP_TILES : KPT_PERSISTENT_KV_TILES);
+    return n_kt <= KPT_PERSISTENT_KV_TILES;
 }
 
 bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
@@ -21,7 +21,7 @@ bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, in
 {
     const int64_t bm = pl->bm, bn = pl->bn;
     const int64_t n_qt = (sq + bm - 1) / bm, n_kt = (skv + bn - 1) / bn;
-    if (kpt_forward_short_by_length(pl, n_kt))
+    if (kpt_forward_short_by_length(n_kt))
         return true;
     if (!p->mask || pl->mask_loads || n_qt <= 0)
         return false;

@@ -12,15 +12,17 @@
 #include "ir/plan.h"
 #include "ir/ir_eval.h"
 
-/* The most kv tiles that may hold a kept pair for an item to count as short; with a block map of
- * a mask that reads aux data, whose items vary more (a static share of them balances worse),
- * fewer. (A block map made only for keep bits, plan.mask_bits without aux data, counts as none:
- * its mask is the host's to analyse.) */
+/* The most kv tiles that may hold a kept pair for an item to count as short. With a block map of
+ * a mask that reads aux data the kv length alone decides (the host cannot see the map): short
+ * up to the same 64 tiles (8k keys at D = 128; H100, bf16, persistent against one CTA per item
+ * at 8k: twelve documents 303 / 223 TFLOP/s, document 523 / 457, document_logical 511 / 389),
+ * not at 16k, where such items vary too much for a static share (document 397 / 573). A block
+ * map made only for keep bits (plan.mask_bits without aux data) counts as none: its mask is the
+ * host's to analyse. */
 #define KPT_PERSISTENT_KV_TILES 64
-#define KPT_PERSISTENT_MAP_TILES 32
 
 /* Whether the kv length alone makes a call's items short. */
-bool kpt_forward_short_by_length(const kpt_kernel_plan *pl, int64_t n_kt);
+bool kpt_forward_short_by_length(int64_t n_kt);
 
 /* Whether the items of a call are short: by length (kpt_forward_short_by_length), or, for a
  * mask that reads no aux data (tiles classified by interval analysis, or keep bits), at most

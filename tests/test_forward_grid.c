@@ -30,11 +30,11 @@ static bool items_short(const char *text, int64_t s, int32_t w)
 static void test_short_items(void **state)
 {
     (void)state;
-    /* up to 64 kv tiles of 128 keys, 32 with a block map */
+    /* up to 64 kv tiles of 128 keys, with a block map too */
     assert_true(items_short("full", 8192, 0));
     assert_true(items_short("causal", 8192, 0));
-    assert_true(items_short("document", 4096, 0));
-    assert_false(items_short("document", 4097, 0));
+    assert_true(items_short("document", 8192, 0));
+    assert_false(items_short("document", 8193, 0));
     /* past them: long ranges are not short, nor are block maps or unmasked patterns */
     assert_false(items_short("full", 8193, 0));
     assert_false(items_short("causal", 16384, 0));
