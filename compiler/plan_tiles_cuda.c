@@ -186,9 +186,9 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
         pl.q_in_regs = false;
         /* Partial tiles of costly masks read bits the block-map kernels computed once for all
          * heads (kpt_blockmap_bits): natten_morton at 16k evaluated its 60-node mask in 1012
-         * tiles a head, half the kernel's instructions. Only with 128-key tiles, whose bits a
-         * thread holds in one 64-bit word. */
-        pl.mask_bits = pl.has_mask && pl.bn == 128 &&
+         * tiles a head, half the kernel's instructions. A thread's bits of a tile are one
+         * 64-bit word (half of it with the 64-key tiles of head dim 256). */
+        pl.mask_bits = pl.has_mask &&
                        (nodes >= KPT_MASK_BITS_MIN_NODES || pl.has_blockmap);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         /* Two Q buffers where they fit beside the kernel's static shared memory (< 8 KB):
