@@ -79,9 +79,6 @@ int64_t kpt_glsl_combine_loop_iterations(const kpt_kernel_plan *pl, int splits);
 kpt_status kpt_plan_tiles_hip(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                               kpt_kernel_plan *out, kpt_diag *diag);
 
-/* Shared memory a CTA may have on sm_90 (227 KB, static and dynamic together). */
-#define KPT_SM90_SMEM_MAX 232448
-
 /* ---- shared by the planners (plan_mask.c) ---- */
 
 /* Masks of more IR nodes than this are evaluated in a loop in partial tiles (plan.mask_rolled). */

@@ -191,14 +191,8 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
         pl.mask_bits = pl.has_mask &&
                        (nodes >= KPT_MASK_BITS_MIN_NODES || pl.has_blockmap);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
-        /* Two Q buffers where they fit beside the kernel's static shared memory (< 8 KB):
-         * a persistent CTA's next item's Q then loads while this item's is read, so items of
-         * one or two live tiles do not each wait for Q (H100, twelve documents at 1k: see
-         * docs/BENCHMARKS.md). Not at head dim 256 (Q 64 KB). */
-        const size_t kv = (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv);
-        const size_t q = (size_t)pl.bm * (size_t)cfg->dqk;
-        pl.q_slots = 1024 + 2 * (2 * q + kv) + 8192 <= KPT_SM90_SMEM_MAX ? 2 : 1;
-        pl.smem_bytes = 1024 + 2 * ((size_t)pl.q_slots * q + kv);
+        pl.smem_bytes = 1024 + 2 * ((size_t)pl.bm * (size_t)cfg->dqk +
+                                    (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv));
         *out = pl;
         return KPT_OK;
     }

@@ -48,7 +48,6 @@ typedef struct kpt_kernel_plan {
     int warps, mt;     /* warps per CTA; m16 row blocks per warp (bm = warps * mt * 16, but for
                         * wgmma: 128 rows on two consumer warpgroups, plus the producer) */
     int stages;        /* kv tiles in flight (cp.async ring) */
-    int q_slots;       /* sm_90a forward: Q buffers (2: the next item's Q loads during this one) */
     bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
     bool has_mask, has_score;
     bool has_blockmap; /* tiles are classified by a block-map kernel: the mask reads aux tensors,

@@ -272,9 +272,8 @@ static void test_plan_paged(void **state)
     kpt_pattern_destroy(&p);
 }
 
-/* The sm_90a forward's plans: Q's buffers, and which store partial tiles' keep bits
- * (plan.mask_bits: masks of 8 nodes or more, or that read aux data), and the block map's bytes
- * then: classes, the order table, each q tile's first slot, and min(pairs, KPT_MASK_BITS_TILES)
+/* The sm_90a forward's plans: which store partial tiles' keep bits (plan.mask_bits: masks of 8
+ * nodes or more, or that read aux data), and the block map's bytes then: classes, the order table, each q tile's first slot, and min(pairs, KPT_MASK_BITS_TILES)
  * slots of 2048 bytes shared out evenly between the map rows (kpt_bits_geom in
  * templates/cuda/common.cu). */
 static void test_plan_sm90_forward(void **state)
@@ -306,17 +305,6 @@ static void test_plan_sm90_forward(void **state)
         c.kind = KPT_KERNEL_BACKWARD, c.wgmma = true, c.dqk = c.dv = 128;
         assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
         assert_false(plan.mask_bits);
-        kpt_pattern_destroy(&p);
-    }
-    /* Q's buffers: two where they fit beside the static shared memory, one at head dim 256 */
-    for (int dim = 64; dim <= 256; dim *= 2) {
-        kpt_pattern *p = NULL;
-        assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
-        kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16, .dqk = dim,
-                               .dv = dim, .sm = 90, .wgmma = true};
-        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
-        assert_int_equal(plan.q_slots, dim == 256 ? 1 : 2);
-        assert_true(plan.smem_bytes + 8192 <= KPT_SM90_SMEM_MAX);
         kpt_pattern_destroy(&p);
     }
     /* a long mask that reads no aux data: bits, and a block map for them alone */

@@ -60,25 +60,17 @@ static_assert(sizeof(kpt_tma) == 448, "kpt_tma layout");
 #define KPT_PINGPONG 1
 #endif
 
-// Q's buffers (plan.q_slots): with two, the producer loads a persistent CTA's next item's Q while
-// the consumers still read this item's, so items of one or two live tiles (short documents,
-// sparse masks) do not wait for Q each; one where two do not fit (head dim 256).
-#ifndef KPT_Q_SLOTS
-#define KPT_Q_SLOTS 1
-#endif
-#define KPT_Q_BYTES (KPT_BM * KPT_DQK * 2)
-// The mbarriers, in static shared memory: per Q slot full and empty; per stage K full, V full,
-// K empty, V empty; then, for masked patterns, the two slots of a work item's live tiles (full,
-// empty).
-#define KPT_BAR_Q(q) (q)
-#define KPT_BAR_QE(q) (KPT_Q_SLOTS + (q))
-#define KPT_BAR_KF(s) (2 * KPT_Q_SLOTS + (s))
-#define KPT_BAR_VF(s) (2 * KPT_Q_SLOTS + KPT_STAGES + (s))
-#define KPT_BAR_KE(s) (2 * KPT_Q_SLOTS + 2 * KPT_STAGES + (s))
-#define KPT_BAR_VE(s) (2 * KPT_Q_SLOTS + 3 * KPT_STAGES + (s))
-#define KPT_BAR_IF(s) (2 * KPT_Q_SLOTS + 4 * KPT_STAGES + (s))
-#define KPT_BAR_IE(s) (2 * KPT_Q_SLOTS + 2 + 4 * KPT_STAGES + (s))
-#define KPT_NBARS (2 * KPT_Q_SLOTS + 4 + 4 * KPT_STAGES)
+// The mbarriers, in static shared memory: Q full and empty; per stage K full, V full, K empty,
+// V empty; then, for masked patterns, the two slots of a work item's live tiles (full, empty).
+#define KPT_BAR_Q 0
+#define KPT_BAR_QE 1
+#define KPT_BAR_KF(s) (2 + (s))
+#define KPT_BAR_VF(s) (2 + KPT_STAGES + (s))
+#define KPT_BAR_KE(s) (2 + 2 * KPT_STAGES + (s))
+#define KPT_BAR_VE(s) (2 + 3 * KPT_STAGES + (s))
+#define KPT_BAR_IF(s) (2 + 4 * KPT_STAGES + (s))
+#define KPT_BAR_IE(s) (4 + 4 * KPT_STAGES + (s))
+#define KPT_NBARS (6 + 4 * KPT_STAGES)
 #define KPT_CONSUMERS 256 // threads of the two consumer warpgroups
 #define KPT_K_BYTES (KPT_BN * KPT_DQK * 2)
 #define KPT_V_BYTES (KPT_BN * KPT_DV * 2)
@@ -162,8 +154,8 @@ __device__ __forceinline__ void kpt_classify_warp(const kpt_args &A, int b, int 
 }
 #endif
 
-// One thread's loads of a work item: Q once the consumers are done with what its slot held
-// (item n - KPT_Q_SLOTS), then K and V of every live tile into the ring (`ring`: tiles loaded before this item), each
+// One thread's loads of a work item: Q once the consumers are done with the previous item's,
+// then K and V of every live tile into the ring (`ring`: tiles loaded before this item), each
 // stage refilled once the consumers have handed it back. Returns the number of tiles loaded.
 __device__ __forceinline__ u32 kpt_produce(const kpt_args &A, const kpt_tma &T,
                                            const unsigned char *cls, u32 bar, u32 sQ, u32 sK,
@@ -171,12 +163,10 @@ __device__ __forceinline__ u32 kpt_produce(const kpt_args &A, const kpt_tma &T,
                                            int hi)
 {
     const int hk = h / A.group, q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
-    const int qs = n % KPT_Q_SLOTS, use = n / KPT_Q_SLOTS;
-    if (use > 0)
-        kpt_mbar_wait(bar + 8 * KPT_BAR_QE(qs), (use & 1) ^ 1);
-    kpt_mbar_expect_tx(bar + 8 * KPT_BAR_Q(qs), KPT_Q_BYTES);
-    kpt_tma_tile<KPT_BM, KPT_DQK>(sQ + qs * KPT_Q_BYTES, &T.q, q0, h * T.hq, b * T.bq,
-                                  bar + 8 * KPT_BAR_Q(qs));
+    if (n > 0)
+        kpt_mbar_wait(bar + 8 * KPT_BAR_QE, (n & 1) ^ 1);
+    kpt_mbar_expect_tx(bar + 8 * KPT_BAR_Q, KPT_BM * KPT_DQK * 2);
+    kpt_tma_tile<KPT_BM, KPT_DQK>(sQ, &T.q, q0, h * T.hq, b * T.bq, bar + 8 * KPT_BAR_Q);
     u32 i = ring; // unsigned: the stage and parity are a mask and a shift
     for (int j = lo; j <= hi; j = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi), i++) {
         const u32 s = i % KPT_STAGES;
@@ -271,19 +261,6 @@ __device__ __forceinline__ kpt_qdesc kpt_q_descs(u32 qa)
         q.d[kk] = kpt_sw128_desc(qa + (kk >> 2) * KPT_BM * 128 + (kk & 3) * 32, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < KPT_DQK / 16; kk++) // kept as computed: not remade in the loop
-        asm volatile("" : "+l"(q.d[kk]));
-    return q;
-}
-// The same descriptors for Q slot qs: its address, in 16-byte units, added to the address field
-// (which does not carry: shared addresses stay below 256 KB).
-__device__ __forceinline__ kpt_qdesc kpt_q_slot(const kpt_qdesc &dq, int qs)
-{
-    kpt_qdesc q;
-#pragma unroll
-    for (int kk = 0; kk < KPT_DQK / 16; kk++)
-        q.d[kk] = dq.d[kk] + (u64)(qs * (KPT_Q_BYTES >> 4));
-#pragma unroll
-    for (int kk = 0; kk < KPT_DQK / 16; kk++)
         asm volatile("" : "+l"(q.d[kk]));
     return q;
 }
@@ -462,19 +439,18 @@ __device__ __forceinline__ u64 kpt_keep(const kpt_args &A, const kpt_uniform &U,
 
 // One consumer warpgroup's work on one item: its 64 rows of the q tile against the live kv
 // tiles [lo, hi] (`ring`: tiles consumed before this item), O left unnormalised in registers
-// with its row maxima and sums. Hands Q's slot back (bar_qe) as soon as its last product S is
+// with its row maxima and sums. Hands Q back (KPT_BAR_QE) as soon as its last product S is
 // done, so the producer loads the next item's Q during this item's last tile and epilogue.
 // Returns the number of tiles consumed.
 __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform &U,
                                            const unsigned char *cls, u32 bar,
-                                           const kpt_qdesc &dq, u32 bar_qe, u32 sK, u32 sV, int c,
-                                           u32 ring,
+                                           const kpt_qdesc &dq, u32 sK, u32 sV, int c, u32 ring,
                                            int b, int h, int qt, int row0, int lane, int lo,
                                            int hi, float sc, float (&O)[KPT_DV / 8][4],
                                            float (&m)[2], float (&l)[2])
 {
     if (lo > hi) {
-        kpt_mbar_arrive(bar_qe);
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
         return 0;
     }
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
@@ -507,7 +483,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
         if (jn > hi)
-            kpt_mbar_arrive(bar_qe);
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
         kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
         grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
         kpt_softmax_exp(S, m, l, sc);
@@ -538,7 +514,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
         if (jn > hi)
-            kpt_mbar_arrive(bar_qe);
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
         kpt_apply_tile(A, U, S, b, h, row0, j * KPT_BN, lane, partial, keep);
         grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
         kpt_softmax_exp(S, m, l, sc);
@@ -572,16 +548,14 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
     // swizzle atoms repeat every 1024 bytes: the tiles start 1024-byte aligned (the plan adds
     // the slack)
     const u32 sQ = (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u;
-    const u32 sK = sQ + KPT_Q_SLOTS * KPT_Q_BYTES;
+    const u32 sK = sQ + KPT_BM * KPT_DQK * 2;
     const u32 sV = sK + KPT_STAGES * KPT_K_BYTES;
     const u32 bar = kpt_smem_addr(s_bar);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     if (tid == 0) {
-        for (int q = 0; q < KPT_Q_SLOTS; q++) {
-            kpt_mbar_init(bar + 8 * KPT_BAR_Q(q), 1);
-            kpt_mbar_init(bar + 8 * KPT_BAR_QE(q), KPT_CONSUMERS);
-        }
+        kpt_mbar_init(bar + 8 * KPT_BAR_Q, 1);
+        kpt_mbar_init(bar + 8 * KPT_BAR_QE, KPT_CONSUMERS);
         for (int s = 0; s < KPT_STAGES; s++) {
             kpt_mbar_init(bar + 8 * KPT_BAR_KF(s), 1);
             kpt_mbar_init(bar + 8 * KPT_BAR_VF(s), 1);
@@ -642,14 +616,13 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         m[0] = m[1] = KPT_NINF;
         l[0] = l[1] = 0.0f;
 
-        const int qs = n % KPT_Q_SLOTS;
-        kpt_mbar_wait(bar + 8 * KPT_BAR_Q(qs), (n / KPT_Q_SLOTS) & 1);
+        kpt_mbar_wait(bar + 8 * KPT_BAR_Q, n & 1);
 #if !KPT_HAS_SCORE
         // as in the sm_80 kernel: the scale folds into the exponent; a negative one negates
         // this warpgroup's rows of Q (fenced for the async proxy, then published to the
         // warpgroup)
         if (A.scale_log2 < 0.0f && lo <= hi) {
-            u32 *q = (u32 *)(kpt_smem + (sQ + qs * KPT_Q_BYTES - kpt_smem_addr(kpt_smem)));
+            u32 *q = (u32 *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
 #pragma unroll 1
             for (int blk = 0; blk < KPT_DQK / 64; blk++)
                 for (int x = tid - 128 - c * 128; x < 64 * 32; x += 128)
@@ -661,9 +634,8 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 #else
         const float sc = KPT_LOG2E;
 #endif
-        ring += kpt_consume(A, U, cls, bar, KPT_Q_SLOTS > 1 ? kpt_q_slot(dq, qs) : dq,
-                            bar + 8 * KPT_BAR_QE(qs), sK, sV, c, ring, b, h, qt, row0, lane, lo,
-                            hi, sc, O, m, l);
+        ring += kpt_consume(A, U, cls, bar, dq, sK, sV, c, ring, b, h, qt, row0, lane, lo, hi, sc,
+                            O, m, l);
 #if KPT_HAS_MASK
         kpt_mbar_arrive(bar + 8 * KPT_BAR_IE(n & 1));
 #endif
