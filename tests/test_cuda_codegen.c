@@ -273,9 +273,9 @@ static void test_plan_paged(void **state)
 }
 
 /* The sm_90a forward's plans: which store partial tiles' keep bits (plan.mask_bits: masks of 8
- * nodes or more, or that read aux data), and the block map's bytes then: classes, the order table, each q tile's first slot, and min(pairs, KPT_MASK_BITS_TILES)
- * slots of 2048 bytes shared out evenly between the map rows (kpt_bits_geom in
- * templates/cuda/common.cu). */
+ * nodes or more, or that read aux data), and the block map's bytes then: classes, the order
+ * table, each q tile's first slot, and min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes
+ * shared out evenly between the map rows (kpt_bits_geom in templates/cuda/common.cu). */
 static void test_plan_sm90_forward(void **state)
 {
     (void)state;

@@ -313,11 +313,11 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
 // Which pairs of a partial tile the mask keeps, one bit per score of this thread (bit n * 4 + e
 // for S[n][e]; rows row0 + lane / 4 (+ 8), keys from k0), without touching S; keys past Skv are
 // dropped. The block-map kernels store these words as a tile's keep bits (kpt_blockmap_bits).
-// For masks that read aux data it is computed before the scores are waited for, so the loads' latency hides behind
-// the product, in a loop unrolled only in part, so the loads' registers stay few while S, O and
-// P hold most of them. A large mask (rolled, KPT_MASK_ROLLED) is evaluated here in a loop not
-// unrolled at all: indexing S in such a loop would put the wgmma accumulators in local memory,
-// and ptxas then serialises the warpgroup MMAs.
+// For masks that read aux data it is computed before the scores are waited for, so the loads'
+// latency hides behind the product, in a loop unrolled only in part, so the loads' registers
+// stay few while S, O and P hold most of them. A large mask (rolled, KPT_MASK_ROLLED) is
+// evaluated here in a loop not unrolled at all: indexing S in such a loop would put the wgmma
+// accumulators in local memory, and ptxas then serialises the warpgroup MMAs.
 __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_uniform &U, int b,
                                              int h, int row0, int k0, int lane, bool partial)
 {
