@@ -38,8 +38,9 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
     kpt_sb_printf(sb, "#define KPT_MASK_AUX %d\n#define KPT_MASK_BITS %d\n", pl->mask_loads,
                   pl->mask_bits);
-    if (pl->mask_bits)
-        kpt_sb_printf(sb, "#define KPT_BITS_TILES %d\n", KPT_MASK_BITS_TILES);
+    if (pl->mask_bits) /* the backward's bits are kpt_bwd_dkdv's, keys as rows */
+        kpt_sb_printf(sb, "#define KPT_BITS_TILES %d\n#define KPT_BITS_KEY_ROWS %d\n",
+                      KPT_MASK_BITS_TILES, pl->cfg.kind == KPT_KERNEL_BACKWARD);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
     if (pl->cfg.kind == KPT_KERNEL_BACKWARD) /* the sm_90a kernels' shape, as the runtime's */
         kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d",

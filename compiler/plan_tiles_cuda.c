@@ -27,6 +27,16 @@ static bool wgmma_dim(int d)
     return d == 64 || d == 128 || d == 256;
 }
 
+/* Whether an sm_90a kernel stores partial tiles' keep bits (plan.mask_bits): for masks that read
+ * aux data (which have a block map anyway) or have KPT_MASK_BITS_MIN_NODES nodes. *nodes: the
+ * mask's. */
+static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t *nodes)
+{
+    bool loads = false;
+    *nodes = pl->has_mask ? kpt_plan_cone_size(&p->g, p->mask, &loads) : 0;
+    return pl->has_mask && (*nodes >= KPT_MASK_BITS_MIN_NODES || pl->has_blockmap);
+}
+
 /* The backward kernels (templates/cuda/attention_bwd.cu): 64 x 64 tiles, four warps of 16 rows
  * (keys in kpt_bwd_dkdv, queries in kpt_bwd_dq), one stage. dK and dV (or dQ) accumulate in
  * registers, dqk / 2 + dv / 2 a thread, so head dims stop at 128: at 256 they alone would take
@@ -67,6 +77,12 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
      * where the score has aux gradients */
     size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
     if (pl.cfg.wgmma) {
+        /* Partial tiles read keep bits in kpt_bwd_dkdv's layout (keys as rows; a kv tile's
+         * partial tiles take consecutive slots, in the order its producer walks them); the
+         * deterministic mode's kpt_bwd_dq still evaluates its masks. */
+        uint32_t nodes;
+        pl.mask_bits = mask_bits(p, &pl, &nodes);
+        pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         /* kpt_bwd_dkdv: K and V, the stages of Q and dO and their row vectors (LSE and
          * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each) */
         size_t steps = (size_t)pl.stages * KPT_BWD_STEP_ROWS;
@@ -176,8 +192,8 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
          * ready, and unrolled, the loads of a row's or a key's value are shared across the
          * tile instead of repeated per score (H100, bf16, D = 128, 16k: document 381 TFLOP/s
          * against 127 rolled). */
-        bool loads = false;
-        uint32_t nodes = pl.has_mask ? kpt_plan_cone_size(&p->g, p->mask, &loads) : 0;
+        uint32_t nodes;
+        pl.mask_bits = mask_bits(p, &pl, &nodes);
         pl.mask_rolled = nodes > KPT_MASK_UNROLL_MAX_NODES;
         pl.warps = 12;
         pl.mt = 1;
@@ -188,8 +204,6 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
          * heads (kpt_blockmap_bits): natten_morton at 16k evaluated its 60-node mask in 1012
          * tiles a head, half the kernel's instructions. A thread's bits of a tile are one
          * 64-bit word (half of it with the 64-key tiles of head dim 256). */
-        pl.mask_bits = pl.has_mask &&
-                       (nodes >= KPT_MASK_BITS_MIN_NODES || pl.has_blockmap);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         pl.smem_bytes = 1024 + 2 * ((size_t)pl.bm * (size_t)cfg->dqk +
                                     (size_t)pl.stages * pl.bn * (size_t)(cfg->dqk + cfg->dv));

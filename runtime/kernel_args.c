@@ -169,6 +169,11 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
     return st ? st : pack_bound(p, pl, backend, a, &bind, out, diag);
 }
 
+int32_t kpt_kernel_bits_lines(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
+{
+    return pl->cfg.kind == KPT_KERNEL_BACKWARD ? a->n_kt : a->n_qt;
+}
+
 size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
 {
     if (!pl->has_blockmap)
@@ -179,12 +184,12 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
      * (kpt_order_row in templates/cuda/common.cu) */
     if (pl->cfg.wgmma)
         bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_qt * rows;
-    /* keep bits (kpt_bits_geom in templates/cuda/common.cu): each q tile's first slot, then
+    /* keep bits (kpt_bits_geom in templates/cuda/common.cu): each line's first slot, then
      * min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes shared out evenly between the map rows */
     if (pl->mask_bits) {
         size_t pairs = (size_t)a->n_qt * (size_t)a->n_kt * rows;
         size_t slots = pairs < KPT_MASK_BITS_TILES ? pairs : KPT_MASK_BITS_TILES;
-        bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_qt * rows;
+        bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)kpt_kernel_bits_lines(pl, a) * rows;
         bytes = ((bytes + 255) & ~(size_t)255) + slots / rows * rows * 2048;
     }
     return bytes;

@@ -272,11 +272,12 @@ static void test_plan_paged(void **state)
     kpt_pattern_destroy(&p);
 }
 
-/* The sm_90a forward's plans: which store partial tiles' keep bits (plan.mask_bits: masks of 8
- * nodes or more, or that read aux data), and the block map's bytes then: classes, the order
- * table, each q tile's first slot, and min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes
- * shared out evenly between the map rows (kpt_bits_geom in templates/cuda/common.cu). */
-static void test_plan_sm90_forward(void **state)
+/* The sm_90a plans: which store partial tiles' keep bits (plan.mask_bits: masks of 8 nodes or
+ * more, or that read aux data; forward and backward alike), and the block map's bytes then:
+ * classes, the order table, each line's first slot (a line is a q tile in the forward, a kv
+ * tile in the backward), and min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes shared out
+ * evenly between the map rows (kpt_bits_geom in templates/cuda/common.cu). */
+static void test_plan_sm90_mask_bits(void **state)
 {
     (void)state;
     static const struct {
@@ -304,6 +305,10 @@ static void test_plan_sm90_forward(void **state)
         assert_false(plan.mask_bits);
         c.kind = KPT_KERNEL_BACKWARD, c.wgmma = true, c.dqk = c.dv = 128;
         assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        assert_int_equal(plan.mask_bits, cases[i].bits);
+        assert_true(!plan.mask_bits || plan.has_blockmap);
+        c.wgmma = false; /* the sm_80 backward evaluates its masks */
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
         assert_false(plan.mask_bits);
         kpt_pattern_destroy(&p);
     }
@@ -317,6 +322,9 @@ static void test_plan_sm90_forward(void **state)
                                .dv = 128, .sm = 90, .wgmma = true};
         assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
         assert_true(plan.mask_bits && plan.has_blockmap && !plan.bm_per_h && !plan.bm_per_b);
+        c.kind = KPT_KERNEL_BACKWARD;
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+        assert_true(plan.mask_bits && plan.has_blockmap);
         kpt_pattern_destroy(&p);
     }
     /* document: one map row per batch row */
@@ -333,6 +341,12 @@ static void test_plan_sm90_forward(void **state)
     const size_t head = ((((size_t)11200 + 15) & ~(size_t)15) + 4 * 280 + 15) & ~(size_t)15;
     assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a),
                      ((head + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2048);
+    /* the backward's lines are kv tiles: 5 x 7 tiles, 3 rows: bases 84 -> 176 + 84 -> 512 */
+    c.kind = KPT_KERNEL_BACKWARD;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+    a.B = 3, a.n_qt = 5, a.n_kt = 7;
+    assert_int_equal(kpt_kernel_bits_lines(&plan, &a), 7);
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 512 + 105 * 2048);
     kpt_pattern_destroy(&p);
 }
 
@@ -713,7 +727,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
         cmocka_unit_test(test_plan_backward), cmocka_unit_test(test_plan_paged),
-        cmocka_unit_test(test_plan_sm90_forward),
+        cmocka_unit_test(test_plan_sm90_mask_bits),
         cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),
     };

@@ -78,10 +78,25 @@ __device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[
 // (kpt_bwd_dq_add). The order of the additions varies run to run.
 
 // A step of kpt_bwd_dkdv: 64 queries (q0 on) of head h. Steps go head by head, q tile by q tile,
-// half by half, skipping the q tiles whose class is 0.
+// half by half, skipping the q tiles whose class is 0. tile: 2 full, 1 partial, 3 + s partial
+// with its keep bits stored in slot s (plan.mask_bits).
 struct kpt_bwd_step {
-    int h, qt, half, cls;
+    int h, qt, half, tile;
 };
+
+#if KPT_MASK_BITS
+// The stored keep bits of partial tile (qt, kt) for kpt_blockmap_bits, in kpt_bwd_dkdv's layout
+// (S^T, keys as rows): row block blk of the kv tile, the bits of kpt_bwd_keep for each 64-query
+// half of the q tile, the first in the low half of the word.
+static_assert(KPT_BM == 2 * KPT_BWD_SUB, "a q tile is two steps");
+__device__ __forceinline__ u64 kpt_tile_bits(const kpt_args &A, const kpt_uniform &U, int b,
+                                             int h, int qt, int kt, int blk, int lane)
+{
+    const int krow = kt * KPT_BN + blk * 16, q0 = qt * KPT_BM;
+    return (u64)kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, lane) |
+           (u64)kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, h, krow, q0 + KPT_BWD_SUB, lane) << 32;
+}
+#endif
 
 // The producer warp's walk over the q tiles: its lanes classify 32 q tiles of a head at once (one
 // each) and the steps go through the live ones. (Walked one tile at a time, a class a step, a CTA
@@ -89,7 +104,9 @@ struct kpt_bwd_step {
 // before its first step: a sliding window's kv tile skips every q tile before its window.)
 struct kpt_bwd_walk {
     int h, base;    // the head and the first q tile of the chunk
-    u32 live, full; // bit i: q tile base + i is live, full
+    u32 live, full; // bit i: q tile base + i is live, full (live bits are cleared as walked)
+    u32 part;       // bit i: q tile base + i is partial
+    int slot;       // the stored keep bits of the chunk's first partial tile, or -1
 };
 
 // The classes of q tiles base .. base + 31 of head w.h against kv tile kt.
@@ -107,6 +124,7 @@ __device__ __forceinline__ void kpt_bwd_chunk(const kpt_args &A, int b, int kt, 
     (void)b, (void)kt;
     w.live = w.full = __ballot_sync(0xffffffffu, qt < A.n_qt);
 #endif
+    w.part = w.live & ~w.full;
 }
 
 // The step after s (s.h < 0: the first; s.h past the group's last head: none is left). The
@@ -124,17 +142,34 @@ __device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, i
     }
     while (w.live == 0) {
         w.base += 32;
+        w.slot += w.slot >= 0 ? __popc(w.part) : 0;
         if (w.base >= A.n_qt) {
             w.base = 0;
             if (++w.h >= (hk + 1) * A.group) {
                 s.h = w.h;
                 return;
             }
+            w.slot = kpt_bits_base(A, b, w.h, kt);
         }
         kpt_bwd_chunk(A, b, kt, w, lane);
     }
     const int i = __ffs(w.live) - 1;
-    s = {w.h, w.base + i, 0, (w.full >> i) & 1 ? 2 : 1};
+    const int slot = w.slot >= 0 ? w.slot + __popc(w.part & ((1u << i) - 1)) : -1;
+    s = {w.h, w.base + i, 0, (w.full >> i) & 1 ? 2 : slot >= 0 ? 3 + slot : 1};
+}
+
+// Which pairs of this thread's 16 x 64 block of S^T (keys krow on, queries q0 on) step s keeps:
+// the stored bits of a partial tile that has them, else kpt_bwd_keep's (all where nothing is
+// dropped: a full tile inside both lengths).
+__device__ __forceinline__ u32 kpt_bwd_step_keep(const kpt_args &A, const kpt_uniform &U,
+                                                 const int4 &s, int b, int krow, int q0,
+                                                 bool partial, int lane)
+{
+#if KPT_MASK_BITS
+    if (s.w >= 3)
+        return (u32)(kpt_bits_word(A, s.w - 3, (krow % KPT_BN) >> 4, lane) >> (32 * s.z));
+#endif
+    return partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, s.x, krow, q0, lane) : ~0u;
 }
 
 // This warp's 16 x 64 block of dS^T (A fragments, rows r0 on in the CTA's tile) into the swizzled
@@ -253,7 +288,7 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
         kpt_tma_tile<KPT_BN, KPT_DV>(sV, &T.v, k0, hk * T.hv, b * T.bv, bar + 8 * KPT_BB_KV);
     }
     const int h_end = (hk + 1) * A.group;
-    kpt_bwd_walk w = {hk * A.group, 0, 0, 0};
+    kpt_bwd_walk w = {hk * A.group, 0, 0, 0, 0, kpt_bits_base(A, b, hk * A.group, kt)};
     kpt_bwd_chunk(A, b, kt, w, lane);
     kpt_bwd_step s = {-1, 0, 0, 0}; // before the first step
     kpt_bwd_next(A, b, hk, kt, w, s, lane);
@@ -275,7 +310,7 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
             rv[KPT_BWD_SUB + r + lane] = kpt_delta(A, G, b, s.h, q0 + r + lane);
         }
         if (lane == 0) {
-            s_step[st] = make_int4(s.h, s.qt, s.half, s.cls);
+            s_step[st] = make_int4(s.h, s.qt, s.half, s.tile);
             const u32 t = sQ + st * KPT_BWD_STAGE;
             kpt_mbar_expect_tx(f, KPT_BWD_STAGE);
             kpt_tma_tile<KPT_BWD_SUB, KPT_DQK>(t, &T.q, q0, s.h * T.hq, b * T.bq, f);
@@ -341,7 +376,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
     for (u32 i = 0;; i++) {
         const u32 st = i % KPT_STAGES;
         kpt_mbar_wait(bar + 8 * KPT_BB_F(st), (i / KPT_STAGES) & 1);
-        const int4 s = s_step[st]; // h, q tile, half, class
+        const int4 s = s_step[st]; // kpt_bwd_step
         if (s.x < 0)
             break;
         if (s.x != uh) {
@@ -360,7 +395,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         kpt_bwd_ss<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, wV, tO);
         kpt_wgmma_commit();
         const bool partial = s.w != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq;
-        const u32 keep = partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, lane) : ~0u;
+        const u32 keep = kpt_bwd_step_keep(A, U, s, b, krow, q0, partial, lane);
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&S[0][0]);
         float D[8][4]; // d s'/d s (with a score mod)

@@ -374,6 +374,15 @@ __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_unifor
 }
 #endif
 
+#if KPT_MASK_BITS
+// The stored keep bits of partial tile (qt, kt) (kpt_blockmap_bits): row block blk's words.
+__device__ __forceinline__ u64 kpt_tile_bits(const kpt_args &A, const kpt_uniform &U, int b,
+                                             int h, int qt, int kt, int blk, int lane)
+{
+    return kpt_tile_keep(A, U, b, h, qt * KPT_BM + blk * 16, kt * KPT_BN, lane, true);
+}
+#endif
+
 // Score mods, then masks on one tile of scores: thread rows row0 + lane / 4 (+ 8), keys from
 // k0. A mask that reads aux data comes as the bits of kpt_tile_keep, others are evaluated here.
 __device__ __forceinline__ void kpt_apply_tile(const kpt_args &A, const kpt_uniform &U,

@@ -197,45 +197,70 @@ __device__ __forceinline__ void kpt_load_tile(u32 dst, const u16 *src, i64 strid
 }
 
 #if KPT_HAS_BLOCKMAP && KPT_WGMMA
-// The order table follows the block map in the same buffer, 16-byte aligned: per map row
-// (batch row, head), n_qt q tile indices. Host twin: kpt_kernel_args_map_bytes.
+// A block map has a row (of n_qt x n_kt classes) for each batch row and head the mask depends
+// on; kpt_map_row is the row of (b, h).
+__device__ __forceinline__ i64 kpt_map_rows(const kpt_args &A)
+{
+    return (i64)(A.bm_sh ? A.Hq : 1) * (A.bm_sb ? A.B : 1);
+}
+__device__ __forceinline__ i64 kpt_map_row(const kpt_args &A, int b, int h)
+{
+    return (A.bm_sb ? (i64)b : 0) * (A.bm_sh ? A.Hq : 1) + (A.bm_sh ? h : 0);
+}
+// The order table follows the block map in the same buffer, 16-byte aligned: per map row, n_qt q
+// tile indices. Host twin: kpt_kernel_args_map_bytes.
 __device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
 {
-    const i64 rows_h = A.bm_sh ? A.Hq : 1, rows = rows_h * (A.bm_sb ? A.B : 1);
-    const i64 map_bytes = (i64)A.n_qt * A.n_kt * rows;
+    const i64 map_bytes = (i64)A.n_qt * A.n_kt * kpt_map_rows(A);
     int *table = (int *)((unsigned char *)A.blockmap + ((map_bytes + 15) & ~(i64)15));
-    const i64 row = (A.bm_sb ? b : 0) * rows_h + (A.bm_sh ? h : 0);
-    return table + row * A.n_qt;
+    return table + kpt_map_row(A, b, h) * A.n_qt;
 }
 #endif
 
 #if KPT_MASK_BITS
-// Partial tiles' keep bits (plan.mask_bits). After the order table, 16-byte aligned: per map row,
-// n_qt int32, the slot of each q tile's first partial tile, its others following in kv order, or
-// -1 (kpt_blockmap_order); then, 256-byte aligned, the slots: 2048 bytes each, per row block of
-// 16 rows (8 of them) the 32 lanes' kpt_tile_keep words. At most KPT_BITS_TILES slots, shared
-// out evenly between map rows; a q tile whose partial tiles do not fit its row's share gets -1
-// and evaluates its mask (KPT_BITS_TILES: KPT_MASK_BITS_TILES in ir/plan.h). Host twin:
-// kpt_kernel_args_map_bytes.
+// Partial tiles' keep bits (plan.mask_bits). The partial tiles of a "line" take consecutive
+// slots, in the order the kernel walks the line: a q tile's kv tiles in the forward, whose
+// consumers walk them; a kv tile's q tiles in the backward (KPT_BITS_KEY_ROWS), whose
+// kpt_bwd_dkdv walks them. After the order table, 16-byte aligned: per map row and line, an
+// int32, the slot of the line's first partial tile or -1 (kpt_blockmap_order); then, 256-byte
+// aligned, the slots: 2048 bytes each, per row block of 16 rows (8 of them: query rows in the
+// forward, key rows in the backward) the 32 lanes' words, as kpt_tile_bits makes them. At most
+// KPT_BITS_TILES slots, shared out evenly between map rows; a line whose partial tiles do not
+// fit its row's share gets -1 and evaluates its mask (KPT_BITS_TILES: KPT_MASK_BITS_TILES in
+// ir/plan.h). Host twin: kpt_kernel_args_map_bytes.
+__device__ __forceinline__ int kpt_bits_lines(const kpt_args &A)
+{
+    return KPT_BITS_KEY_ROWS ? A.n_kt : A.n_qt;
+}
+__device__ __forceinline__ int kpt_bits_cross(const kpt_args &A) // tiles along a line
+{
+    return KPT_BITS_KEY_ROWS ? A.n_qt : A.n_kt;
+}
+// The class of tile x of line l, in a map row.
+__device__ __forceinline__ int kpt_bits_class(const kpt_args &A, const unsigned char *row, int l,
+                                              int x)
+{
+    return KPT_BITS_KEY_ROWS ? row[(i64)x * A.bm_sq + l] : row[(i64)l * A.bm_sq + x];
+}
 __device__ __forceinline__ void kpt_bits_geom(const kpt_args &A, i64 &base_at, i64 &bits_at,
                                               i64 &share)
 {
-    const i64 rows = (A.bm_sh ? A.Hq : 1) * (i64)(A.bm_sb ? A.B : 1);
+    const i64 rows = kpt_map_rows(A);
     const i64 pairs = (i64)A.n_qt * A.n_kt * rows, order_at = (pairs + 15) & ~(i64)15;
     base_at = (order_at + 4 * (i64)A.n_qt * rows + 15) & ~(i64)15;
-    bits_at = (base_at + 4 * (i64)A.n_qt * rows + 255) & ~(i64)255;
+    bits_at = (base_at + 4 * (i64)kpt_bits_lines(A) * rows + 255) & ~(i64)255;
     share = min(pairs, (i64)KPT_BITS_TILES) / rows;
 }
 __device__ __forceinline__ int *kpt_bits_bases(const kpt_args &A, int b, int h)
 {
     i64 base_at, bits_at, share;
     kpt_bits_geom(A, base_at, bits_at, share);
-    const i64 row = (A.bm_sb ? b : 0) * (i64)(A.bm_sh ? A.Hq : 1) + (A.bm_sh ? h : 0);
-    return (int *)((unsigned char *)A.blockmap + base_at) + row * A.n_qt;
+    return (int *)((unsigned char *)A.blockmap + base_at) + kpt_map_row(A, b, h) * kpt_bits_lines(A);
 }
-__device__ __forceinline__ int kpt_bits_base(const kpt_args &A, int b, int h, int qt)
+// The slot of line l's first partial tile, or -1.
+__device__ __forceinline__ int kpt_bits_base(const kpt_args &A, int b, int h, int l)
 {
-    return kpt_bits_bases(A, b, h)[qt];
+    return kpt_bits_bases(A, b, h)[l];
 }
 __device__ __forceinline__ u64 *kpt_bits_slot(const kpt_args &A, int slot)
 {
@@ -484,65 +509,75 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
             (unsigned char)c;
 }
 #if KPT_WGMMA
+#define KPT_ORDER_MAX 4096 // q tiles a row kpt_blockmap_order sorts; lines it gives slots
+#if KPT_MASK_BITS
+// Each line's first slot (kpt_bits_geom), for one map row: the row's share of the slots, the
+// partial tiles of the lines before it first. parts: KPT_ORDER_MAX ints of shared memory. Lines
+// beyond KPT_ORDER_MAX, or a line that does not fit the share, get -1 (the mask evaluated).
+__device__ __forceinline__ void kpt_blockmap_bases(const kpt_args &A, const unsigned char *map,
+                                                   int *bases, i64 row, int *parts)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nl = kpt_bits_lines(A);
+    if (nl > KPT_ORDER_MAX) {
+        for (int i = threadIdx.x; i < nl; i += blockDim.x)
+            bases[i] = -1;
+        return;
+    }
+    for (int l = warp; l < nl; l += blockDim.x / 32) {
+        int np = 0;
+        for (int x = lane; x < kpt_bits_cross(A); x += 32)
+            np += kpt_bits_class(A, map, l, x) == 1;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            np += __shfl_xor_sync(0xffffffffu, np, o);
+        if (lane == 0)
+            parts[l] = np;
+    }
+    __syncthreads();
+    i64 base_at, bits_at, share;
+    kpt_bits_geom(A, base_at, bits_at, share);
+    for (int i = threadIdx.x; i < nl; i += blockDim.x) {
+        i64 before = 0;
+        for (int j = 0; j < i; j++)
+            before += parts[j];
+        bases[i] = before + parts[i] <= share ? (int)(row * share + before) : -1;
+    }
+}
+#endif
 // The Hopper kernel's work-item order for a block map (kpt_item): per map row (batch row, head),
 // its q tiles sorted by decreasing work, estimated from the map: full tiles 2, partial tiles 5
 // (they evaluate the mask), 4 for the CTA itself. One CTA per row; rows beyond KPT_ORDER_MAX q
-// tiles keep the plain order (last q tile first).
-#define KPT_ORDER_MAX 4096
+// tiles keep the plain order (last q tile first). With keep bits, each line's first slot too.
 extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_args A)
 {
     __shared__ int cost[KPT_ORDER_MAX];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n = A.n_qt;
-    const unsigned char *map = (const unsigned char *)A.blockmap + (i64)blockIdx.z * A.bm_sb +
-                               (i64)blockIdx.y * A.bm_sh;
-    int *order = kpt_order_row(A, blockIdx.z, blockIdx.y);
+    const int b = blockIdx.z, h = blockIdx.y;
+    const unsigned char *map =
+        (const unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh;
+    int *order = kpt_order_row(A, b, h);
 #if KPT_MASK_BITS
-    __shared__ int parts[KPT_ORDER_MAX]; // partial tiles per q tile
-    int *bases = kpt_bits_bases(A, blockIdx.z, blockIdx.y);
+    kpt_blockmap_bases(A, map, kpt_bits_bases(A, b, h), kpt_map_row(A, b, h), cost);
+    __syncthreads(); // cost is free again
 #endif
     if (n > KPT_ORDER_MAX) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
             order[i] = n - 1 - i;
-#if KPT_MASK_BITS
-            bases[i] = -1;
-#endif
-        }
         return;
     }
     for (int qt = warp; qt < n; qt += 32) {
-        int c = 0, np = 0;
+        int c = 0;
         for (int t = lane; t < A.n_kt; t += 32) {
             const int cls = map[(i64)qt * A.bm_sq + t];
             c += cls == 2 ? 2 : cls == 1 ? 5 : 0;
-            np += cls == 1;
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
+        for (int o = 16; o > 0; o >>= 1)
             c += __shfl_xor_sync(0xffffffffu, c, o);
-            np += __shfl_xor_sync(0xffffffffu, np, o);
-        }
         if (lane == 0)
             cost[qt] = c + 4;
-#if KPT_MASK_BITS
-        if (lane == 0)
-            parts[qt] = np;
-#endif
     }
     __syncthreads();
-#if KPT_MASK_BITS
-    // each q tile's first slot: its row's share, then the partial tiles of the q tiles before it
-    {
-        i64 base_at, bits_at, share;
-        kpt_bits_geom(A, base_at, bits_at, share);
-        const i64 row = (i64)blockIdx.z * gridDim.y + blockIdx.y;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            i64 before = 0;
-            for (int j = 0; j < i; j++)
-                before += parts[j];
-            bases[i] = before + parts[i] <= share ? (int)(row * share + before) : -1;
-        }
-    }
-#endif
     // rank = the q tiles ahead of i: costlier, or as costly and later (as in the plain order)
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int ci = cost[i];
@@ -554,39 +589,39 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
 }
 #endif
 #if KPT_MASK_BITS
-// The keep bits of partial tiles (plan.mask_bits), after kpt_blockmap_order gave each q tile its
-// first slot. A CTA per q tile and group of 8 kv tiles; warp w computes row block w (16 rows) of
-// each partial tile of its group: the mask's words as kpt_tile_keep makes them, which is what the
-// attention kernel then loads instead. The mask runs once per map row rather than once per head
-// and q tile in the attention kernel, and with 8 warps on each tile.
+// The keep bits of partial tiles (plan.mask_bits), after kpt_blockmap_order gave each line its
+// first slot. A CTA per line and group of 8 tiles along it; warp w computes row block w (16 rows)
+// of each partial tile of its group: the words kpt_tile_bits makes (the kernel's own layout),
+// which the attention kernels then load instead. The mask runs once per map row rather than
+// once per head and tile pair in the attention kernels, and with 8 warps on each tile.
 extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_args A)
 {
     __shared__ int s_before;
-    const int groups = (A.n_kt + 7) / 8, qt = blockIdx.x / groups, g = blockIdx.x % groups;
+    const int groups = (kpt_bits_cross(A) + 7) / 8, l = blockIdx.x / groups, g = blockIdx.x % groups;
     const int h = blockIdx.y, b = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int base = kpt_bits_base(A, b, h, qt);
+    const int base = kpt_bits_base(A, b, h, l);
     if (base < 0)
         return;
-    const unsigned char *row = (const unsigned char *)A.blockmap + (i64)b * A.bm_sb +
-                               (i64)h * A.bm_sh + (i64)qt * A.bm_sq;
-    // partial tiles of this q tile before the group: their slots come first
+    const unsigned char *row =
+        (const unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh;
+    // partial tiles of this line before the group: their slots come first
     if (threadIdx.x == 0)
         s_before = 0;
     __syncthreads();
     int before = 0;
-    for (int t = threadIdx.x; t < g * 8; t += blockDim.x)
-        before += row[t] == 1;
+    for (int x = threadIdx.x; x < g * 8; x += blockDim.x)
+        before += kpt_bits_class(A, row, l, x) == 1;
     if (before)
         atomicAdd(&s_before, before);
     __syncthreads();
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
     int slot = base + s_before;
-    for (int t = g * 8; t < min(g * 8 + 8, A.n_kt); t++) {
-        if (row[t] != 1)
+    for (int x = g * 8; x < min(g * 8 + 8, kpt_bits_cross(A)); x++) {
+        if (kpt_bits_class(A, row, l, x) != 1)
             continue;
-        const u64 keep =
-            kpt_tile_keep(A, U, b, h, qt * KPT_BM + warp * 16, t * KPT_BN, lane, true);
+        const u64 keep = KPT_BITS_KEY_ROWS ? kpt_tile_bits(A, U, b, h, x, l, warp, lane)
+                                           : kpt_tile_bits(A, U, b, h, l, x, warp, lane);
         kpt_bits_slot(A, slot)[warp * 32 + lane] = keep;
         slot++;
     }
