@@ -38,8 +38,8 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
     kpt_sb_printf(sb, "#define KPT_MASK_AUX %d\n#define KPT_MASK_BITS %d\n", pl->mask_loads,
                   pl->mask_bits);
-    if (pl->mask_bits) /* the backward's bits are kpt_bwd_dkdv's, keys as rows */
-        kpt_sb_printf(sb, "#define KPT_BITS_TILES %d\n#define KPT_BITS_KEY_ROWS %d\n",
+    if (pl->mask_bits) /* the backward's map holds two layouts of bits */
+        kpt_sb_printf(sb, "#define KPT_BITS_TILES %d\n#define KPT_BITS_BWD %d\n",
                       KPT_MASK_BITS_TILES, pl->cfg.kind == KPT_KERNEL_BACKWARD);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
     if (pl->cfg.kind == KPT_KERNEL_BACKWARD) /* the sm_90a kernels' shape, as the runtime's */

@@ -279,10 +279,8 @@ static kpt_status launch_blockmap(const kpt_cuda_kernel *k, kpt_kernel_args *a, 
     if (k->blockmap_order)
         KPT_CU_TRY(diag, k->dev->cu->LaunchKernel(k->blockmap_order, 1, rows_h, rows_b, 1024, 1,
                                                   1, 0, stream, params, NULL));
-    /* the keep bits: a CTA per line and group of 8 tiles along it */
-    const int64_t lines = kpt_kernel_bits_lines(&k->plan, a);
-    const int64_t along = lines == a->n_qt ? a->n_kt : a->n_qt;
-    const int64_t groups = (along + 7) / 8 * lines;
+    /* the keep bits: a CTA per line and group of 8 tiles along it, per layout */
+    const int64_t groups = kpt_kernel_bits_ctas(&k->plan, a);
     if (k->blockmap_bits && groups > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "block map too large (%lld tile groups)",
                             (long long)groups);

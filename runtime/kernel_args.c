@@ -169,9 +169,31 @@ kpt_status kpt_kernel_args_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
     return st ? st : pack_bound(p, pl, backend, a, &bind, out, diag);
 }
 
-int32_t kpt_kernel_bits_lines(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
+/* The keep bits' layouts of a plan (kpt_bits_geom in templates/cuda/common.cu): with query rows,
+ * a q tile's partial tiles in consecutive slots (the forward's, and kpt_bwd_dq's); the backward
+ * first has one with key rows, a kv tile's partial tiles in consecutive slots (kpt_bwd_dkdv's).
+ * Layout i's lines (the tiles whose partial tiles follow each other) and the tiles along one. */
+static int bits_layouts(const kpt_kernel_plan *pl)
 {
-    return pl->cfg.kind == KPT_KERNEL_BACKWARD ? a->n_kt : a->n_qt;
+    return pl->cfg.kind == KPT_KERNEL_BACKWARD ? 2 : 1;
+}
+static void bits_lines(const kpt_kernel_plan *pl, const kpt_kernel_args *a, int i, size_t *lines,
+                       size_t *along)
+{
+    bool key_rows = pl->cfg.kind == KPT_KERNEL_BACKWARD && i == 0;
+    *lines = (size_t)(key_rows ? a->n_kt : a->n_qt);
+    *along = (size_t)(key_rows ? a->n_qt : a->n_kt);
+}
+
+int64_t kpt_kernel_bits_ctas(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
+{
+    int64_t ctas = 0;
+    for (int i = 0; pl->mask_bits && i < bits_layouts(pl); i++) {
+        size_t lines, along;
+        bits_lines(pl, a, i, &lines, &along);
+        ctas += (int64_t)((along + 7) / 8 * lines);
+    }
+    return ctas;
 }
 
 size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
@@ -184,13 +206,18 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
      * (kpt_order_row in templates/cuda/common.cu) */
     if (pl->cfg.wgmma)
         bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_qt * rows;
-    /* keep bits (kpt_bits_geom in templates/cuda/common.cu): each line's first slot, then
-     * min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes shared out evenly between the map rows */
+    /* keep bits (kpt_bits_geom in templates/cuda/common.cu), per layout: each line's first
+     * slot, then min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes shared out evenly between
+     * the map rows */
     if (pl->mask_bits) {
         size_t pairs = (size_t)a->n_qt * (size_t)a->n_kt * rows;
         size_t slots = pairs < KPT_MASK_BITS_TILES ? pairs : KPT_MASK_BITS_TILES;
-        bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)kpt_kernel_bits_lines(pl, a) * rows;
-        bytes = ((bytes + 255) & ~(size_t)255) + slots / rows * rows * 2048;
+        bytes = (bytes + 15) & ~(size_t)15;
+        for (int i = 0; i < bits_layouts(pl); i++) {
+            size_t lines, along;
+            bits_lines(pl, a, i, &lines, &along);
+            bytes = ((bytes + 4 * lines * rows + 255) & ~(size_t)255) + slots / rows * rows * 2048;
+        }
     }
     return bytes;
 }

@@ -151,8 +151,8 @@ size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_plan *plan, const kpt_kern
 
 /* Bytes of the block map for a packed call (0 when the plan needs none). */
 size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *plan, const kpt_kernel_args *a);
-/* The tiles whose partial tiles' keep bits take consecutive slots (plan.mask_bits): q tiles for
- * the forward (their rows of kv tiles), kv tiles for the backward (their columns of q tiles). */
-int32_t kpt_kernel_bits_lines(const kpt_kernel_plan *plan, const kpt_kernel_args *a);
+/* CTAs of the block map's keep-bits kernel (kpt_blockmap_bits), 0 without plan.mask_bits: per
+ * layout of bits, one per line of tiles and group of 8 tiles along it. */
+int64_t kpt_kernel_bits_ctas(const kpt_kernel_plan *plan, const kpt_kernel_args *a);
 
 #endif

@@ -85,16 +85,18 @@ struct kpt_bwd_step {
 };
 
 #if KPT_MASK_BITS
-// The stored keep bits of partial tile (qt, kt) for kpt_blockmap_bits, in kpt_bwd_dkdv's layout
-// (S^T, keys as rows): row block blk of the kv tile, the bits of kpt_bwd_keep for each 64-query
-// half of the q tile, the first in the low half of the word.
-static_assert(KPT_BM == 2 * KPT_BWD_SUB, "a q tile is two steps");
+// The stored keep bits of partial tile (qt, kt) for kpt_blockmap_bits: row block blk's words in
+// kpt_bwd_dkdv's layout (KR: S^T, key rows; the bits of kpt_bwd_keep for each 64-query half of
+// the q tile) or kpt_bwd_dq's (query rows, each 64-key half of the kv tile), the first half in
+// the low half of the word.
+static_assert(KPT_BM == 2 * KPT_BWD_SUB && KPT_BN == KPT_BM, "a tile is two steps");
+template <bool KR>
 __device__ __forceinline__ u64 kpt_tile_bits(const kpt_args &A, const kpt_uniform &U, int b,
                                              int h, int qt, int kt, int blk, int lane)
 {
-    const int krow = kt * KPT_BN + blk * 16, q0 = qt * KPT_BM;
-    return (u64)kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, lane) |
-           (u64)kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, h, krow, q0 + KPT_BWD_SUB, lane) << 32;
+    const int r0 = (KR ? kt : qt) * KPT_BM + blk * 16, c0 = (KR ? qt : kt) * KPT_BM;
+    return (u64)kpt_bwd_keep<KPT_BWD_SUB, KR>(A, U, b, h, r0, c0, lane) |
+           (u64)kpt_bwd_keep<KPT_BWD_SUB, KR>(A, U, b, h, r0, c0 + KPT_BWD_SUB, lane) << 32;
 }
 #endif
 
@@ -149,7 +151,7 @@ __device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, i
                 s.h = w.h;
                 return;
             }
-            w.slot = kpt_bits_base(A, b, w.h, kt);
+            w.slot = kpt_bits_base(A, true, b, w.h, kt);
         }
         kpt_bwd_chunk(A, b, kt, w, lane);
     }
@@ -167,7 +169,7 @@ __device__ __forceinline__ u32 kpt_bwd_step_keep(const kpt_args &A, const kpt_un
 {
 #if KPT_MASK_BITS
     if (s.w >= 3)
-        return (u32)(kpt_bits_word(A, s.w - 3, (krow % KPT_BN) >> 4, lane) >> (32 * s.z));
+        return (u32)(kpt_bits_word(A, true, s.w - 3, (krow % KPT_BN) >> 4, lane) >> (32 * s.z));
 #endif
     return partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, s.x, krow, q0, lane) : ~0u;
 }
@@ -288,7 +290,7 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
         kpt_tma_tile<KPT_BN, KPT_DV>(sV, &T.v, k0, hk * T.hv, b * T.bv, bar + 8 * KPT_BB_KV);
     }
     const int h_end = (hk + 1) * A.group;
-    kpt_bwd_walk w = {hk * A.group, 0, 0, 0, 0, kpt_bits_base(A, b, hk * A.group, kt)};
+    kpt_bwd_walk w = {hk * A.group, 0, 0, 0, 0, kpt_bits_base(A, true, b, hk * A.group, kt)};
     kpt_bwd_chunk(A, b, kt, w, lane);
     kpt_bwd_step s = {-1, 0, 0, 0}; // before the first step
     kpt_bwd_next(A, b, hk, kt, w, s, lane);
@@ -481,6 +483,21 @@ __device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt
     }
 }
 
+// Which pairs of this thread's 16 x 64 block of S (queries row0 on, keys k0 on: half `half` of
+// a kv tile) are kept: a partial tile's stored bits (slot >= 0) or kpt_bwd_keep's.
+__device__ __forceinline__ u32 kpt_bwd_dq_keep(const kpt_args &A, const kpt_uniform &U, int b,
+                                               int h, int row0, int k0, int half, int slot,
+                                               bool partial, int lane)
+{
+#if KPT_MASK_BITS
+    if (slot >= 0)
+        return (u32)(kpt_bits_word(A, false, slot, (row0 % KPT_BM) >> 4, lane) >> (32 * half));
+#else
+    (void)half, (void)slot;
+#endif
+    return partial ? kpt_bwd_keep<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, lane) : ~0u;
+}
+
 // One CTA per (128-query tile, head, batch row), as kpt_bwd_dkdv a producer warpgroup (one
 // thread of it issues the TMA copies) and two consumer warpgroups, c = 0 and 1, of queries
 // c * 64 .. + 63, which never wait for each other.
@@ -540,10 +557,15 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     float dQ[KPT_DQK / 8][4];
     kpt_zero<KPT_DQK>(dQ);
     const bool rows_out = row0 - (cw & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
+    // the slot of the next partial tile's keep bits (the q tile's partial tiles have consecutive
+    // slots), or -1
+    int slot = kpt_bits_base(A, false, b, h, qt);
     kpt_mbar_wait(bar + 8 * KPT_BQ_QO, 0);
     for (int j = lo, i = 0; j <= hi; i++) {
         const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
         const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
+        const int ts = cls == 1 ? slot : -1; // this tile's slot
+        slot += cls == 1 && slot >= 0;
         const u32 tK = sK + (i & 1) * KPT_BWD_KSTAGE, tV = tK + KPT_BWD_KB;
         kpt_mbar_wait(bar + 8 * KPT_BQ_F(i & 1), (i >> 1) & 1);
 #pragma unroll 1
@@ -559,7 +581,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN>(dP, wO, hV);
             kpt_wgmma_commit();
             const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
-            const u32 keep = partial ? kpt_bwd_keep<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, lane) : ~0u;
+            const u32 keep = kpt_bwd_dq_keep(A, U, b, h, row0, k0, half, ts, partial, lane);
             kpt_wgmma_wait<1>();
             kpt_wgmma_regs<32>(&S[0][0]);
             float D[8][4]; // d s'/d s (with a score mod)

@@ -375,10 +375,13 @@ __device__ __forceinline__ u64 kpt_tile_keep(const kpt_args &A, const kpt_unifor
 #endif
 
 #if KPT_MASK_BITS
-// The stored keep bits of partial tile (qt, kt) (kpt_blockmap_bits): row block blk's words.
+// The stored keep bits of partial tile (qt, kt) (kpt_blockmap_bits): row block blk's words, with
+// query rows (KR, key rows, is the backward's).
+template <bool KR>
 __device__ __forceinline__ u64 kpt_tile_bits(const kpt_args &A, const kpt_uniform &U, int b,
                                              int h, int qt, int kt, int blk, int lane)
 {
+    static_assert(!KR, "the forward's bits have query rows");
     return kpt_tile_keep(A, U, b, h, qt * KPT_BM + blk * 16, kt * KPT_BN, lane, true);
 }
 #endif
@@ -435,7 +438,7 @@ __device__ __forceinline__ u64 kpt_keep(const kpt_args &A, const kpt_uniform &U,
 {
 #if KPT_MASK_BITS
     if (slot >= 0)
-        return kpt_bits_word(A, slot, (row0 % KPT_BM) >> 4, lane);
+        return kpt_bits_word(A, false, slot, (row0 % KPT_BM) >> 4, lane);
 #endif
 #if KPT_HAS_BLOCKMAP
     return kpt_tile_keep(A, U, b, h, row0, j * KPT_BN, lane, partial);
@@ -464,7 +467,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
     // the slot of the next partial tile's keep bits (the item's partial tiles have consecutive
     // slots), or -1
-    int slot = kpt_bits_base(A, b, h, qt);
+    int slot = kpt_bits_base(A, false, b, h, qt);
     float S[KPT_BN / 8][4], alpha[2] = {1.0f, 1.0f};
     u32 P[KPT_BN / 16][4];
     bool grew = false;

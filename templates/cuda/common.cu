@@ -218,63 +218,69 @@ __device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
 #endif
 
 #if KPT_MASK_BITS
-// Partial tiles' keep bits (plan.mask_bits). The partial tiles of a "line" take consecutive
-// slots, in the order the kernel walks the line: a q tile's kv tiles in the forward, whose
-// consumers walk them; a kv tile's q tiles in the backward (KPT_BITS_KEY_ROWS), whose
-// kpt_bwd_dkdv walks them. After the order table, 16-byte aligned: per map row and line, an
+// Partial tiles' keep bits (plan.mask_bits), in the layout of the kernel that reads them: the
+// scores of a tile with query rows (the forward, kpt_bwd_dq: kr false) or key rows
+// (kpt_bwd_dkdv's S^T: kr true). The partial tiles of a "line" take consecutive slots, in the
+// order the kernel walks the line: a q tile's kv tiles with query rows, a kv tile's q tiles with
+// key rows. The forward's map has the first layout; the backward's (KPT_BITS_BWD) the second,
+// then the first. After the order table, 16-byte aligned, each layout: per map row and line an
 // int32, the slot of the line's first partial tile or -1 (kpt_blockmap_order); then, 256-byte
-// aligned, the slots: 2048 bytes each, per row block of 16 rows (8 of them: query rows in the
-// forward, key rows in the backward) the 32 lanes' words, as kpt_tile_bits makes them. At most
-// KPT_BITS_TILES slots, shared out evenly between map rows; a line whose partial tiles do not
-// fit its row's share gets -1 and evaluates its mask (KPT_BITS_TILES: KPT_MASK_BITS_TILES in
-// ir/plan.h). Host twin: kpt_kernel_args_map_bytes.
-__device__ __forceinline__ int kpt_bits_lines(const kpt_args &A)
+// aligned, the slots: 2048 bytes each, per row block of 16 rows (8 of them) the 32 lanes' words,
+// as kpt_tile_bits makes them. At most KPT_BITS_TILES slots a layout, shared out evenly between
+// map rows; a line whose partial tiles do not fit its row's share gets -1 and evaluates its mask
+// (KPT_BITS_TILES: KPT_MASK_BITS_TILES in ir/plan.h). Host twin: kpt_kernel_args_map_bytes.
+__device__ __forceinline__ int kpt_bits_lines(const kpt_args &A, bool kr)
 {
-    return KPT_BITS_KEY_ROWS ? A.n_kt : A.n_qt;
+    return kr ? A.n_kt : A.n_qt;
 }
-__device__ __forceinline__ int kpt_bits_cross(const kpt_args &A) // tiles along a line
+__device__ __forceinline__ int kpt_bits_cross(const kpt_args &A, bool kr) // tiles along a line
 {
-    return KPT_BITS_KEY_ROWS ? A.n_qt : A.n_kt;
+    return kr ? A.n_qt : A.n_kt;
 }
 // The class of tile x of line l, in a map row.
-__device__ __forceinline__ int kpt_bits_class(const kpt_args &A, const unsigned char *row, int l,
-                                              int x)
+__device__ __forceinline__ int kpt_bits_class(const kpt_args &A, const unsigned char *row, bool kr,
+                                              int l, int x)
 {
-    return KPT_BITS_KEY_ROWS ? row[(i64)x * A.bm_sq + l] : row[(i64)l * A.bm_sq + x];
+    return kr ? row[(i64)x * A.bm_sq + l] : row[(i64)l * A.bm_sq + x];
 }
-__device__ __forceinline__ void kpt_bits_geom(const kpt_args &A, i64 &base_at, i64 &bits_at,
-                                              i64 &share)
+// Where a layout's line bases and slots start, and a map row's share of slots.
+__device__ __forceinline__ void kpt_bits_geom(const kpt_args &A, bool kr, i64 &base_at,
+                                              i64 &bits_at, i64 &share)
 {
     const i64 rows = kpt_map_rows(A);
     const i64 pairs = (i64)A.n_qt * A.n_kt * rows, order_at = (pairs + 15) & ~(i64)15;
-    base_at = (order_at + 4 * (i64)A.n_qt * rows + 15) & ~(i64)15;
-    bits_at = (base_at + 4 * (i64)kpt_bits_lines(A) * rows + 255) & ~(i64)255;
     share = min(pairs, (i64)KPT_BITS_TILES) / rows;
+    base_at = (order_at + 4 * (i64)A.n_qt * rows + 15) & ~(i64)15;
+    if (KPT_BITS_BWD && !kr) // after the key-row layout's bases and slots
+        base_at = ((base_at + 4 * (i64)A.n_kt * rows + 255) & ~(i64)255) + share * rows * 2048;
+    bits_at = (base_at + 4 * (i64)kpt_bits_lines(A, kr) * rows + 255) & ~(i64)255;
 }
-__device__ __forceinline__ int *kpt_bits_bases(const kpt_args &A, int b, int h)
+__device__ __forceinline__ int *kpt_bits_bases(const kpt_args &A, bool kr, int b, int h)
 {
     i64 base_at, bits_at, share;
-    kpt_bits_geom(A, base_at, bits_at, share);
-    return (int *)((unsigned char *)A.blockmap + base_at) + kpt_map_row(A, b, h) * kpt_bits_lines(A);
+    kpt_bits_geom(A, kr, base_at, bits_at, share);
+    return (int *)((unsigned char *)A.blockmap + base_at) +
+           kpt_map_row(A, b, h) * kpt_bits_lines(A, kr);
 }
 // The slot of line l's first partial tile, or -1.
-__device__ __forceinline__ int kpt_bits_base(const kpt_args &A, int b, int h, int l)
+__device__ __forceinline__ int kpt_bits_base(const kpt_args &A, bool kr, int b, int h, int l)
 {
-    return kpt_bits_bases(A, b, h)[l];
+    return kpt_bits_bases(A, kr, b, h)[l];
 }
-__device__ __forceinline__ u64 *kpt_bits_slot(const kpt_args &A, int slot)
+__device__ __forceinline__ u64 *kpt_bits_slot(const kpt_args &A, bool kr, int slot)
 {
     i64 base_at, bits_at, share;
-    kpt_bits_geom(A, base_at, bits_at, share);
+    kpt_bits_geom(A, kr, base_at, bits_at, share);
     return (u64 *)((unsigned char *)A.blockmap + bits_at) + (i64)slot * 256;
 }
 // Row block blk's word for this lane (written by an earlier launch: read-only here).
-__device__ __forceinline__ u64 kpt_bits_word(const kpt_args &A, int slot, int blk, int lane)
+__device__ __forceinline__ u64 kpt_bits_word(const kpt_args &A, bool kr, int slot, int blk,
+                                             int lane)
 {
-    return __ldg(kpt_bits_slot(A, slot) + blk * 32 + lane);
+    return __ldg(kpt_bits_slot(A, kr, slot) + blk * 32 + lane);
 }
 #else
-__device__ __forceinline__ int kpt_bits_base(const kpt_args &, int, int, int)
+__device__ __forceinline__ int kpt_bits_base(const kpt_args &, bool, int, int, int)
 {
     return -1;
 }
@@ -514,10 +520,11 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap(const kpt_args A)
 // Each line's first slot (kpt_bits_geom), for one map row: the row's share of the slots, the
 // partial tiles of the lines before it first. parts: KPT_ORDER_MAX ints of shared memory. Lines
 // beyond KPT_ORDER_MAX, or a line that does not fit the share, get -1 (the mask evaluated).
-__device__ __forceinline__ void kpt_blockmap_bases(const kpt_args &A, const unsigned char *map,
-                                                   int *bases, i64 row, int *parts)
+__device__ __forceinline__ void kpt_blockmap_bases(const kpt_args &A, bool kr,
+                                                   const unsigned char *map, int *bases, i64 row,
+                                                   int *parts)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nl = kpt_bits_lines(A);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nl = kpt_bits_lines(A, kr);
     if (nl > KPT_ORDER_MAX) {
         for (int i = threadIdx.x; i < nl; i += blockDim.x)
             bases[i] = -1;
@@ -525,8 +532,8 @@ __device__ __forceinline__ void kpt_blockmap_bases(const kpt_args &A, const unsi
     }
     for (int l = warp; l < nl; l += blockDim.x / 32) {
         int np = 0;
-        for (int x = lane; x < kpt_bits_cross(A); x += 32)
-            np += kpt_bits_class(A, map, l, x) == 1;
+        for (int x = lane; x < kpt_bits_cross(A, kr); x += 32)
+            np += kpt_bits_class(A, map, kr, l, x) == 1;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             np += __shfl_xor_sync(0xffffffffu, np, o);
@@ -535,7 +542,7 @@ __device__ __forceinline__ void kpt_blockmap_bases(const kpt_args &A, const unsi
     }
     __syncthreads();
     i64 base_at, bits_at, share;
-    kpt_bits_geom(A, base_at, bits_at, share);
+    kpt_bits_geom(A, kr, base_at, bits_at, share);
     for (int i = threadIdx.x; i < nl; i += blockDim.x) {
         i64 before = 0;
         for (int j = 0; j < i; j++)
@@ -557,8 +564,10 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
         (const unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh;
     int *order = kpt_order_row(A, b, h);
 #if KPT_MASK_BITS
-    kpt_blockmap_bases(A, map, kpt_bits_bases(A, b, h), kpt_map_row(A, b, h), cost);
-    __syncthreads(); // cost is free again
+    for (int kr = KPT_BITS_BWD; kr >= 0; kr--) { // each layout (cost is their scratch)
+        kpt_blockmap_bases(A, kr, map, kpt_bits_bases(A, kr, b, h), kpt_map_row(A, b, h), cost);
+        __syncthreads();
+    }
 #endif
     if (n > KPT_ORDER_MAX) {
         for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -597,9 +606,14 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
 extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_args A)
 {
     __shared__ int s_before;
-    const int groups = (kpt_bits_cross(A) + 7) / 8, l = blockIdx.x / groups, g = blockIdx.x % groups;
+    // the backward's key-row layout takes the first CTAs, then the query-row layout
+    int cta = blockIdx.x;
+    const bool kr = KPT_BITS_BWD && cta < (A.n_qt + 7) / 8 * A.n_kt;
+    if (KPT_BITS_BWD && !kr)
+        cta -= (A.n_qt + 7) / 8 * A.n_kt;
+    const int groups = (kpt_bits_cross(A, kr) + 7) / 8, l = cta / groups, g = cta % groups;
     const int h = blockIdx.y, b = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int base = kpt_bits_base(A, b, h, l);
+    const int base = kpt_bits_base(A, kr, b, h, l);
     if (base < 0)
         return;
     const unsigned char *row =
@@ -610,19 +624,23 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_ar
     __syncthreads();
     int before = 0;
     for (int x = threadIdx.x; x < g * 8; x += blockDim.x)
-        before += kpt_bits_class(A, row, l, x) == 1;
+        before += kpt_bits_class(A, row, kr, l, x) == 1;
     if (before)
         atomicAdd(&s_before, before);
     __syncthreads();
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
     int slot = base + s_before;
-    for (int x = g * 8; x < min(g * 8 + 8, kpt_bits_cross(A)); x++) {
-        if (kpt_bits_class(A, row, l, x) != 1)
+    for (int x = g * 8; x < min(g * 8 + 8, kpt_bits_cross(A, kr)); x++) {
+        if (kpt_bits_class(A, row, kr, l, x) != 1)
             continue;
-        const u64 keep = KPT_BITS_KEY_ROWS ? kpt_tile_bits(A, U, b, h, x, l, warp, lane)
-                                           : kpt_tile_bits(A, U, b, h, l, x, warp, lane);
-        kpt_bits_slot(A, slot)[warp * 32 + lane] = keep;
+#if KPT_BITS_BWD
+        const u64 keep = kr ? kpt_tile_bits<true>(A, U, b, h, x, l, warp, lane)
+                            : kpt_tile_bits<false>(A, U, b, h, l, x, warp, lane);
+#else
+        const u64 keep = kpt_tile_bits<false>(A, U, b, h, l, x, warp, lane);
+#endif
+        kpt_bits_slot(A, kr, slot)[warp * 32 + lane] = keep;
         slot++;
     }
 }
