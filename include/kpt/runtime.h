@@ -135,9 +135,10 @@ KPT_API kpt_status kpt_kernel_get(kpt_context *ctx, const kpt_pattern *p,
 
 /* A block map: which (q tile, kv tile) pairs are empty, full or partial, for patterns whose mask
  * reads aux tensors (document masks and the like) and, on sm_90a, masks costly to evaluate
- * (8 IR nodes or more), whose partial tiles' keep bits it then holds too (up to 16 MB). It
- * depends on the aux tensors' contents, the runtime scalars and the lengths; reuse it for as
- * many launches as those stay the same. */
+ * (8 IR nodes or more), whose partial tiles' keep bits it then holds too (up to 16 MB for a
+ * forward kernel, 32 MB for a backward one). A map belongs to the kernel it was made for (a
+ * forward's and a backward's differ). It depends on the aux tensors' contents, the runtime
+ * scalars and the lengths; reuse it for as many launches as those stay the same. */
 typedef struct kpt_blockmap kpt_blockmap;
 
 /* Whether kernel k's pattern uses a block map (1) or not (0). */
