@@ -322,7 +322,12 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
                                               const float *lse_col, const float *lse_row, int lane)
 {
 #pragma unroll
-    for (int n = 0; n < N / 8; n++)
+    for (int n = 0; n < N / 8; n++) {
+        // the column pair's LSE at once; every exponential is taken and dropped pairs selected
+        // to 0 after: with the exponential (and its LSE load) under the keep bit, NVVM made a
+        // branch of each of the 32 and loaded each column's LSE twice
+        const float2 lc = KEY_ROWS ? *(const float2 *)(lse_col + n * 8 + (lane & 3) * 2)
+                                   : make_float2(0.0f, 0.0f);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = row0 + (lane >> 2) + (e >> 1) * 8;
@@ -334,9 +339,11 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
 #else
             (void)qi, (void)ki;
 #endif
-            const float lse = KEY_ROWS ? lse_col[c] : lse_row[e >> 1];
-            S[n][e] = (keep >> (n * 4 + e)) & 1 ? kpt_ex2(x * KPT_LOG2E - lse) : 0.0f;
+            const float lse = KEY_ROWS ? ((e & 1) ? lc.y : lc.x) : lse_row[e >> 1];
+            const float p = kpt_ex2(x * KPT_LOG2E - lse);
+            S[n][e] = (keep >> (n * 4 + e)) & 1 ? p : 0.0f;
         }
+    }
 }
 
 // dS = P (dP - delta) (times d s'/d s), in place over P; the scale is applied when dQ and dK are
@@ -347,16 +354,18 @@ __device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&d
                                            const float *del_row, int lane)
 {
 #pragma unroll
-    for (int n = 0; n < N / 8; n++)
+    for (int n = 0; n < N / 8; n++) {
+        const float2 dc = KEY_ROWS ? *(const float2 *)(del_col + n * 8 + (lane & 3) * 2)
+                                   : make_float2(0.0f, 0.0f); // the column pair's delta
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int c = n * 8 + (lane & 3) * 2 + (e & 1);
-            float g = S[n][e] * (dP[n][e] - (KEY_ROWS ? del_col[c] : del_row[e >> 1]));
+            float g = S[n][e] * (dP[n][e] - (KEY_ROWS ? ((e & 1) ? dc.y : dc.x) : del_row[e >> 1]));
 #if KPT_HAS_SCORE
             g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
 #endif
             S[n][e] = g;
         }
+    }
 }
 
 #if KPT_AUX_GRADS
@@ -416,6 +425,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
     const u32 sV = sK + KPT_BN * KPT_KSTR * 2;
     const u32 sQ = sV + KPT_BN * KPT_VSTR * 2;
     const u32 sO = sQ + KPT_BM * KPT_QSTR * 2; // dO
+    static_assert(KPT_BWD_ROWS % 4 == 0, "kpt_bwd_probs reads LSE and delta in pairs");
     float *s_lse = (float *)(kpt_smem + KPT_BWD_ROWS * 2);
     float *s_del = s_lse + KPT_BM;
 #if KPT_AUX_GRADS
