@@ -1,8 +1,9 @@
--- A mask for the sm_90a forward's stored keep bits (plan.mask_bits): long enough to be rolled
+-- A mask for the sm_90a kernels' stored keep bits (plan.mask_bits): long enough to be rolled
 -- (over 24 IR nodes), different for every batch row and head (one map row each) and partial in
 -- every tile, so that at shape 4,16,16,1500,1531 (12 x 12 tiles a row, 64 rows) the rows'
--- shares of slots (8192 / 64 = 128) run out at the eleventh q tile: the last q tiles evaluate
--- their mask instead. tests/gpu/run.sh checks it against the reference.
+-- shares of slots (8192 / 64 = 128) run out at the eleventh q tile (the backward's at the
+-- eleventh kv tile too): the last tiles evaluate their mask instead. tests/gpu/run.sh (forward)
+-- and tests/gpu/run_backward.sh check it against the reference.
 
 local function mix(v)
   v = v ~ (v >> 7)

@@ -41,6 +41,10 @@ done
 for s in examples/patterns/*.lua; do
     check "$s" --shape 2,4,2,300,300,64
 done
+# keep bits (sm_90a): both of the backward's layouts, with 64 map rows whose shares of slots run
+# out (tests/mask_bits.lua: the last kv tiles and q tiles evaluate their masks instead)
+check tests/mask_bits.lua --shape 4,16,16,1500,1531,64
+check tests/mask_bits.lua --shape 1,4,2,777,1000,128 --dtype f16
 # aux gradients: a per-head parameter (warp-summed atomics), one the derivative scales by s,
 # reads out of range; f16/bf16, D 64/128, GQA, long
 P=tests/gpu/learned_params.lua
@@ -54,7 +58,8 @@ status=0
 [ $fail = 0 ] || status=1
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
-        for pat in document+causal 'alibi+softcap(20)' tests/gpu/learned_params.lua; do
+        for pat in document+causal 'alibi+softcap(20)' tests/gpu/learned_params.lua \
+            tests/mask_bits.lua; do
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
                 --backend cuda "$pat" --shape 1,2,1,130,200,64 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat"; tail -20 "$OUT/san_$tool.log"; }
