@@ -77,9 +77,9 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
      * where the score has aux gradients */
     size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
     if (pl.cfg.wgmma) {
-        /* Partial tiles read keep bits in kpt_bwd_dkdv's layout (keys as rows; a kv tile's
-         * partial tiles take consecutive slots, in the order its producer walks them); the
-         * deterministic mode's kpt_bwd_dq still evaluates its masks. */
+        /* Partial tiles read keep bits, in two layouts: kpt_bwd_dkdv's (keys as rows; a kv
+         * tile's partial tiles take consecutive slots, in the order its producer walks them)
+         * and the deterministic mode's kpt_bwd_dq's (queries as rows, as the forward's). */
         uint32_t nodes;
         pl.mask_bits = mask_bits(p, &pl, &nodes);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
