@@ -208,15 +208,15 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
         bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_qt * rows;
     /* keep bits (kpt_bits_geom in templates/cuda/common.cu), per layout: each line's first
      * slot, then min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes shared out evenly between
-     * the map rows */
+     * the map rows, and a byte per slot (its live halves) */
     if (pl->mask_bits) {
         size_t pairs = (size_t)a->n_qt * (size_t)a->n_kt * rows;
         size_t slots = pairs < KPT_MASK_BITS_TILES ? pairs : KPT_MASK_BITS_TILES;
-        bytes = (bytes + 15) & ~(size_t)15;
         for (int i = 0; i < bits_layouts(pl); i++) {
             size_t lines, along;
             bits_lines(pl, a, i, &lines, &along);
-            bytes = ((bytes + 4 * lines * rows + 255) & ~(size_t)255) + slots / rows * rows * 2048;
+            bytes = (bytes + 15) & ~(size_t)15;
+            bytes = ((bytes + 4 * lines * rows + 255) & ~(size_t)255) + slots / rows * rows * 2049;
         }
     }
     return bytes;

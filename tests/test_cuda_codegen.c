@@ -336,20 +336,21 @@ static void test_plan_sm90_mask_bits(void **state)
     assert_true(plan.bm_per_b && !plan.bm_per_h);
     kpt_kernel_args a = {.B = 3, .Hq = 4, .n_qt = 5, .n_kt = 7};
     /* 105 class bytes -> 112, order 60 -> 172 -> 176, bases 60 -> 236 -> 256, 105 slots */
-    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 256 + 105 * 2048);
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 256 + 105 * 2049);
     assert_int_equal(kpt_kernel_bits_ctas(&plan, &a), 5); /* a q tile's 7 kv tiles: one group */
     a.B = 7, a.n_qt = a.n_kt = 40; /* 11200 pairs: 8192 slots, 1170 a row */
     const size_t head = ((((size_t)11200 + 15) & ~(size_t)15) + 4 * 280 + 15) & ~(size_t)15;
     assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a),
-                     ((head + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2048);
+                     ((head + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2049);
     /* the backward's two layouts, 5 x 7 tiles, 3 rows: by kv tile (bases 84 -> 176 + 84 -> 512,
-     * then the slots), then by q tile (bases 60 -> 256 more, then the slots); the bits kernel's
-     * CTAs: 7 lines of one group, then 5 */
+     * then the slots and their halves: 512 + 105 * 2049 = 215657 -> 215664), then by q tile
+     * (bases 60 -> 215724 -> 215808, then the slots and halves); the bits kernel's CTAs: 7 lines
+     * of one group, then 5 */
     c.kind = KPT_KERNEL_BACKWARD;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
     a.B = 3, a.n_qt = 5, a.n_kt = 7;
     assert_int_equal(kpt_kernel_bits_ctas(&plan, &a), 12);
-    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 512 + 105 * 2048 + 256 + 105 * 2048);
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 215808 + 105 * 2049);
     kpt_pattern_destroy(&p);
 }
 

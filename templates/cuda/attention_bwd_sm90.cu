@@ -78,8 +78,9 @@ __device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[
 // (kpt_bwd_dq_add). The order of the additions varies run to run.
 
 // A step of kpt_bwd_dkdv: 64 queries (q0 on) of head h. Steps go head by head, q tile by q tile,
-// half by half, skipping the q tiles whose class is 0. tile: 2 full, 1 partial, 3 + s partial
-// with its keep bits stored in slot s (plan.mask_bits).
+// half by half, skipping the q tiles whose class is 0 and the halves of partial tiles with
+// stored bits that keep nothing (kpt_bits_halves). tile: 2 full, 1 partial, 3 + s partial with
+// its keep bits stored in slot s (plan.mask_bits).
 struct kpt_bwd_step {
     int h, qt, half, tile;
 };
@@ -99,6 +100,17 @@ __device__ __forceinline__ u64 kpt_tile_bits(const kpt_args &A, const kpt_unifor
            (u64)kpt_bwd_keep<KPT_BWD_SUB, KR>(A, U, b, h, r0, c0 + KPT_BWD_SUB, lane) << 32;
 }
 #endif
+
+// The live halves of the tile with stored bits in slot (kpt_bits_halves): 3 where none are stored.
+__device__ __forceinline__ int kpt_bwd_halves(const kpt_args &A, bool kr, int slot)
+{
+#if KPT_MASK_BITS
+    return slot >= 0 ? *kpt_bits_halves(A, kr, slot) : 3;
+#else
+    (void)A, (void)kr, (void)slot;
+    return 3;
+#endif
+}
 
 // The producer warp's walk over the q tiles: its lanes classify 32 q tiles of a head at once (one
 // each) and the steps go through the live ones. (Walked one tile at a time, a class a step, a CTA
@@ -135,8 +147,10 @@ __device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, i
                                              kpt_bwd_walk &w, kpt_bwd_step &s, int lane)
 {
     if (s.h >= 0) {
+        // (the live halves read again rather than kept: the producer has 24 registers)
         if (s.half + 1 < KPT_BM / KPT_BWD_SUB &&
-            s.qt * KPT_BM + (s.half + 1) * KPT_BWD_SUB < A.Sq) {
+            s.qt * KPT_BM + (s.half + 1) * KPT_BWD_SUB < A.Sq &&
+            (kpt_bwd_halves(A, true, s.tile - 3) >> (s.half + 1) & 1)) {
             s.half++;
             return;
         }
@@ -156,8 +170,10 @@ __device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, i
         kpt_bwd_chunk(A, b, kt, w, lane);
     }
     const int i = __ffs(w.live) - 1;
-    const int slot = w.slot >= 0 ? w.slot + __popc(w.part & ((1u << i) - 1)) : -1;
-    s = {w.h, w.base + i, 0, (w.full >> i) & 1 ? 2 : slot >= 0 ? 3 + slot : 1};
+    const bool full = (w.full >> i) & 1;
+    const int slot = !full && w.slot >= 0 ? w.slot + __popc(w.part & ((1u << i) - 1)) : -1;
+    s = {w.h, w.base + i, kpt_bwd_halves(A, true, slot) & 1 ? 0 : 1,
+         full ? 2 : slot >= 0 ? 3 + slot : 1};
 }
 
 // Which pairs of this thread's 16 x 64 block of S^T (keys krow on, queries q0 on) step s keeps:
@@ -566,12 +582,15 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
         const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
         const int ts = cls == 1 ? slot : -1; // this tile's slot
         slot += cls == 1 && slot >= 0;
+        const int halves = kpt_bwd_halves(A, false, ts); // of its keys
         const u32 tK = sK + (i & 1) * KPT_BWD_KSTAGE, tV = tK + KPT_BWD_KB;
         kpt_mbar_wait(bar + 8 * KPT_BQ_F(i & 1), (i >> 1) & 1);
 #pragma unroll 1
         for (int half = 0; half < KPT_BN / KPT_BWD_SUB; half++) {
             const int k0 = j * KPT_BN + half * KPT_BWD_SUB;
             if (k0 >= A.Skv) break;
+            if (!(halves >> half & 1))
+                continue; // no kept pair in these 64 keys
             const u32 hK = tK + half * KPT_BWD_SUB * 128, hV = tV + half * KPT_BWD_SUB * 128;
             // S = Q K^T and dP = dO V^T: this warpgroup's 64 queries against 64 keys
             float S[8][4], dP[8][4];

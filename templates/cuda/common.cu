@@ -226,9 +226,10 @@ __device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
 // then the first. After the order table, 16-byte aligned, each layout: per map row and line an
 // int32, the slot of the line's first partial tile or -1 (kpt_blockmap_order); then, 256-byte
 // aligned, the slots: 2048 bytes each, per row block of 16 rows (8 of them) the 32 lanes' words,
-// as kpt_tile_bits makes them. At most KPT_BITS_TILES slots a layout, shared out evenly between
-// map rows; a line whose partial tiles do not fit its row's share gets -1 and evaluates its mask
-// (KPT_BITS_TILES: KPT_MASK_BITS_TILES in ir/plan.h). Host twin: kpt_kernel_args_map_bytes.
+// as kpt_tile_bits makes them; then a byte per slot, its live halves (kpt_bits_halves). At most
+// KPT_BITS_TILES slots a layout, shared out evenly between map rows; a line whose partial tiles
+// do not fit its row's share gets -1 and evaluates its mask (KPT_BITS_TILES:
+// KPT_MASK_BITS_TILES in ir/plan.h). Host twin: kpt_kernel_args_map_bytes.
 __device__ __forceinline__ int kpt_bits_lines(const kpt_args &A, bool kr)
 {
     return kr ? A.n_kt : A.n_qt;
@@ -251,8 +252,10 @@ __device__ __forceinline__ void kpt_bits_geom(const kpt_args &A, bool kr, i64 &b
     const i64 pairs = (i64)A.n_qt * A.n_kt * rows, order_at = (pairs + 15) & ~(i64)15;
     share = min(pairs, (i64)KPT_BITS_TILES) / rows;
     base_at = (order_at + 4 * (i64)A.n_qt * rows + 15) & ~(i64)15;
-    if (KPT_BITS_BWD && !kr) // after the key-row layout's bases and slots
-        base_at = ((base_at + 4 * (i64)A.n_kt * rows + 255) & ~(i64)255) + share * rows * 2048;
+    if (KPT_BITS_BWD && !kr) { // after the key-row layout's bases, slots and halves
+        const i64 end = ((base_at + 4 * (i64)A.n_kt * rows + 255) & ~(i64)255) + share * rows * 2049;
+        base_at = (end + 15) & ~(i64)15;
+    }
     bits_at = (base_at + 4 * (i64)kpt_bits_lines(A, kr) * rows + 255) & ~(i64)255;
 }
 __device__ __forceinline__ int *kpt_bits_bases(const kpt_args &A, bool kr, int b, int h)
@@ -272,6 +275,14 @@ __device__ __forceinline__ u64 *kpt_bits_slot(const kpt_args &A, bool kr, int sl
     i64 base_at, bits_at, share;
     kpt_bits_geom(A, kr, base_at, bits_at, share);
     return (u64 *)((unsigned char *)A.blockmap + bits_at) + (i64)slot * 256;
+}
+// A slot's live halves: bit i is set where half i of its columns (64 queries of a key-row
+// layout's tile, 64 keys of a query-row one) keeps a pair; a kernel skips the other half.
+__device__ __forceinline__ unsigned char *kpt_bits_halves(const kpt_args &A, bool kr, int slot)
+{
+    i64 base_at, bits_at, share;
+    kpt_bits_geom(A, kr, base_at, bits_at, share);
+    return (unsigned char *)A.blockmap + bits_at + share * kpt_map_rows(A) * 2048 + slot;
 }
 // Row block blk's word for this lane (written by an earlier launch: read-only here).
 __device__ __forceinline__ u64 kpt_bits_word(const kpt_args &A, bool kr, int slot, int blk,
@@ -606,6 +617,7 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
 extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_args A)
 {
     __shared__ int s_before;
+    __shared__ unsigned s_halves;
     // the backward's key-row layout takes the first CTAs, then the query-row layout
     int cta = blockIdx.x;
     const bool kr = KPT_BITS_BWD && cta < (A.n_qt + 7) / 8 * A.n_kt;
@@ -641,6 +653,17 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_ar
         const u64 keep = kpt_tile_bits<false>(A, U, b, h, l, x, warp, lane);
 #endif
         kpt_bits_slot(A, kr, slot)[warp * 32 + lane] = keep;
+        // the tile's live halves, from every warp's words
+        const unsigned halves = (__any_sync(0xffffffffu, (u32)keep != 0) ? 1u : 0u) |
+                                (__any_sync(0xffffffffu, (u32)(keep >> 32) != 0) ? 2u : 0u);
+        if (threadIdx.x == 0)
+            s_halves = 0;
+        __syncthreads();
+        if (lane == 0 && halves)
+            atomicOr(&s_halves, halves);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            *kpt_bits_halves(A, kr, slot) = (unsigned char)s_halves;
         slot++;
     }
 }
