@@ -83,7 +83,7 @@ kpt_status kpt_plan_tiles_hip(const kpt_pattern *p, const kpt_kernel_config *cfg
 
 /* Masks of more IR nodes than this are evaluated in a loop in partial tiles (plan.mask_rolled). */
 #define KPT_MASK_UNROLL_MAX_NODES 24
-/* The sm_90a forward stores the keep bits of partial tiles (plan.mask_bits) for masks of at
+/* The sm_90a kernels store the keep bits of partial tiles (plan.mask_bits) for masks of at
  * least this many nodes (and for those that read aux data): a dilated window (9) has partial
  * tiles only; causal (3), windows, prefixes and chunks (at most 7) have few, and an affine
  * compare per score costs less than building a block map for them on every call. */

@@ -62,8 +62,8 @@ typedef struct kpt_kernel_plan {
      * computed once per map row by the block-map kernels (shared by every head the mask does not
      * depend on), so the attention kernel loads 8 bytes a thread instead of evaluating the mask
      * there. For masks that read aux data or have KPT_MASK_BITS_MIN_NODES nodes; implies
-     * has_blockmap. A forward's bits go by q tile ("lines" of kv tiles), a backward's by kv tile
-     * (kpt_kernel_bits_lines). */
+     * has_blockmap. A forward's bits go by q tile ("lines" of kv tiles); a backward's map has
+     * them by kv tile (kpt_bwd_dkdv's), then by q tile (kpt_bwd_dq's). */
     bool mask_bits;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and

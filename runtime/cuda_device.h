@@ -35,7 +35,7 @@ typedef struct kpt_cuda_kernel {
     kpt_kernel_plan plan;
     CUmodule module;
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
-    CUfunction blockmap_bits; /* sm_90a forward kernels with plan.mask_bits */
+    CUfunction blockmap_bits; /* sm_90a kernels with plan.mask_bits */
     CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux, bwd_dsinks; /* backward (no attention) */
     CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */

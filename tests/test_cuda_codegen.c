@@ -276,7 +276,8 @@ static void test_plan_paged(void **state)
  * more, or that read aux data; forward and backward alike), and the block map's bytes then:
  * classes, the order table, each line's first slot (a line is a q tile in the forward, a kv
  * tile in the backward), and min(pairs, KPT_MASK_BITS_TILES) slots of 2048 bytes shared out
- * evenly between the map rows (kpt_bits_geom in templates/cuda/common.cu). */
+ * evenly between the map rows, with a byte each of live halves (kpt_bits_geom in
+ * templates/cuda/common.cu). */
 static void test_plan_sm90_mask_bits(void **state)
 {
     (void)state;

@@ -176,18 +176,22 @@ __device__ __forceinline__ void kpt_bwd_next(const kpt_args &A, int b, int hk, i
          full ? 2 : slot >= 0 ? 3 + slot : 1};
 }
 
-// Which pairs of this thread's 16 x 64 block of S^T (keys krow on, queries q0 on) step s keeps:
-// the stored bits of a partial tile that has them, else kpt_bwd_keep's (all where nothing is
-// dropped: a full tile inside both lengths).
-__device__ __forceinline__ u32 kpt_bwd_step_keep(const kpt_args &A, const kpt_uniform &U,
-                                                 const int4 &s, int b, int krow, int q0,
+// Which pairs of this thread's 16 x 64 block are kept: rows row0 on (keys with KR, kpt_bwd_dkdv's
+// S^T; else queries), columns col0 on, half `half` of its tile's columns. The stored bits of a
+// partial tile that has them (slot >= 0), else kpt_bwd_keep's (all where nothing is dropped: a
+// full tile inside both lengths).
+template <bool KR>
+__device__ __forceinline__ u32 kpt_bwd_tile_keep(const kpt_args &A, const kpt_uniform &U, int b,
+                                                 int h, int row0, int col0, int half, int slot,
                                                  bool partial, int lane)
 {
 #if KPT_MASK_BITS
-    if (s.w >= 3)
-        return (u32)(kpt_bits_word(A, true, s.w - 3, (krow % KPT_BN) >> 4, lane) >> (32 * s.z));
+    if (slot >= 0)
+        return (u32)(kpt_bits_word(A, KR, slot, (row0 % KPT_BM) >> 4, lane) >> (32 * half));
+#else
+    (void)half, (void)slot;
 #endif
-    return partial ? kpt_bwd_keep<KPT_BWD_SUB, true>(A, U, b, s.x, krow, q0, lane) : ~0u;
+    return partial ? kpt_bwd_keep<KPT_BWD_SUB, KR>(A, U, b, h, row0, col0, lane) : ~0u;
 }
 
 // This warp's 16 x 64 block of dS^T (A fragments, rows r0 on in the CTA's tile) into the swizzled
@@ -413,7 +417,8 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         kpt_bwd_ss<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, wV, tO);
         kpt_wgmma_commit();
         const bool partial = s.w != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq;
-        const u32 keep = kpt_bwd_step_keep(A, U, s, b, krow, q0, partial, lane);
+        const u32 keep = kpt_bwd_tile_keep<true>(A, U, b, h, krow, q0, s.z,
+                                                 s.w >= 3 ? s.w - 3 : -1, partial, lane);
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&S[0][0]);
         float D[8][4]; // d s'/d s (with a score mod)
@@ -499,21 +504,6 @@ __device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt
     }
 }
 
-// Which pairs of this thread's 16 x 64 block of S (queries row0 on, keys k0 on: half `half` of
-// a kv tile) are kept: a partial tile's stored bits (slot >= 0) or kpt_bwd_keep's.
-__device__ __forceinline__ u32 kpt_bwd_dq_keep(const kpt_args &A, const kpt_uniform &U, int b,
-                                               int h, int row0, int k0, int half, int slot,
-                                               bool partial, int lane)
-{
-#if KPT_MASK_BITS
-    if (slot >= 0)
-        return (u32)(kpt_bits_word(A, false, slot, (row0 % KPT_BM) >> 4, lane) >> (32 * half));
-#else
-    (void)half, (void)slot;
-#endif
-    return partial ? kpt_bwd_keep<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, lane) : ~0u;
-}
-
 // One CTA per (128-query tile, head, batch row), as kpt_bwd_dkdv a producer warpgroup (one
 // thread of it issues the TMA copies) and two consumer warpgroups, c = 0 and 1, of queries
 // c * 64 .. + 63, which never wait for each other.
@@ -580,8 +570,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     for (int j = lo, i = 0; j <= hi; i++) {
         const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
         const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
-        const int ts = cls == 1 ? slot : -1; // this tile's slot
-        slot += cls == 1 && slot >= 0;
+        const int ts = kpt_bits_take(cls, slot); // this tile's slot
         const int halves = kpt_bwd_halves(A, false, ts); // of its keys
         const u32 tK = sK + (i & 1) * KPT_BWD_KSTAGE, tV = tK + KPT_BWD_KB;
         kpt_mbar_wait(bar + 8 * KPT_BQ_F(i & 1), (i >> 1) & 1);
@@ -600,7 +589,8 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN>(dP, wO, hV);
             kpt_wgmma_commit();
             const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
-            const u32 keep = kpt_bwd_dq_keep(A, U, b, h, row0, k0, half, ts, partial, lane);
+            const u32 keep =
+                kpt_bwd_tile_keep<false>(A, U, b, h, row0, k0, half, ts, partial, lane);
             kpt_wgmma_wait<1>();
             kpt_wgmma_regs<32>(&S[0][0]);
             float D[8][4]; // d s'/d s (with a score mod)

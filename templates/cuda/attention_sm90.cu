@@ -488,8 +488,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
             kpt_turn_give(c);
         const int cj = kpt_class_of(A, cls, b, h, qt, q0, q1, j);
         const bool partial = cj != 2 || (j + 1) * KPT_BN > A.Skv;
-        const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, cj == 1 ? slot : -1);
-        slot += cj == 1 && slot >= 0;
+        const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, kpt_bits_take(cj, slot));
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
@@ -519,8 +518,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
             kpt_turn_give(c);
         const int cj = kpt_class_of(A, cls, b, h, qt, q0, q1, j);
         const bool partial = cj != 2 || (j + 1) * KPT_BN > A.Skv;
-        const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, cj == 1 ? slot : -1);
-        slot += cj == 1 && slot >= 0;
+        const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, kpt_bits_take(cj, slot));
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));

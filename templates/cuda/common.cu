@@ -296,6 +296,14 @@ __device__ __forceinline__ int kpt_bits_base(const kpt_args &, bool, int, int, i
     return -1;
 }
 #endif
+// A kernel walking a line's tiles in order, slot the next partial tile's (from kpt_bits_base):
+// the slot of this tile, of class cls, or -1 (not partial, or no bits stored); slot moves past it.
+__device__ __forceinline__ int kpt_bits_take(int cls, int &slot)
+{
+    const int ts = cls == 1 ? slot : -1;
+    slot += cls == 1 && slot >= 0;
+    return ts;
+}
 
 // The class of kv tile t for this CTA: from the block map when the pattern needs one, else from
 // interval reasoning on the tile's corners.
