@@ -39,8 +39,11 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
 
 /* The backward kernels (templates/cuda/attention_bwd.cu): 64 x 64 tiles, four warps of 16 rows
  * (keys in kpt_bwd_dkdv, queries in kpt_bwd_dq), one stage. dK and dV (or dQ) accumulate in
- * registers, dqk / 2 + dv / 2 a thread, so head dims stop at 128: at 256 they alone would take
- * all 255 registers. Shared memory holds K, V, Q and dO tiles and two row vectors.
+ * registers, dqk / 2 + dv / 2 a thread; past head dim 128 they alone would take all 255, so
+ * there the CTA has eight warps in two column parts: each part recomputes the scores of its 16
+ * rows over the whole head dim and accumulates half of the columns (1.5x the products of one
+ * part, in place of spills or a second pass over the keys). Shared memory holds K, V, Q and dO
+ * tiles and two row vectors: 136 KB at head dim 256, which sm_86/89 (99 KB) cannot give.
  *
  * On sm_90a with head dims 64 and 128 (templates/cuda/attention_bwd_sm90.cu): 128 x 128 tiles
  * (tile classes and block maps use them), two warpgroups of 64 rows, warpgroup MMA. kpt_bwd_dkdv
@@ -53,18 +56,16 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
 #define KPT_BWD_AUX_CHUNK 16 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
 
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
-                                kpt_kernel_plan *out, kpt_diag *diag)
+                                int smem_limit, kpt_kernel_plan *out, kpt_diag *diag)
 {
-    if (cfg->dqk > 128 || cfg->dv > 128)
-        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
-                            "head dims Dqk = %d, Dv = %d: the CUDA backward supports 32, 64, 96 "
-                            "and 128", cfg->dqk, cfg->dv);
+    const bool wide = cfg->dqk > 128 || cfg->dv > 128; /* two column parts (above) */
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
-    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && cfg->dqk % 64 == 0 && cfg->dv % 64 == 0;
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && !wide && cfg->dqk % 64 == 0 &&
+                   cfg->dv % 64 == 0;
     /* Two warpgroups a CTA rather than one (64 x 64 tiles, two CTAs an SM): H100, bf16,
      * D = 128, 16k, full 352 against 311 TFLOP/s, causal 359 against 318. */
-    pl.warps = pl.cfg.wgmma ? 8 : 4;
+    pl.warps = pl.cfg.wgmma || wide ? 8 : 4;
     pl.mt = 1;
     pl.bm = pl.cfg.wgmma ? 128 : 64;
     pl.bn = pl.bm;
@@ -99,6 +100,11 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
                   (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float) + aux;
     pl.dq_smem_bytes = pl.smem_bytes;
+    if (smem_limit > 0 && pl.smem_bytes > (size_t)smem_limit)
+        return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
+                            "head dims Dqk = %d, Dv = %d: the CUDA backward needs %zu bytes of "
+                            "shared memory a CTA%s; this device allows %d", cfg->dqk, cfg->dv,
+                            pl.smem_bytes, aux ? " (with aux gradients)" : "", smem_limit);
     *out = pl;
     return KPT_OK;
 }
@@ -169,7 +175,7 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "sm_%d: the CUDA backend needs sm_80 or newer (mma.sync bf16)", cfg->sm);
     if (cfg->kind == KPT_KERNEL_BACKWARD)
-        return plan_backward(p, cfg, out, diag);
+        return plan_backward(p, cfg, smem_limit, out, diag);
     if (cfg->kind == KPT_KERNEL_PAGED)
         return plan_paged(p, cfg, smem_limit, out, diag);
     kpt_kernel_plan pl = {0};

@@ -218,9 +218,24 @@ static void test_plan_backward(void **state)
     assert_int_equal(kpt_plan_tiles_cuda(p, &c96, 0, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
     assert_int_equal(plan.bm, 64);
+    /* past head dim 128: the sm_80 kernels with eight warps in two column parts, 136 KB of
+     * shared memory, refused with the numbers where a device has less (sm_86/89: 99 KB) */
     kpt_kernel_config c256 = c96;
     c256.dqk = c256.dv = 256;
-    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 0, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 0, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
+    assert_int_equal(plan.warps, 8);
+    assert_int_equal(plan.bm, 64);
+    assert_int_equal(plan.bn, 64);
+    assert_int_equal(plan.smem_bytes, 2 * (64 * 264 * 2 * 2) + 2 * 64 * 4);
+    assert_int_equal(plan.dq_smem_bytes, plan.smem_bytes);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 227 * 1024, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 99 * 1024, &plan, &d), KPT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(d.message, "135680 bytes of shared memory"));
+    kpt_kernel_config c256_64 = c256;
+    c256_64.dv = 64;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256_64, 0, &plan, &d), KPT_OK);
+    assert_int_equal(plan.warps, 8);
 
     /* workspace: delta (4 bytes a row), then dq's sums (4 bytes an element) where atomic */
     kpt_kernel_config c128 = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
@@ -407,7 +422,7 @@ static bool is_wgmma_dim(int dim)
     return false;
 }
 #define F16_DIM 3 /* the entry of dims[] compiled in f16 too: {128, 128} */
-#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + 2 * NPAT + 3)
+#define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + 2 * NPAT + 5)
 
 /* The example scripts (examples/patterns) join the matrix at D = 64 and 128 in bf16. */
 static const int script_dims[] = {1 /* 64 */, 3 /* 128 */};
@@ -589,6 +604,10 @@ static void test_nvrtc_matrix(void **state)
     jobs[n++] = (job){.pat = 1, .dt = 1, .dim = 1, .sm = 90, .wgmma = true, .backward = true,
                       .script = -1};
     jobs[n++] = (job){.pat = (int)NPAT - 1, .dim = 5, .sm = 90, .wgmma = true, .backward = true,
+                      .script = -1};
+    /* head dim 256: the sm_80 kernels in two column parts, also on sm_90 */
+    jobs[n++] = (job){.pat = 1, .dim = 4, .sm = 90, .backward = true, .script = -1};
+    jobs[n++] = (job){.pat = (int)NPAT - 1, .dt = 1, .dim = 4, .sm = 80, .backward = true,
                       .script = -1};
     const int first_paged = n;
     static const int paged_pats[] = {0, 1, 8, 12, 13}; /* no mask, mask, aux, score, all */

@@ -417,6 +417,14 @@ __device__ __forceinline__ void kpt_bwd_aux(const kpt_args &A, const kpt_uniform
 
 #if !KPT_WGMMA // the sm_90a kernels follow in attention_bwd_sm90.cu
 #define KPT_BWD_ROWS (KPT_BN * KPT_KSTR + KPT_BN * KPT_VSTR + KPT_BM * KPT_QSTR + KPT_BM * KPT_VSTR)
+// Past head dim 128 the CTA has eight warps (compiler/plan_tiles_cuda.c): warps w and w + 4
+// compute the same 16 rows of scores over the whole head dim, and each accumulates its part of
+// the gradient's columns (dK and dV, or dQ), which alone would take all 255 registers.
+#define KPT_BWD_PARTS (KPT_WARPS / 4)
+#define KPT_BWD_KC (KPT_DQK / KPT_BWD_PARTS) // dK's (dQ's) columns a part
+#define KPT_BWD_VC (KPT_DV / KPT_BWD_PARTS)  // dV's
+static_assert(KPT_WARPS % 4 == 0 && KPT_BM == 64 && KPT_BN == 64, "four warps of 16 rows a part");
+static_assert(KPT_BWD_KC % 16 == 0 && KPT_BWD_VC % 16 == 0, "whole 16-column blocks a part");
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
 {
@@ -435,14 +443,14 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int k0 = kt * KPT_BN;
-    const int wrow = warp * 16; // this warp's keys in the tile
+    const int wrow = (warp & 3) * 16, part = warp >> 2; // this warp's keys in the tile, its columns
     kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(sK, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
     kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(sV, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
     kpt_cp_commit();
 
-    float dK[KPT_DQK / 8][4], dV[KPT_DV / 8][4];
-    kpt_zero<KPT_DQK>(dK);
-    kpt_zero<KPT_DV>(dV);
+    float dK[KPT_BWD_KC / 8][4], dV[KPT_BWD_VC / 8][4];
+    kpt_zero<KPT_BWD_KC>(dK);
+    kpt_zero<KPT_BWD_VC>(dV);
     for (int h = hk * A.group; h < (hk + 1) * A.group; h++) {
         kpt_uniform U;
         kpt_uniform_init(A, b, h, U);
@@ -475,13 +483,14 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
             kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, keep, S, D, s_lse, nullptr,
                                         lane); // P^T
-            // dV += P^T dO
-            kpt_mm_pb<KPT_DV, KPT_BM, KPT_VSTR>(dV, S, sO, lane);
+            // dV += P^T dO (this part's columns)
+            kpt_mm_pb<KPT_BWD_VC, KPT_BM, KPT_VSTR>(dV, S, sO + part * KPT_BWD_VC * 2, lane);
             // dP^T = V dO^T
             float dP[KPT_BM / 8][4];
             kpt_mm_abt<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sV + wrow * KPT_VSTR * 2, sO, lane);
 #if KPT_AUX_GRADS
-            if (G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
+            if (G.daux_on && part == 0) { // S^T once more: the scores are gone, and kept
+                                          // they cost registers (one part: each term once)
                 float X[KPT_BM / 8][4];
                 kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(X, sK + wrow * KPT_KSTR * 2, sQ, lane);
                 kpt_bwd_aux<KPT_BM>(A, U, G, b, h, k0 + wrow, q0, X, S, dP, s_del,
@@ -491,14 +500,14 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             // dS^T
             kpt_bwd_ds<KPT_BM, true>(S, dP, D, s_del, nullptr, lane);
             // dK += dS^T Q
-            kpt_mm_pb<KPT_DQK, KPT_BM, KPT_QSTR>(dK, S, sQ, lane);
+            kpt_mm_pb<KPT_BWD_KC, KPT_BM, KPT_QSTR>(dK, S, sQ + part * KPT_BWD_KC * 2, lane);
         }
     }
     kpt_cp_wait<0>();
-    kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
-                           k0 + wrow, A.Skv, A.scale, lane);
-    kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],
-                          k0 + wrow, A.Skv, 1.0f, lane);
+    kpt_store_acc<KPT_BWD_KC>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1] +
+                                      part * KPT_BWD_KC, G.dks[2], k0 + wrow, A.Skv, A.scale, lane);
+    kpt_store_acc<KPT_BWD_VC>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1] +
+                                      part * KPT_BWD_VC, G.dvs[2], k0 + wrow, A.Skv, 1.0f, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
@@ -513,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
     const int qt = A.n_qt - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
-    const int wrow = warp * 16;
+    const int wrow = (warp & 3) * 16, part = warp >> 2; // as in kpt_bwd_dkdv
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
     kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
@@ -535,8 +544,8 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
         lse[r] = kpt_lse2(A, b, h, qi);
         del[r] = kpt_delta(A, G, b, h, qi);
     }
-    float dQ[KPT_DQK / 8][4];
-    kpt_zero<KPT_DQK>(dQ);
+    float dQ[KPT_BWD_KC / 8][4];
+    kpt_zero<KPT_BWD_KC>(dQ);
     for (int j = lo; j <= hi; j++) {
 #if KPT_HAS_MASK
         const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
@@ -562,10 +571,10 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
         kpt_mm_abt<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sO + wrow * KPT_VSTR * 2, sV, lane);
         kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);
         // dQ += dS K
-        kpt_mm_pb<KPT_DQK, KPT_BN, KPT_KSTR>(dQ, S, sK, lane);
+        kpt_mm_pb<KPT_BWD_KC, KPT_BN, KPT_KSTR>(dQ, S, sK + part * KPT_BWD_KC * 2, lane);
     }
     kpt_cp_wait<0>();
-    kpt_store_acc<KPT_DQK>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1], G.dqs[2],
-                           q0 + wrow, A.Sq, A.scale, lane);
+    kpt_store_acc<KPT_BWD_KC>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1] +
+                                      part * KPT_BWD_KC, G.dqs[2], q0 + wrow, A.Sq, A.scale, lane);
 }
 #endif

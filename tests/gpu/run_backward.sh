@@ -1,6 +1,6 @@
 #!/bin/sh
 # The backward matrix on a CUDA GPU: `kptc check --backward --backend cuda` over the built-in
-# patterns and compositions, the example Lua scripts, f16/bf16, D 64/128, MHA/GQA, odd lengths
+# patterns and compositions, the example Lua scripts, f16/bf16, D 64/128/256, MHA/GQA, odd lengths
 # and the BSHD layout. Each run compares dq, dk and dv of the backward kernels (outputs poisoned
 # first), and the aux gradients of the scripts' learnable parameters, with the CPU reference's,
 # and runs the backward twice: the bits must repeat. Then
@@ -41,6 +41,15 @@ done
 for s in examples/patterns/*.lua; do
     check "$s" --shape 2,4,2,300,300,64
 done
+# head dim 256 (and Dqk != Dv past 128): the sm_80 kernels in two column parts, on every device
+for pat in causal document+causal 'alibi+softcap(20)' 'sliding_window(100)'; do
+    check "$pat" --shape 1,4,2,777,1000,256
+done
+check causal --shape 2,4,4,300,300,256 --dtype f16
+check causal --shape 1,4,2,300,333,256,128
+check alibi+causal --shape 1,4,2,300,333,128,256
+check full --shape 1,2,1,130,200,256,64
+check causal --shape 1,2,2,17,17,256 --layout bshd
 # keep bits (sm_90a): both of the backward's layouts, with 64 map rows whose shares of slots run
 # out (tests/mask_bits.lua: the last kv tiles and q tiles evaluate their masks instead)
 check tests/mask_bits.lua --shape 4,16,16,1500,1531,64
@@ -52,6 +61,7 @@ check $P --shape 2,4,2,300,300,64
 check $P --shape 1,8,2,1000,1000,128 --dtype f16
 check $P --shape 1,4,4,777,1000,64 --layout bshd
 check $P --shape 1,4,1,4133,4133,128
+check $P --shape 1,4,2,300,300,256
 echo "backward matrix: $pass passed, $fail failed" | tee -a "$LOG"
 grep -m3 "backward on" "$LOG"
 status=0
@@ -63,6 +73,11 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
                 --backend cuda "$pat" --shape 1,2,1,130,200,64 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat"; tail -20 "$OUT/san_$tool.log"; }
+        done
+        for pat in document+causal tests/gpu/learned_params.lua; do # two column parts
+            compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
+                --backend cuda "$pat" --shape 1,2,1,130,200,256 >"$OUT/san_$tool.log" 2>&1 ||
+                { status=1; echo "compute-sanitizer $tool: FAILED on $pat (D 256)"; tail -20 "$OUT/san_$tool.log"; }
         done
         tail -1 "$OUT/san_$tool.log"
     done

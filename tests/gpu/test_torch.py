@@ -87,10 +87,10 @@ def forward_checks():
 
 def backward_checks():
     torch.manual_seed(1)
-    for name, hkv in (("causal", 8), ("causal GQA", 2)):
-        q, k, v = rand(2, 8, 777, 64, grad=True), rand(2, hkv, 777, 64, grad=True), rand(
-            2, hkv, 777, 64, grad=True)
-        do = rand(2, 8, 777, 64)
+    for name, hkv, d in (("causal", 8, 64), ("causal GQA", 2, 64), ("causal D=256", 2, 256)):
+        q, k, v = rand(2, 8, 777, d, grad=True), rand(2, hkv, 777, d, grad=True), rand(
+            2, hkv, 777, d, grad=True)
+        do = rand(2, 8, 777, d)
         kpt.attention(q, k, v, "causal").backward(do)
         got = [t.grad for t in (q, k, v)]
         for t in (q, k, v):

@@ -36,9 +36,8 @@
     "                                for spirv:coopmat); portable kernels use at most 32768\n" \
     "      --blockmap                spirv: print the block-map kernel's SPIR-V instead\n" \
     "      --paged                   the serving kernels (paged KV, ragged batches, split-KV\n" \
-    "                                decode; CUDA targets, head dims up to 128)\n" \
-    "      --backward                the backward kernels (gradients; CUDA targets, head dims\n" \
-    "                                up to 128)\n" \
+    "                                decode; CUDA targets)\n" \
+    "      --backward                the backward kernels (gradients; CUDA targets)\n" \
     "      --verbose                 print the compiler's time and log (ptxas's register/spill\n" \
     "                                report for CUDA) to stderr\n" \
     "      -o FILE                   write to FILE instead of stdout (binaries too)\n"
