@@ -40,10 +40,11 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
 /* The backward kernels (templates/cuda/attention_bwd.cu): 64 x 64 tiles, four warps of 16 rows
  * (keys in kpt_bwd_dkdv, queries in kpt_bwd_dq), one stage. dK and dV (or dQ) accumulate in
  * registers, dqk / 2 + dv / 2 a thread; past head dim 128 they alone would take all 255, so
- * there the CTA has eight warps in two column parts: each part recomputes the scores of its 16
- * rows over the whole head dim and accumulates half of the columns (1.5x the products of one
- * part, in place of spills or a second pass over the keys). Shared memory holds K, V, Q and dO
- * tiles and two row vectors: 136 KB at head dim 256, which sm_86/89 (99 KB) cannot give.
+ * there the CTA has eight warps in two column parts: warps w and w + 4 own the same 16 rows,
+ * each accumulates half of the gradient's columns and computes the rows' scores and dP over
+ * half of the head dim, the halves summed through shared memory. Shared memory holds K, V, Q
+ * and dO tiles and two row vectors (and at head dim 256 the exchange: 152 KB, which sm_86/89,
+ * 99 KB, cannot give; 215 KB with two stages of Q and dO, below).
  *
  * On sm_90a with head dims 64 and 128 (templates/cuda/attention_bwd_sm90.cu): 128 x 128 tiles
  * (tile classes and block maps use them), two warpgroups of 64 rows, warpgroup MMA. kpt_bwd_dkdv
@@ -54,6 +55,9 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * plan.dq_smem_bytes): kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for
  * kpt_bwd_dq's static tile classes. */
 #define KPT_BWD_AUX_CHUNK 16 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
+/* the sm_80 backward kernels' static shared memory, at most (kpt_bwd_dq's tile classes: 2064
+ * bytes), besides plan.smem_bytes */
+#define KPT_BWD_STATIC_SMEM 4096
 
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
                                 int smem_limit, kpt_kernel_plan *out, kpt_diag *diag)
@@ -96,15 +100,27 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         *out = pl;
         return KPT_OK;
     }
-    size_t rows = (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8) +
-                  (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
-    pl.smem_bytes = 2 * rows + 2 * (size_t)pl.bm * sizeof(float) + aux;
+    /* a pair of tiles kept, a pair streamed a stage (kpt_bwd_dkdv: K and V, then Q and dO);
+     * their row vectors; kpt_bwd_pair_sum's exchange with two parts (16 floats a thread,
+     * KPT_BWD_XH) */
+    size_t pair = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
+    size_t xchg = wide ? (size_t)pl.warps * 32 * 16 * sizeof(float) : 0;
+    size_t fixed = pair + xchg + aux;
+    size_t stage = pair + 2 * (size_t)pl.bm * sizeof(float);
+    /* Two stages at head dim 256 where shared memory holds them (H100, 227 KB: 215 KB; not
+     * with aux gradients' staging, nor on sm_80's 163 KB; offline, sm_90 and newer): one CTA an
+     * SM otherwise waits for each q tile's copies. At 128 and below the 70 KB of one stage keep
+     * three CTAs an SM, which hide the copies. */
+    size_t limit = smem_limit > 0 ? (size_t)smem_limit : cfg->sm >= 90 ? 227 * 1024 : 0;
+    pl.stages = wide && fixed + 2 * stage + KPT_BWD_STATIC_SMEM <= limit ? 2 : 1;
+    pl.smem_bytes = fixed + (size_t)pl.stages * stage;
     pl.dq_smem_bytes = pl.smem_bytes;
-    if (smem_limit > 0 && pl.smem_bytes > (size_t)smem_limit)
+    if (smem_limit > 0 && pl.smem_bytes + KPT_BWD_STATIC_SMEM > (size_t)smem_limit)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "head dims Dqk = %d, Dv = %d: the CUDA backward needs %zu bytes of "
                             "shared memory a CTA%s; this device allows %d", cfg->dqk, cfg->dv,
-                            pl.smem_bytes, aux ? " (with aux gradients)" : "", smem_limit);
+                            pl.smem_bytes + KPT_BWD_STATIC_SMEM, aux ? " (with aux gradients)" : "",
+                            smem_limit);
     *out = pl;
     return KPT_OK;
 }

@@ -218,20 +218,26 @@ static void test_plan_backward(void **state)
     assert_int_equal(kpt_plan_tiles_cuda(p, &c96, 0, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
     assert_int_equal(plan.bm, 64);
-    /* past head dim 128: the sm_80 kernels with eight warps in two column parts, 136 KB of
-     * shared memory, refused with the numbers where a device has less (sm_86/89: 99 KB) */
+    /* past head dim 128: the sm_80 kernels with eight warps in two column parts, 152 KB of
+     * shared memory (tiles, row vectors, the parts' 16 KB exchange) with one stage of Q and dO,
+     * 215 KB with two where they fit, refused with the numbers where a device has less
+     * (sm_86/89: 99 KB) */
     kpt_kernel_config c256 = c96;
     c256.dqk = c256.dv = 256;
-    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 0, &plan, &d), KPT_OK);
+    const int pair = 2 * 64 * 264 * 2, xchg = 8 * 32 * 16 * 4, rows = 2 * 64 * 4;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 0, &plan, &d), KPT_OK); /* sm_90: 227 KB */
     assert_false(plan.cfg.wgmma);
     assert_int_equal(plan.warps, 8);
     assert_int_equal(plan.bm, 64);
     assert_int_equal(plan.bn, 64);
-    assert_int_equal(plan.smem_bytes, 2 * (64 * 264 * 2 * 2) + 2 * 64 * 4);
+    assert_int_equal(plan.stages, 2);
+    assert_int_equal(plan.smem_bytes, pair + xchg + 2 * (pair + rows));
     assert_int_equal(plan.dq_smem_bytes, plan.smem_bytes);
-    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 227 * 1024, &plan, &d), KPT_OK);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 163 * 1024, &plan, &d), KPT_OK); /* sm_80 */
+    assert_int_equal(plan.stages, 1);
+    assert_int_equal(plan.smem_bytes, pair + xchg + pair + rows);
     assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 99 * 1024, &plan, &d), KPT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(d.message, "135680 bytes of shared memory"));
+    assert_non_null(strstr(d.message, "156160 bytes of shared memory")); /* + 4 KB static */
     kpt_kernel_config c256_64 = c256;
     c256_64.dv = 64;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c256_64, 0, &plan, &d), KPT_OK);

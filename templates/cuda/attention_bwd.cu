@@ -416,41 +416,185 @@ __device__ __forceinline__ void kpt_bwd_aux(const kpt_args &A, const kpt_uniform
 #endif
 
 #if !KPT_WGMMA // the sm_90a kernels follow in attention_bwd_sm90.cu
-#define KPT_BWD_ROWS (KPT_BN * KPT_KSTR + KPT_BN * KPT_VSTR + KPT_BM * KPT_QSTR + KPT_BM * KPT_VSTR)
-// Past head dim 128 the CTA has eight warps (compiler/plan_tiles_cuda.c): warps w and w + 4
-// compute the same 16 rows of scores over the whole head dim, and each accumulates its part of
-// the gradient's columns (dK and dV, or dQ), which alone would take all 255 registers.
+#define KPT_BWD_ROWS ((1 + KPT_STAGES) * KPT_BM * (KPT_QSTR + KPT_VSTR)) // the kernels' tiles
+// Past head dim 128 the CTA has eight warps (compiler/plan_tiles_cuda.c) in two parts: warps w
+// and w + 4 own the same 16 rows, each accumulates its part of the gradient's columns (dK and
+// dV, or dQ: all of them would take all 255 registers), and each computes the scores and dP of
+// those rows over its part of the head dim, the pair's halves then summed (kpt_bwd_pair_sum).
 #define KPT_BWD_PARTS (KPT_WARPS / 4)
-#define KPT_BWD_KC (KPT_DQK / KPT_BWD_PARTS) // dK's (dQ's) columns a part
-#define KPT_BWD_VC (KPT_DV / KPT_BWD_PARTS)  // dV's
+#define KPT_BWD_KC (KPT_DQK / KPT_BWD_PARTS) // dK's (dQ's) columns a part; Q's and K's too
+#define KPT_BWD_VC (KPT_DV / KPT_BWD_PARTS)  // dV's; dO's and V's
+#define KPT_BWD_XH 16                        // floats a thread of kpt_bwd_pair_sum's rounds
 static_assert(KPT_WARPS % 4 == 0 && KPT_BM == 64 && KPT_BN == 64, "four warps of 16 rows a part");
 static_assert(KPT_BWD_KC % 16 == 0 && KPT_BWD_VC % 16 == 0, "whole 16-column blocks a part");
+
+// C = the sum of the C of this warp and of its pair's other warp (two parts; nothing with one),
+// the same bits in both (float addition commutes), through x: KPT_BWD_XH floats a thread, a
+// round per KPT_BWD_XH elements, the pair meeting on named barrier 1 + warp % 4. x takes
+// KPT_WARPS * 32 * KPT_BWD_XH floats (16 KB; one 32-float round would not leave sm_80's 163 KB
+// for it).
+template <int N>
+__device__ __forceinline__ void kpt_bwd_pair_sum(float (&C)[N / 8][4], float *x, int warp, int lane)
+{
+    if constexpr (KPT_BWD_PARTS > 1) {
+        static_assert(N / 2 % KPT_BWD_XH == 0, "whole rounds");
+        const int pair = warp & 3, part = warp >> 2;
+        float *mine = x + (pair * 2 + part) * KPT_BWD_XH * 32 + lane;
+        const float *theirs = x + (pair * 2 + 1 - part) * KPT_BWD_XH * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < N / 2; r += KPT_BWD_XH) {
+            // the other warp has read the previous round (or product) before x is written
+            asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");
+#pragma unroll
+            for (int i = 0; i < KPT_BWD_XH; i++) mine[i * 32] = C[(r + i) / 4][(r + i) % 4];
+            asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");
+#pragma unroll
+            for (int i = 0; i < KPT_BWD_XH; i++) C[(r + i) / 4][(r + i) % 4] += theirs[i * 32];
+        }
+    } else {
+        (void)C, (void)x, (void)warp, (void)lane;
+    }
+}
+
+// Where kpt_bwd_dkdv's and kpt_bwd_dq's steps find their tiles (stage st of the streamed pair)
+// and row vectors, and this warp's place (wrow: its 16 rows; part: its columns).
+struct kpt_bwd_at {
+    u32 sK, sV, sQ, sO;
+    const float *lse, *del; // kpt_bwd_dkdv: the q tile's, shared
+    float *x;               // kpt_bwd_pair_sum's exchange
+    int wrow, part, warp, lane;
+};
+
+// One step of kpt_bwd_dkdv: its 64 keys (k0) against q tile qt (class cls) of head h.
+__device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_gargs &G,
+                                                  const kpt_uniform &U, const kpt_bwd_at &w,
+                                                  float2 *aux, int b, int h, int qt, int cls,
+                                                  int k0, float (&dK)[KPT_BWD_KC / 8][4],
+                                                  float (&dV)[KPT_BWD_VC / 8][4])
+{
+    const int q0 = qt * KPT_BM, wrow = w.wrow, part = w.part, lane = w.lane;
+    const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+    const u32 keep = partial ? kpt_bwd_keep<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, lane) : ~0u;
+    // S^T = K Q^T: this warp's 16 keys against the tile's queries.
+    float S[KPT_BM / 8][4];
+    kpt_mm_abt<KPT_BM, KPT_BWD_KC, KPT_KSTR, KPT_QSTR, true>(
+        S, w.sK + (wrow * KPT_KSTR + part * KPT_BWD_KC) * 2, w.sQ + part * KPT_BWD_KC * 2, lane);
+    kpt_bwd_pair_sum<KPT_BM>(S, w.x, w.warp, lane);
+    float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
+    kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, keep, S, D, w.lse, nullptr,
+                                lane); // P^T
+    // dV += P^T dO (this part's columns)
+    kpt_mm_pb<KPT_BWD_VC, KPT_BM, KPT_VSTR>(dV, S, w.sO + part * KPT_BWD_VC * 2, lane);
+    // dP^T = V dO^T
+    float dP[KPT_BM / 8][4];
+    kpt_mm_abt<KPT_BM, KPT_BWD_VC, KPT_VSTR, KPT_VSTR, true>(
+        dP, w.sV + (wrow * KPT_VSTR + part * KPT_BWD_VC) * 2, w.sO + part * KPT_BWD_VC * 2, lane);
+    kpt_bwd_pair_sum<KPT_BM>(dP, w.x, w.warp, lane);
+#if KPT_AUX_GRADS
+    if (G.daux_on && part == 0) { // S^T once more: the scores are gone, and kept they cost
+                                  // registers (one part: each term once)
+        float X[KPT_BM / 8][4];
+        kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(X, w.sK + wrow * KPT_KSTR * 2, w.sQ,
+                                                              lane);
+        kpt_bwd_aux<KPT_BM>(A, U, G, b, h, k0 + wrow, q0, X, S, dP, w.del,
+                            aux + w.warp * KPT_AUX_CHUNK * 32, lane);
+    }
+#else
+    (void)aux;
+#endif
+    // dS^T
+    kpt_bwd_ds<KPT_BM, true>(S, dP, D, w.del, nullptr, lane);
+    // dK += dS^T Q
+    kpt_mm_pb<KPT_BWD_KC, KPT_BM, KPT_QSTR>(dK, S, w.sQ + part * KPT_BWD_KC * 2, lane);
+}
+
+// One step of kpt_bwd_dq: its q tile (q0, this thread's rows' LSE and delta) against kv tile
+// j (class cls).
+__device__ __forceinline__ void kpt_bwd_dq_step(const kpt_args &A, const kpt_uniform &U,
+                                                const kpt_bwd_at &w, const float (&lse)[2],
+                                                const float (&del)[2], int b, int h, int q0,
+                                                int j, int cls, float (&dQ)[KPT_BWD_KC / 8][4])
+{
+    const int k0 = j * KPT_BN, wrow = w.wrow, part = w.part, lane = w.lane;
+    const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+    const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, lane) : ~0u;
+    float S[KPT_BN / 8][4];
+    kpt_mm_abt<KPT_BN, KPT_BWD_KC, KPT_QSTR, KPT_KSTR, true>(
+        S, w.sQ + (wrow * KPT_QSTR + part * KPT_BWD_KC) * 2, w.sK + part * KPT_BWD_KC * 2, lane);
+    kpt_bwd_pair_sum<KPT_BN>(S, w.x, w.warp, lane);
+    float D[KPT_BN / 8][4]; // d s'/d s (with a score mod)
+    kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, keep, S, D, nullptr, lse, lane);
+    float dP[KPT_BN / 8][4];
+    kpt_mm_abt<KPT_BN, KPT_BWD_VC, KPT_VSTR, KPT_VSTR, true>(
+        dP, w.sO + (wrow * KPT_VSTR + part * KPT_BWD_VC) * 2, w.sV + part * KPT_BWD_VC * 2, lane);
+    kpt_bwd_pair_sum<KPT_BN>(dP, w.x, w.warp, lane);
+    kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);
+    // dQ += dS K
+    kpt_mm_pb<KPT_BWD_KC, KPT_BN, KPT_KSTR>(dQ, S, w.sK + part * KPT_BWD_KC * 2, lane);
+}
+
+#if KPT_STAGES > 1
+// The next live q tile of kpt_bwd_dkdv's walk after (h, qt) (qt = -1: the first): the group's
+// heads one after another, each head's q tiles in order; false past the last.
+__device__ __forceinline__ bool kpt_bwd_next_q(const kpt_args &A, int b, int hk, int kt, int &h,
+                                               int &qt, int &cls)
+{
+    for (;;) {
+        if (++qt == A.n_qt) {
+            qt = 0;
+            if (++h == (hk + 1) * A.group)
+                return false;
+        }
+#if KPT_HAS_MASK
+        const int q0 = qt * KPT_BM;
+        cls = kpt_tile_class(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, kt);
+        if (cls != 0)
+            return true;
+#else
+        cls = 2;
+        return true;
+#endif
+    }
+}
+#endif
+
+// Both kernels keep one pair of tiles (K and V, or Q and dO) and stream the other through
+// KPT_STAGES stages: one, loaded once the previous step is done (at head dims up to 128 three
+// CTAs an SM hide the copies), or two where shared memory holds them (compiler/
+// plan_tiles_cuda.c), the next live tile's copies issued before the current one is computed.
+// Per stage: Q then dO, or K then V; then the stages' row vectors (LSE and delta of
+// kpt_bwd_dkdv's q tiles), the pair exchange, the aux staging.
+#define KPT_BWD_TILE (KPT_BM * (KPT_QSTR + KPT_VSTR)) // elements of a Q and dO (or K and V) pair
+static_assert(KPT_BM == KPT_BN && KPT_QSTR == KPT_KSTR, "the kernels' pairs of tiles have one size");
+static_assert(KPT_BWD_ROWS % 4 == 0, "kpt_bwd_probs reads LSE and delta in pairs");
+static_assert(KPT_BM <= KPT_THREADS, "a row vector's element a thread");
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
     const u32 sK = kpt_smem_addr(kpt_smem);
-    const u32 sV = sK + KPT_BN * KPT_KSTR * 2;
-    const u32 sQ = sV + KPT_BN * KPT_VSTR * 2;
-    const u32 sO = sQ + KPT_BM * KPT_QSTR * 2; // dO
-    static_assert(KPT_BWD_ROWS % 4 == 0, "kpt_bwd_probs reads LSE and delta in pairs");
-    float *s_lse = (float *)(kpt_smem + KPT_BWD_ROWS * 2);
-    float *s_del = s_lse + KPT_BM;
-#if KPT_AUX_GRADS
-    float2 *s_aux = (float2 *)(s_del + KPT_BM); // kpt_bwd_aux's staging, a share per warp
-#endif
+    const u32 sQ0 = sK + KPT_BWD_TILE * 2; // stage s: Q at sQ0 + s * KPT_BWD_TILE * 2, then dO
+    float *s_lse = (float *)(kpt_smem + KPT_BWD_ROWS * 2); // stage s: + s * KPT_BM
+    float *s_del = s_lse + KPT_STAGES * KPT_BM;
+    float *s_x = s_del + KPT_STAGES * KPT_BM; // kpt_bwd_pair_sum's, with two parts
+    // kpt_bwd_aux's staging, a share per warp
+    float2 *s_aux = (float2 *)(s_x + (KPT_BWD_PARTS > 1 ? KPT_WARPS * 32 * KPT_BWD_XH : 0));
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int k0 = kt * KPT_BN;
-    const int wrow = (warp & 3) * 16, part = warp >> 2; // this warp's keys in the tile, its columns
-    kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(sK, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
-    kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(sV, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
+    // this warp's keys in the tile, and its part (a constant 0 with one part)
+    const int part = KPT_BWD_PARTS > 1 ? warp >> 2 : 0, wrow = (warp - part * 4) * 16;
+    kpt_bwd_at w = {sK, sK + KPT_BN * KPT_KSTR * 2, sQ0, sQ0 + KPT_BM * KPT_QSTR * 2,
+                    s_lse, s_del, s_x, wrow, part, warp, lane};
+    kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(w.sK, (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1] + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
+    kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(w.sV, (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1] + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
     kpt_cp_commit();
 
     float dK[KPT_BWD_KC / 8][4], dV[KPT_BWD_VC / 8][4];
     kpt_zero<KPT_BWD_KC>(dK);
     kpt_zero<KPT_BWD_VC>(dV);
+#if KPT_STAGES == 1
     for (int h = hk * A.group; h < (hk + 1) * A.group; h++) {
         kpt_uniform U;
         kpt_uniform_init(A, b, h, U);
@@ -465,8 +609,8 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             const int cls = 2;
 #endif
             __syncthreads(); // the previous q tile is done with sQ, sO and the row vectors
-            kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(sQ, gQ + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
-            kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(sO, gO + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
+            kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(w.sQ, gQ + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
+            kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(w.sO, gO + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
             kpt_cp_commit();
             for (int i = tid; i < KPT_BM; i += KPT_THREADS) {
                 s_lse[i] = kpt_lse2(A, b, h, q0 + i);
@@ -474,35 +618,68 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             }
             kpt_cp_wait<0>();
             __syncthreads();
-
-            const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
-            const u32 keep = partial ? kpt_bwd_keep<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, lane) : ~0u;
-            // S^T = K Q^T: this warp's 16 keys against the tile's queries.
-            float S[KPT_BM / 8][4];
-            kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(S, sK + wrow * KPT_KSTR * 2, sQ, lane);
-            float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
-            kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, keep, S, D, s_lse, nullptr,
-                                        lane); // P^T
-            // dV += P^T dO (this part's columns)
-            kpt_mm_pb<KPT_BWD_VC, KPT_BM, KPT_VSTR>(dV, S, sO + part * KPT_BWD_VC * 2, lane);
-            // dP^T = V dO^T
-            float dP[KPT_BM / 8][4];
-            kpt_mm_abt<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sV + wrow * KPT_VSTR * 2, sO, lane);
-#if KPT_AUX_GRADS
-            if (G.daux_on && part == 0) { // S^T once more: the scores are gone, and kept
-                                          // they cost registers (one part: each term once)
-                float X[KPT_BM / 8][4];
-                kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(X, sK + wrow * KPT_KSTR * 2, sQ, lane);
-                kpt_bwd_aux<KPT_BM>(A, U, G, b, h, k0 + wrow, q0, X, S, dP, s_del,
-                                    s_aux + warp * KPT_AUX_CHUNK * 32, lane);
-            }
-#endif
-            // dS^T
-            kpt_bwd_ds<KPT_BM, true>(S, dP, D, s_del, nullptr, lane);
-            // dK += dS^T Q
-            kpt_mm_pb<KPT_BWD_KC, KPT_BM, KPT_QSTR>(dK, S, sQ + part * KPT_BWD_KC * 2, lane);
+            kpt_bwd_dkdv_step(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
         }
     }
+#else
+    // the next live q tile's copies go out before this one is computed, into the other stage
+    // (each step's last barrier frees it), its row vectors through registers
+    // Q and dO of q tile qt of head h into stage st
+    auto load_q = [&](int st, int h, int qt) {
+        const int q0 = qt * KPT_BM;
+        const u32 sQ = sQ0 + st * KPT_BWD_TILE * 2;
+        kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(
+            sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2],
+            A.qs[2], A.Sq - q0);
+        kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(
+            sQ + KPT_BM * KPT_QSTR * 2,
+            (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q0 * G.dos[2],
+            G.dos[2], A.Sq - q0);
+        kpt_cp_commit();
+    };
+    int h = hk * A.group, qt = -1, cls = 0, st = 0, uh = -1;
+    bool live = kpt_bwd_next_q(A, b, hk, kt, h, qt, cls);
+    if (live) {
+        load_q(0, h, qt);
+        if (tid < KPT_BM) {
+            s_lse[tid] = kpt_lse2(A, b, h, qt * KPT_BM + tid);
+            s_del[tid] = kpt_delta(A, G, b, h, qt * KPT_BM + tid);
+        }
+    }
+    kpt_uniform U;
+    while (live) {
+        int hn = h, qn = qt, cn = 0;
+        const bool more = kpt_bwd_next_q(A, b, hk, kt, hn, qn, cn);
+        const int sn = st ^ 1;
+        float nl = 0.0f, nd = 0.0f;
+        if (more) {
+            load_q(sn, hn, qn);
+            if (tid < KPT_BM) {
+                nl = kpt_lse2(A, b, hn, qn * KPT_BM + tid);
+                nd = kpt_delta(A, G, b, hn, qn * KPT_BM + tid);
+            }
+            kpt_cp_wait<1>(); // all but the next tile's copies: this one's (and K and V)
+        } else {
+            kpt_cp_wait<0>();
+        }
+        __syncthreads();
+        if (h != uh) {
+            kpt_uniform_init(A, b, h, U);
+            uh = h;
+        }
+        w.sQ = sQ0 + st * KPT_BWD_TILE * 2;
+        w.sO = w.sQ + KPT_BM * KPT_QSTR * 2;
+        w.lse = s_lse + st * KPT_BM;
+        w.del = s_del + st * KPT_BM;
+        kpt_bwd_dkdv_step(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
+        __syncthreads(); // this stage is read
+        if (more && tid < KPT_BM) {
+            s_lse[sn * KPT_BM + tid] = nl;
+            s_del[sn * KPT_BM + tid] = nd;
+        }
+        h = hn, qt = qn, cls = cn, st = sn, live = more;
+    }
+#endif
     kpt_cp_wait<0>();
     kpt_store_acc<KPT_BWD_KC>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1] +
                                       part * KPT_BWD_KC, G.dks[2], k0 + wrow, A.Skv, A.scale, lane);
@@ -513,29 +690,42 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
-    const u32 sK = kpt_smem_addr(kpt_smem);
-    const u32 sV = sK + KPT_BN * KPT_KSTR * 2;
-    const u32 sQ = sV + KPT_BN * KPT_VSTR * 2;
-    const u32 sO = sQ + KPT_BM * KPT_QSTR * 2; // dO
+    const u32 sQ = kpt_smem_addr(kpt_smem);
+    const u32 sK0 = sQ + KPT_BWD_TILE * 2; // stage s: K at sK0 + s * KPT_BWD_TILE * 2, then V
+    float *s_x = (float *)(kpt_smem + KPT_BWD_ROWS * 2) + 2 * KPT_STAGES * KPT_BM; // as dkdv's
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int qt = A.n_qt - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
-    const int wrow = (warp & 3) * 16, part = warp >> 2; // as in kpt_bwd_dkdv
+    const int part = KPT_BWD_PARTS > 1 ? warp >> 2 : 0, wrow = (warp - part * 4) * 16;
+    kpt_bwd_at w = {sK0, sK0 + KPT_BN * KPT_KSTR * 2, sQ, sQ + KPT_BM * KPT_QSTR * 2,
+                    nullptr, nullptr, s_x, wrow, part, warp, lane};
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
-    kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
-    kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(sO, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
+    kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(w.sQ, (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1] + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
+    kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(w.sO, (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1] + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
     kpt_cp_commit();
     const u16 *gK = (const u16 *)A.k + (i64)b * A.ks[0] + (i64)hk * A.ks[1];
     const u16 *gV = (const u16 *)A.v + (i64)b * A.vs[0] + (i64)hk * A.vs[1];
+    // K and V of kv tile j into stage st
+    auto load_kv = [&](int st, int j) {
+        const int k0 = j * KPT_BN;
+        const u32 sK = sK0 + st * KPT_BWD_TILE * 2;
+        kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(sK, gK + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
+        kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(sK + KPT_BN * KPT_KSTR * 2, gV + (i64)k0 * A.vs[2],
+                                                A.vs[2], A.Skv - k0);
+        kpt_cp_commit();
+    };
 
     int lo = 0, hi = A.n_kt - 1;
 #if KPT_HAS_MASK
     __shared__ int s_lo, s_hi;
     __shared__ unsigned char s_cls[KPT_CLS_CAP];
     kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
+#define KPT_BWD_CLASS(j) kpt_class_of(A, s_cls, b, h, qt, q0, q1, j)
+#else
+#define KPT_BWD_CLASS(j) 2
 #endif
     float lse[2], del[2];
 #pragma unroll
@@ -546,33 +736,42 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
     }
     float dQ[KPT_BWD_KC / 8][4];
     kpt_zero<KPT_BWD_KC>(dQ);
+#if KPT_STAGES == 1
     for (int j = lo; j <= hi; j++) {
-#if KPT_HAS_MASK
-        const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
+        const int cls = KPT_BWD_CLASS(j);
         if (cls == 0) continue;
-#else
-        const int cls = 2;
-#endif
-        const int k0 = j * KPT_BN;
         __syncthreads(); // the previous kv tile is done with sK and sV
-        kpt_load_tile<KPT_BN, KPT_DQK, KPT_KSTR>(sK, gK + (i64)k0 * A.ks[2], A.ks[2], A.Skv - k0);
-        kpt_load_tile<KPT_BN, KPT_DV, KPT_VSTR>(sV, gV + (i64)k0 * A.vs[2], A.vs[2], A.Skv - k0);
-        kpt_cp_commit();
+        load_kv(0, j);
         kpt_cp_wait<0>();
         __syncthreads();
-
-        const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
-        const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, lane) : ~0u;
-        float S[KPT_BN / 8][4];
-        kpt_mm_abt<KPT_BN, KPT_DQK, KPT_QSTR, KPT_KSTR, true>(S, sQ + wrow * KPT_QSTR * 2, sK, lane);
-        float D[KPT_BN / 8][4]; // d s'/d s (with a score mod)
-        kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, keep, S, D, nullptr, lse, lane);
-        float dP[KPT_BN / 8][4];
-        kpt_mm_abt<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR, true>(dP, sO + wrow * KPT_VSTR * 2, sV, lane);
-        kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);
-        // dQ += dS K
-        kpt_mm_pb<KPT_BWD_KC, KPT_BN, KPT_KSTR>(dQ, S, sK + part * KPT_BWD_KC * 2, lane);
+        kpt_bwd_dq_step(A, U, w, lse, del, b, h, q0, j, cls, dQ);
     }
+#else
+    // as in kpt_bwd_dkdv: the next live kv tile's copies go out before this one is computed
+    auto next_kv = [&](int j) {
+        for (j++; j <= hi && KPT_BWD_CLASS(j) == 0; j++) {}
+        return j;
+    };
+    int j = next_kv(lo - 1), st = 0;
+    if (j <= hi)
+        load_kv(0, j);
+    while (j <= hi) {
+        const int jn = next_kv(j), sn = st ^ 1;
+        if (jn <= hi) {
+            load_kv(sn, jn);
+            kpt_cp_wait<1>();
+        } else {
+            kpt_cp_wait<0>();
+        }
+        __syncthreads();
+        w.sK = sK0 + st * KPT_BWD_TILE * 2;
+        w.sV = w.sK + KPT_BN * KPT_KSTR * 2;
+        kpt_bwd_dq_step(A, U, w, lse, del, b, h, q0, j, KPT_BWD_CLASS(j), dQ);
+        __syncthreads(); // this stage is read
+        j = jn, st = sn;
+    }
+#endif
+#undef KPT_BWD_CLASS
     kpt_cp_wait<0>();
     kpt_store_acc<KPT_BWD_KC>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1] +
                                       part * KPT_BWD_KC, G.dqs[2], q0 + wrow, A.Sq, A.scale, lane);
