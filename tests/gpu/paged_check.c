@@ -349,6 +349,7 @@ static void build(bool quick)
     static const int kvr[8] = {700, 1, 2048, 5000, 33, 900, 0, 64}, kvs[8] = {3000, 1500, 250, 4000,
                                                                             64, 5, 777, 2049};
     static const int kvlong[1] = {20000}, ql[1] = {1}, ql4[1] = {7};
+    static const int kvmany[8] = {40000, 9000, 4097, 2049, 5, 4, 33000, 12345};
     static const int kvshort[8] = {150, 1, 64, 100, 33, 190, 0, 77}; /* three tiles at most */
     for (int i = 0; i < npat; i++) {
         const char *p = pats[i];
@@ -373,6 +374,14 @@ static void build(bool quick)
             with_o_pad();
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 1, ql, kvlong, 0);
             with_o_pad();
+        }
+        if (i <= 1 && !on_cpu) {
+            /* a CTA's key range over more pages than it stages at once (2048 page ids): the
+             * next chunks staged as its tiles pass them; pages of 1, 3 (not a power of two: the
+             * generic copy) and 16 rows */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 1, false, false, 8, q1, kvmany, 0);
+            add(p, KPT_DTYPE_F16, 64, 16, 2, 3, true, false, 8, q4, kvmany, 0);
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, q1, kvmany, 0);
         }
         if (i == 0 && !on_cpu) { /* the CPU runs the reference twice: plumbing only */
             /* head dim 256 (Gemma): decode, speculative, ragged, long, Dv far above Dqk */
