@@ -25,7 +25,7 @@ import cases  # noqa: E402
 import kpt  # noqa: E402
 
 
-def backward(ctx, case, fk, fmap, q, k, v, o, stream, reps):
+def backward(ctx, case, fk, fmap, q, k, v, o, stream, reps, det):
     """The forward once (for O and LSE), then the backward reps times."""
     B, H, S, _ = q.shape
     bk = ctx.kernel(case.pattern(kpt), "bf16", q.shape[-1], backward=True)
@@ -34,12 +34,12 @@ def backward(ctx, case, fk, fmap, q, k, v, o, stream, reps):
     dout = torch.randn_like(q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     bmap = bk.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream) if bk.needs_blockmap else None
-    ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv, scalars=sc, aux=aux),
-                     dtype=torch.uint8, device="cuda")
+    ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv, scalars=sc, aux=aux,
+                                        deterministic=det), dtype=torch.uint8, device="cuda")
     fk(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=fmap, stream=stream)
     for _ in range(reps):
         bk.backward(q, k, v, o, lse, dout, dq, dk, dv, scalars=sc, aux=aux, blockmap=bmap,
-                    workspace=ws, stream=stream)
+                    workspace=ws, stream=stream, deterministic=det)
 
 
 def main():
@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backward", action="store_true", help="kpt's backward (default mode)")
+    ap.add_argument("--deterministic", action="store_true", help="the backward's deterministic mode")
     ap.add_argument("patterns", nargs="+")
     args = ap.parse_args()
     kpt.library(args.lib)
@@ -67,7 +68,7 @@ def main():
         if ker.needs_blockmap:
             bm = ker.blockmap(q, k, v, o, scalars=case.scalars, aux=case.aux, stream=stream)
         if args.backward:
-            backward(ctx, case, ker, bm, q, k, v, o, stream, args.reps)
+            backward(ctx, case, ker, bm, q, k, v, o, stream, args.reps, args.deterministic)
             torch.cuda.synchronize()
             print(f"{name}: {args.reps} backward runs of kpt")
             continue

@@ -465,6 +465,19 @@ struct kpt_bwd_at {
     int wrow, part, warp, lane;
 };
 
+// C = A B^T for this warp's 16 rows of A (rows at sA, stride ASTR) against the N rows of B (at sB,
+// stride BSTR), over the head dim D: this warp's part of D, then the pair's parts summed (with
+// one part, all of D).
+template <int N, int D, int ASTR, int BSTR>
+__device__ __forceinline__ void kpt_bwd_mm_rows(float (&C)[N / 8][4], u32 sA, u32 sB,
+                                                const kpt_bwd_at &w)
+{
+    constexpr int DC = D / KPT_BWD_PARTS;
+    kpt_mm_abt<N, DC, ASTR, BSTR, true>(C, sA + (w.wrow * ASTR + w.part * DC) * 2,
+                                        sB + w.part * DC * 2, w.lane);
+    kpt_bwd_pair_sum<N>(C, w.x, w.warp, w.lane);
+}
+
 // One step of kpt_bwd_dkdv: its 64 keys (k0) against q tile qt (class cls) of head h.
 __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_gargs &G,
                                                   const kpt_uniform &U, const kpt_bwd_at &w,
@@ -477,9 +490,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_g
     const u32 keep = partial ? kpt_bwd_keep<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, lane) : ~0u;
     // S^T = K Q^T: this warp's 16 keys against the tile's queries.
     float S[KPT_BM / 8][4];
-    kpt_mm_abt<KPT_BM, KPT_BWD_KC, KPT_KSTR, KPT_QSTR, true>(
-        S, w.sK + (wrow * KPT_KSTR + part * KPT_BWD_KC) * 2, w.sQ + part * KPT_BWD_KC * 2, lane);
-    kpt_bwd_pair_sum<KPT_BM>(S, w.x, w.warp, lane);
+    kpt_bwd_mm_rows<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR>(S, w.sK, w.sQ, w);
     float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
     kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, keep, S, D, w.lse, nullptr,
                                 lane); // P^T
@@ -487,9 +498,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_g
     kpt_mm_pb<KPT_BWD_VC, KPT_BM, KPT_VSTR>(dV, S, w.sO + part * KPT_BWD_VC * 2, lane);
     // dP^T = V dO^T
     float dP[KPT_BM / 8][4];
-    kpt_mm_abt<KPT_BM, KPT_BWD_VC, KPT_VSTR, KPT_VSTR, true>(
-        dP, w.sV + (wrow * KPT_VSTR + part * KPT_BWD_VC) * 2, w.sO + part * KPT_BWD_VC * 2, lane);
-    kpt_bwd_pair_sum<KPT_BM>(dP, w.x, w.warp, lane);
+    kpt_bwd_mm_rows<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR>(dP, w.sV, w.sO, w);
 #if KPT_AUX_GRADS
     if (G.daux_on && part == 0) { // S^T once more: the scores are gone, and kept they cost
                                   // registers (one part: each term once)
@@ -519,15 +528,11 @@ __device__ __forceinline__ void kpt_bwd_dq_step(const kpt_args &A, const kpt_uni
     const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
     const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, lane) : ~0u;
     float S[KPT_BN / 8][4];
-    kpt_mm_abt<KPT_BN, KPT_BWD_KC, KPT_QSTR, KPT_KSTR, true>(
-        S, w.sQ + (wrow * KPT_QSTR + part * KPT_BWD_KC) * 2, w.sK + part * KPT_BWD_KC * 2, lane);
-    kpt_bwd_pair_sum<KPT_BN>(S, w.x, w.warp, lane);
+    kpt_bwd_mm_rows<KPT_BN, KPT_DQK, KPT_QSTR, KPT_KSTR>(S, w.sQ, w.sK, w);
     float D[KPT_BN / 8][4]; // d s'/d s (with a score mod)
     kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, keep, S, D, nullptr, lse, lane);
     float dP[KPT_BN / 8][4];
-    kpt_mm_abt<KPT_BN, KPT_BWD_VC, KPT_VSTR, KPT_VSTR, true>(
-        dP, w.sO + (wrow * KPT_VSTR + part * KPT_BWD_VC) * 2, w.sV + part * KPT_BWD_VC * 2, lane);
-    kpt_bwd_pair_sum<KPT_BN>(dP, w.x, w.warp, lane);
+    kpt_bwd_mm_rows<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR>(dP, w.sO, w.sV, w);
     kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);
     // dQ += dS K
     kpt_mm_pb<KPT_BWD_KC, KPT_BN, KPT_KSTR>(dQ, S, w.sK + part * KPT_BWD_KC * 2, lane);
