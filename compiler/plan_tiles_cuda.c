@@ -108,10 +108,11 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     size_t fixed = pair + xchg + aux;
     size_t stage = pair + 2 * (size_t)pl.bm * sizeof(float);
     /* Two stages at head dim 256 where shared memory holds them (H100, 227 KB: 215 KB; not
-     * with aux gradients' staging, nor on sm_80's 163 KB; offline, sm_90 and newer): one CTA an
-     * SM otherwise waits for each q tile's copies. At 128 and below the 70 KB of one stage keep
-     * three CTAs an SM, which hide the copies. */
-    size_t limit = smem_limit > 0 ? (size_t)smem_limit : cfg->sm >= 90 ? 227 * 1024 : 0;
+     * with aux gradients' staging, nor on sm_80's 163 KB; offline, for sm_90 only, whose
+     * devices all have 227 KB: sm_120's have 99 KB): one CTA an SM otherwise waits for each q
+     * tile's copies. At 128 and below the 70 KB of one stage keep three CTAs an SM, which hide
+     * the copies. */
+    size_t limit = smem_limit > 0 ? (size_t)smem_limit : cfg->sm == 90 ? 227 * 1024 : 0;
     pl.stages = wide && fixed + 2 * stage + KPT_BWD_STATIC_SMEM <= limit ? 2 : 1;
     pl.smem_bytes = fixed + (size_t)pl.stages * stage;
     pl.dq_smem_bytes = pl.smem_bytes;
