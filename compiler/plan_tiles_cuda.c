@@ -146,7 +146,8 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     pl.warps = 4;
     pl.mt = 1;
     pl.bm = 64;
-    pl.bn = 64;
+    /* past Dv = 128, 32-key tiles, so that two stages fit beside a second CTA an SM */
+    pl.bn = cfg->dv > 128 ? 32 : 64;
     pl.q_in_regs = true;
     kpt_status st = kpt_plan_mask(p, &pl, diag);
     if (st)
@@ -156,13 +157,16 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8);
     size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
     /* Two stages: 87 KB at most up to D = 128, plus 11 KB static, which every sm_80+ device
-     * takes. Past Dv = 128 one stage: two stages of 256 columns (169 KB) hold one CTA an SM, and
-     * two CTAs of one stage (101 KB each) stream the cache 1.6x faster (H200, bf16, heads 16:8,
-     * B = 8, 32k keys: 2389 GB/s against 1519); sm_86/89 (99 KB) cannot hold even that: refused
-     * below, with the numbers. */
+     * takes. Past Dv = 128 the tiles have 32 keys: two stages of 64-key tiles of 256 columns
+     * (169 KB) held one CTA an SM, two CTAs of one such stage (101 KB each) streamed the cache
+     * 1.6x faster (H200, bf16, heads 16:8, B = 8, 32k keys: 2389 GB/s against 1519), and two
+     * stages of 32-key tiles in the same 101 KB let each CTA load a tile while it computes the
+     * last (H100: 1 x 1 x 32k 1653-1690 -> 2099-2105 GB/s, 8 x 16 x 4k 1532-1916 -> 2204-2220,
+     * 8 x 1 x 32k 2198-2260 -> 2413-2417); sm_86/89 (99 KB) hold neither: refused below, with
+     * the numbers. */
     const size_t fixed = KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES; /* besides smem_bytes */
     pl.stages = 2;
-    if (cfg->dv > 128 || (smem_limit > 0 && q + 2 * stage + fixed + 1024 > (size_t)smem_limit))
+    if (smem_limit > 0 && q + 2 * stage + fixed + 1024 > (size_t)smem_limit)
         pl.stages = 1;
     /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
      * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */

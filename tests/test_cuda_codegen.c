@@ -260,9 +260,10 @@ static void test_plan_backward(void **state)
     kpt_pattern_destroy(&p);
 }
 
-/* The serving kernels' plans: two stages up to head dim 128 (every sm_80+ device holds them),
- * one past it (two CTAs an SM on the H100 and A100), a refusal with the numbers on sm_86/89
- * (99 KB); the warps' merge scratch always fits after Q (Dv far above Dqk). */
+/* The serving kernels' plans: two stages of 64-key tiles up to head dim 128 (every sm_80+
+ * device holds them), of 32-key tiles past it (two CTAs an SM on the H100), a refusal with the
+ * numbers on sm_86/89 (99 KB); the warps' merge scratch always fits after Q (Dv far above
+ * Dqk). */
 static void test_plan_paged(void **state)
 {
     (void)state;
@@ -274,21 +275,23 @@ static void test_plan_paged(void **state)
                            .dv = 128, .sm = 86};
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_OK);
     assert_int_equal(plan.stages, 2);
+    assert_int_equal(plan.bn, 64);
     c.dqk = c.dv = 256, c.sm = 90;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
-    assert_int_equal(plan.stages, 1);
+    assert_int_equal(plan.stages, 2);
+    assert_int_equal(plan.bn, 32);
     /* two CTAs an SM, the static part and the 1 KB the driver keeps a CTA included */
     assert_true(2 * (plan.smem_bytes + KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES + 1024) <=
                 233472);
     c.sm = 80;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 166912, &plan, &d), KPT_OK);
-    assert_int_equal(plan.stages, 1);
+    assert_int_equal(plan.stages, 2);
     c.sm = 86;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_ERR_UNSUPPORTED);
     assert_non_null(strstr(d.message, "bytes of shared memory a CTA; this device allows 101376"));
-    c.dqk = 64; /* one stage of 64 + 256 columns is less than the merge scratch */
+    c.dqk = 64; /* two stages of 64 + 256 columns are less than the merge scratch */
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_OK);
-    assert_int_equal(plan.stages, 1);
+    assert_int_equal(plan.stages, 2);
     assert_true(plan.smem_bytes >= 2 * 64 * (64 + 8) + 4 * (16 * 256 + 32) * 4);
     kpt_pattern_destroy(&p);
 }

@@ -7,9 +7,9 @@
 // causal mask is bottom-right. A CTA owns one (sequence, block of its queries, kv head, split):
 // its rows are the block's query tokens times the kv head's query heads (row r is token r / group,
 // head hk * group + r % group), so each K/V byte is read once for the whole GQA group. Its four
-// warps split the rows (WR blocks of 16) and the keys of each 64-key tile (WK = 4 / WR slices;
-// past head dim 128 O's columns instead, KPT_PG_DVSPLIT), and merge their softmax states
-// through shared memory at the end.
+// warps split the rows (WR blocks of 16) and the keys of each tile (WK = 4 / WR slices; past
+// head dim 128 O's columns instead, KPT_PG_DVSPLIT, and the tiles have 32 keys instead of 64:
+// compiler/plan_tiles_cuda.c), and merge their softmax states through shared memory at the end.
 
 // The serving arguments; runtime/kernel_args.h holds the host twin (kpt_kernel_pargs).
 struct kpt_pargs {
@@ -320,8 +320,9 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
 }
 
 // Past head dim 128 the warps of a row block split O's columns instead of the tile's keys: each
-// computes the scores of all 64 keys (the same softmax state in each) and P V for its share of
-// Dv, so O takes 32 registers a thread instead of 128 (which spilled and kept one CTA an SM).
+// computes the scores of all the tile's keys (the same softmax state in each) and P V for its
+// share of Dv, so O takes 32 registers a thread instead of 128 (which spilled and kept one CTA
+// an SM).
 #define KPT_PG_DVSPLIT (KPT_DV > 128)
 
 // Programmatic dependent launch (sm_90; runtime/cuda_device.c, combine_pdl): the attention
