@@ -625,7 +625,6 @@ extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_
 extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_args A)
 {
     __shared__ int s_before;
-    __shared__ unsigned s_halves;
     // the backward's key-row layout takes the first CTAs, then the query-row layout
     int cta = blockIdx.x;
     const bool kr = KPT_BITS_BWD && cta < (A.n_qt + 7) / 8 * A.n_kt;
@@ -662,16 +661,10 @@ extern "C" __global__ void __launch_bounds__(256) kpt_blockmap_bits(const kpt_ar
 #endif
         kpt_bits_slot(A, kr, slot)[warp * 32 + lane] = keep;
         // the tile's live halves, from every warp's words
-        const unsigned halves = (__any_sync(0xffffffffu, (u32)keep != 0) ? 1u : 0u) |
-                                (__any_sync(0xffffffffu, (u32)(keep >> 32) != 0) ? 2u : 0u);
+        const int lo = __syncthreads_or((u32)keep != 0);
+        const int hi = __syncthreads_or((u32)(keep >> 32) != 0);
         if (threadIdx.x == 0)
-            s_halves = 0;
-        __syncthreads();
-        if (lane == 0 && halves)
-            atomicOr(&s_halves, halves);
-        __syncthreads();
-        if (threadIdx.x == 0)
-            *kpt_bits_halves(A, kr, slot) = (unsigned char)s_halves;
+            *kpt_bits_halves(A, kr, slot) = (unsigned char)((lo ? 1 : 0) | (hi ? 2 : 0));
         slot++;
     }
 }
