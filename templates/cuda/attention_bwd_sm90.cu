@@ -385,7 +385,10 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
     }
     kpt_regs_inc<KPT_BWD_CONSUMER_REGS>();
 
-    const int cw = warp - 4, c = cw >> 2; // consumer warp, warpgroup
+    // consumer warp and warpgroup; through a shuffle, the compiler knows them to be the same in
+    // every lane, and keeps more of the descriptors' arithmetic in the uniform datapath (72
+    // instructions fewer here, 40 in kpt_bwd_dq; H100 full 16k 475-496 -> 494-503 TFLOP/s)
+    const int cw = __shfl_sync(0xffffffffu, warp - 4, 0), c = cw >> 2;
     const int k0 = kt * KPT_BN;
     const int krow = k0 + c * 64 + (cw & 3) * 16; // this warp's first key
     const u32 wK = sK + c * 64 * 128, wV = sV + c * 64 * 128; // this warpgroup's keys
@@ -548,7 +551,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     }
     kpt_regs_inc<KPT_BWD_CONSUMER_REGS>();
 
-    const int cw = warp - 4, c = cw >> 2; // consumer warp, warpgroup
+    const int cw = __shfl_sync(0xffffffffu, warp - 4, 0), c = cw >> 2; // as in kpt_bwd_dkdv
     const int row0 = q0 + c * 64 + (cw & 3) * 16; // this warp's first query
     const u32 wQ = sQ + c * 64 * 128, wO = sO + c * 64 * 128; // this warpgroup's queries
     kpt_uniform U;

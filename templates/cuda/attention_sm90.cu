@@ -232,7 +232,12 @@ __device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles 
 #endif
 
 // Ping-pong of the two consumer warpgroups (named barriers 1 and 2): warpgroup c waits for its
-// turn before issuing its products and, once they are issued, gives the turn to the other.
+// turn before issuing its products and, once they are issued, gives the turn to the other. The
+// turns run on across a CTA's items (each warpgroup takes a tile count + 1 of them an item, the
+// last P V included), so that at an item's end one warpgroup's first product S of the next item
+// is issued as soon as the other has issued its last P V, not after the other's epilogue.
+// Warpgroup 1 gives consumer 0 the first turn of the CTA's first item with live tiles, and
+// consumer 0 takes warpgroup 1's last one after its last item: the arrivals balance.
 __device__ __forceinline__ void kpt_turn_wait(int c)
 {
 #if KPT_PINGPONG
@@ -471,10 +476,8 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
     float S[KPT_BN / 8][4], alpha[2] = {1.0f, 1.0f};
     u32 P[KPT_BN / 16][4];
     bool grew = false;
-#if KPT_PINGPONG
-    if (c == 1)
-        kpt_bar_arrive(1, KPT_CONSUMERS); // consumer 0 takes the first turn
-#endif
+    if (c == 1 && ring == 0)
+        kpt_turn_give(c); // consumer 0 takes the CTA's first turn
     // the first live tile: its scores, then its probabilities
     int j = lo;
     u32 i = ring; // unsigned, as in kpt_produce
@@ -484,8 +487,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
         kpt_turn_wait(c);
         kpt_issue_s(S, dq, sK + s * KPT_K_BYTES);
-        if (c == 0 || jn <= hi)
-            kpt_turn_give(c);
+        kpt_turn_give(c);
         const int cj = kpt_class_of(A, cls, b, h, qt, q0, q1, j);
         const bool partial = cj != 2 || (j + 1) * KPT_BN > A.Skv;
         const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, kpt_bits_take(cj, slot));
@@ -514,8 +516,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
             kpt_rescale_rows(O, alpha);
         kpt_mbar_wait(bar + 8 * KPT_BAR_VF(sp), (ip / KPT_STAGES) & 1);
         kpt_issue_pv(O, P, sV + sp * KPT_V_BYTES);
-        if (c == 0 || jn <= hi)
-            kpt_turn_give(c);
+        kpt_turn_give(c);
         const int cj = kpt_class_of(A, cls, b, h, qt, q0, q1, j);
         const bool partial = cj != 2 || (j + 1) * KPT_BN > A.Skv;
         const u64 keep = kpt_keep(A, U, b, h, row0, j, lane, partial, kpt_bits_take(cj, slot));
@@ -537,7 +538,9 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
     if (grew)
         kpt_rescale_rows(O, alpha);
     kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), (i / KPT_STAGES) & 1);
+    kpt_turn_wait(c);
     kpt_issue_pv(O, P, sV + s * KPT_V_BYTES);
+    kpt_turn_give(c);
     kpt_wgmma_wait<0>();
     kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
     kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(s));
@@ -600,7 +603,12 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
     }
     kpt_regs_inc<KPT_CONSUMER_REGS>();
 
-    const int c = wg - 1;             // this consumer warpgroup
+    // This consumer warpgroup: c for addresses, and cu, the same through a shuffle, for the
+    // turns and the branches on them, which the compiler then knows to be taken alike by every
+    // lane. Branching on c itself in the item loop had the K and V descriptors made in regular
+    // registers and moved to uniform ones for each product (~120 instructions more, causal 1k
+    // 2-3 % slower); cu everywhere instead cost softcap+causal at 16k 3-4 % (H100).
+    const int c = wg - 1, cu = __shfl_sync(0xffffffffu, c, 0);
     const kpt_qdesc dq = kpt_q_descs(sQ + c * 64 * 128); // its 64 rows of Q
     u32 ring = 0;
     for (int n = 0; kpt_item(A, n, qt, h, b); n++) {
@@ -643,7 +651,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 #else
         const float sc = KPT_LOG2E;
 #endif
-        ring += kpt_consume(A, U, cls, bar, dq, sK, sV, c, ring, b, h, qt, row0, lane, lo, hi, sc,
+        ring += kpt_consume(A, U, cls, bar, dq, sK, sV, cu, ring, b, h, qt, row0, lane, lo, hi, sc,
                             O, m, l);
 #if KPT_HAS_MASK
         kpt_mbar_arrive(bar + 8 * KPT_BAR_IE(n & 1));
@@ -651,4 +659,6 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         // Epilogue: normalise, write O (and LSE).
         kpt_store_rows(A, b, h, row0, lane, O, m, l);
     }
+    if (cu == 0 && ring > 0)
+        kpt_turn_wait(cu); // warpgroup 1's last turn
 }
