@@ -127,6 +127,13 @@ struct kpt_item_tiles {
     int lo, hi;
     unsigned char cls[KPT_CLS_CAP];
 };
+// The phase parity of item n's (n >= 1) "full" barrier: its slot's (n - 1) / 2-th use, as item
+// 0 is published by kpt_live_tiles's barrier instead. (An arrival for item 0 to keep the count
+// even completed a phase nobody waited for: compute-sanitizer's synccheck reported it.)
+__device__ __forceinline__ u32 kpt_item_full_parity(int n)
+{
+    return (u32)((n - 1) >> 1) & 1;
+}
 
 #if KPT_HAS_MASK
 
@@ -198,7 +205,7 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
 #if KPT_HAS_MASK
         const kpt_item_tiles &it = tiles[n & 1];
         if (n > 0) // the first item's tiles were published by kpt_live_tiles's barrier
-            kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
+            kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), kpt_item_full_parity(n));
         lo = it.lo;
         hi = it.hi;
         cls = it.cls;
@@ -218,7 +225,6 @@ __device__ __forceinline__ void kpt_producer(const kpt_args &A, const kpt_tma &T
 __device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles *tiles, u32 bar,
                                               int lane)
 {
-    kpt_mbar_arrive(bar + 8 * KPT_BAR_IF(0)); // the first item's: published already (the count)
     int qt, h, b;
     for (int n = 1; kpt_item(A, n, qt, h, b); n++) {
         if (n >= 2)
@@ -617,7 +623,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 #if KPT_HAS_MASK
         const kpt_item_tiles &it = s_tiles[n & 1];
         if (n > 0) // as in kpt_producer
-            kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), (n >> 1) & 1);
+            kpt_mbar_wait(bar + 8 * KPT_BAR_IF(n & 1), kpt_item_full_parity(n));
         lo = it.lo;
         hi = it.hi;
         cls = it.cls;

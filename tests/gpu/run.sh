@@ -111,6 +111,18 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
             --quick --filter "page 16" >"$OUT/sanitizer-paged-$tool.log" 2>&1 || status=1
         echo "compute-sanitizer $tool (serving): $(tail -1 "$OUT/sanitizer-paged-$tool.log")"
     done
+    # synccheck on the sm_90a forward's barriers, many items a CTA (the turns that run on across
+    # items, the two slots of live tiles)
+    if [ -x "$KPTC" ]; then
+        for c in "causal_bottom_right 1,2,2,700,300,128" "document+causal 1,2,2,700,700,128" \
+            "full 1,2,2,700,700,128"; do
+            set -- $c
+            KPT_CUDA_PERSISTENT=3 compute-sanitizer --tool synccheck --error-exitcode 3 \
+                "$KPTC" check --backend cuda "$1" --shape "$2" >"$OUT/sanitizer-sync.log" 2>&1 ||
+                { status=1; echo "compute-sanitizer synccheck: FAILED on $1"; }
+            echo "compute-sanitizer synccheck ($1): $(tail -1 "$OUT/sanitizer-sync.log")"
+        done
+    fi
 else
     echo "compute-sanitizer not found: sanitizer runs skipped"
 fi
