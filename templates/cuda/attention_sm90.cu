@@ -242,8 +242,8 @@ __device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles 
 // turns run on across a CTA's items (each warpgroup takes a tile count + 1 of them an item, the
 // last P V included), so that at an item's end one warpgroup's first product S of the next item
 // is issued as soon as the other has issued its last P V, not after the other's epilogue.
-// Warpgroup 1 gives consumer 0 the first turn of the CTA's first item with live tiles, and
-// consumer 0 takes warpgroup 1's last one after its last item: the arrivals balance.
+// Consumer 1 gives consumer 0 the first turn of the CTA's first item with live tiles, and
+// consumer 0 takes consumer 1's last one after its last item: the arrivals balance.
 __device__ __forceinline__ void kpt_turn_wait(int c)
 {
 #if KPT_PINGPONG
@@ -666,5 +666,5 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         kpt_store_rows(A, b, h, row0, lane, O, m, l);
     }
     if (cu == 0 && ring > 0)
-        kpt_turn_wait(cu); // warpgroup 1's last turn
+        kpt_turn_wait(cu); // consumer 1's last turn
 }
