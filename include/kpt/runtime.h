@@ -121,7 +121,7 @@ typedef struct kpt_kernel_desc {
 /* Kernel desc options. */
 enum {
     /* The backward kernels (gradients; kpt_kernel_launch_backward) instead of the forward.
-     * CUDA (sm_80 and newer, every CUDA head dim; 256 needs 136 KB of shared memory a CTA,
+     * CUDA (sm_80 and newer, every CUDA head dim; 256 needs 153 KB of shared memory a CTA,
      * which sm_86/89 lack) and the CPU backend have them. */
     KPT_DESC_BACKWARD = 1u << 0,
 };

@@ -599,36 +599,6 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
     float dK[KPT_BWD_KC / 8][4], dV[KPT_BWD_VC / 8][4];
     kpt_zero<KPT_BWD_KC>(dK);
     kpt_zero<KPT_BWD_VC>(dV);
-#if KPT_STAGES == 1
-    for (int h = hk * A.group; h < (hk + 1) * A.group; h++) {
-        kpt_uniform U;
-        kpt_uniform_init(A, b, h, U);
-        const u16 *gQ = (const u16 *)A.q + (i64)b * A.qs[0] + (i64)h * A.qs[1];
-        const u16 *gO = (const u16 *)G.dout + (i64)b * G.dos[0] + (i64)h * G.dos[1];
-        for (int qt = 0; qt < A.n_qt; qt++) {
-            const int q0 = qt * KPT_BM;
-#if KPT_HAS_MASK
-            const int cls = kpt_tile_class(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, kt);
-            if (cls == 0) continue;
-#else
-            const int cls = 2;
-#endif
-            __syncthreads(); // the previous q tile is done with sQ, sO and the row vectors
-            kpt_load_tile<KPT_BM, KPT_DQK, KPT_QSTR>(w.sQ, gQ + (i64)q0 * A.qs[2], A.qs[2], A.Sq - q0);
-            kpt_load_tile<KPT_BM, KPT_DV, KPT_VSTR>(w.sO, gO + (i64)q0 * G.dos[2], G.dos[2], A.Sq - q0);
-            kpt_cp_commit();
-            for (int i = tid; i < KPT_BM; i += KPT_THREADS) {
-                s_lse[i] = kpt_lse2(A, b, h, q0 + i);
-                s_del[i] = kpt_delta(A, G, b, h, q0 + i);
-            }
-            kpt_cp_wait<0>();
-            __syncthreads();
-            kpt_bwd_dkdv_step(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
-        }
-    }
-#else
-    // the next live q tile's copies go out before this one is computed, into the other stage
-    // (each step's last barrier frees it), its row vectors through registers
     // Q and dO of q tile qt of head h into stage st
     auto load_q = [&](int st, int h, int qt) {
         const int q0 = qt * KPT_BM;
@@ -642,6 +612,32 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             G.dos[2], A.Sq - q0);
         kpt_cp_commit();
     };
+#if KPT_STAGES == 1
+    for (int h = hk * A.group; h < (hk + 1) * A.group; h++) {
+        kpt_uniform U;
+        kpt_uniform_init(A, b, h, U);
+        for (int qt = 0; qt < A.n_qt; qt++) {
+            const int q0 = qt * KPT_BM;
+#if KPT_HAS_MASK
+            const int cls = kpt_tile_class(A, b, h, qt, q0, min(q0 + KPT_BM, A.Sq) - 1, kt);
+            if (cls == 0) continue;
+#else
+            const int cls = 2;
+#endif
+            __syncthreads(); // the previous q tile is done with sQ, sO and the row vectors
+            load_q(0, h, qt);
+            for (int i = tid; i < KPT_BM; i += KPT_THREADS) {
+                s_lse[i] = kpt_lse2(A, b, h, q0 + i);
+                s_del[i] = kpt_delta(A, G, b, h, q0 + i);
+            }
+            kpt_cp_wait<0>();
+            __syncthreads();
+            kpt_bwd_dkdv_step(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
+        }
+    }
+#else
+    // the next live q tile's copies go out before this one is computed, into the other stage
+    // (each step's last barrier frees it), its row vectors through registers
     int h = hk * A.group, qt = -1, cls = 0, st = 0, uh = -1;
     bool live = kpt_bwd_next_q(A, b, hk, kt, h, qt, cls);
     if (live) {
