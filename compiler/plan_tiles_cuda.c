@@ -142,7 +142,13 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
 {
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
-    pl.cfg.wgmma = false;
+    /* sm_90a, head dims 64 and 128: the tiles are laid out in TMA's 128-byte swizzle and the
+     * 64-row kernel's products are warpgroup MMA (templates/cuda/paged.cu, KPT_PG_WG). H100,
+     * bf16, D = 128, GQA 32:8, 32k keys: speculative decoding (16 tokens) 2672 -> 2870 GB/s at 8
+     * sequences; and the swizzled, unpadded ring alone took one-token decoding of 8 sequences
+     * from 2778 to 2946 (docs/BENCHMARKS.md, "Serving: warpgroup MMA ...") */
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && cfg->dqk == cfg->dv &&
+                   (cfg->dqk == 64 || cfg->dqk == 128);
     pl.warps = 4;
     pl.mt = 1;
     pl.bm = 64;
@@ -154,8 +160,10 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
         return st;
     pl.has_blockmap = false;
     pl.bm_per_b = false;
-    size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + 8);
-    size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + 8 + cfg->dv + 8);
+    /* rows padded by 16 bytes, or swizzled (no padding, 1024-byte aligned: the slack below) */
+    const size_t pad = pl.cfg.wgmma ? 0 : 8, align = pl.cfg.wgmma ? 1024 : 0;
+    size_t q = 2 * (size_t)pl.bm * (size_t)(cfg->dqk + pad);
+    size_t stage = 2 * (size_t)pl.bn * (size_t)(cfg->dqk + pad + cfg->dv + pad);
     /* Two stages: 87 KB at most up to D = 128, plus 11 KB static, which every sm_80+ device
      * takes. Past Dv = 128 the tiles have 32 keys: two stages of 64-key tiles of 256 columns
      * (169 KB) held one CTA an SM, two CTAs of one such stage (101 KB each) streamed the cache
@@ -166,12 +174,12 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
      * the numbers. */
     const size_t fixed = KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES; /* besides smem_bytes */
     pl.stages = 2;
-    if (smem_limit > 0 && q + 2 * stage + fixed + 1024 > (size_t)smem_limit)
+    if (smem_limit > 0 && align + q + 2 * stage + fixed + 1024 > (size_t)smem_limit)
         pl.stages = 1;
     /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
      * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */
     size_t ring = (size_t)pl.stages * stage, scratch = (size_t)pl.warps * (16 * cfg->dv + 32) * 4;
-    pl.smem_bytes = q + (ring > scratch ? ring : scratch);
+    pl.smem_bytes = align + q + (ring > scratch ? ring : scratch);
     if (smem_limit > 0 && pl.smem_bytes + fixed > (size_t)smem_limit)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "head dims Dqk = %d, Dv = %d: the serving kernel needs %zu bytes of "

@@ -10,6 +10,9 @@
 // warps split the rows (WR blocks of 16) and the keys of each tile (WK = 4 / WR slices; past
 // head dim 128 O's columns instead, KPT_PG_DVSPLIT, and the tiles have 32 keys instead of 64:
 // compiler/plan_tiles_cuda.c), and merge their softmax states through shared memory at the end.
+// On sm_90a at head dims 64 and 128 the tiles are swizzled and a CTA of 64 rows computes its
+// products as one warpgroup (KPT_PG_WG, kpt_pg_wg_s and kpt_pg_wg_pv); 16 and 32 rows keep
+// mma.sync.
 
 // The serving arguments; runtime/kernel_args.h holds the host twin (kpt_kernel_pargs).
 struct kpt_pargs {
@@ -30,6 +33,24 @@ static_assert(sizeof(kpt_pargs) == 104, "kpt_pargs layout");
 
 #define KPT_PG_PT_CAP 2048 // page ids of a CTA's key range staged in shared memory at a time
 #define KPT_PG_NEVER 0x7fffffff
+
+// Shared tiles (Q, and the ring's K and V). On sm_90a (head dims 64 and 128, plan_paged) they
+// are laid out as TMA's 128-byte swizzle lays them (per 64 columns a block of ROWS rows of 128
+// bytes, a row's 16-byte chunks permuted by the row's low three bits), which warpgroup MMA reads
+// (KPT_PG_WG); otherwise rows padded by 16 bytes for conflict-free ldmatrix. kpt_pg_at: the byte
+// offset of element (r, c) of a tile of ROWS rows, c a multiple of 8.
+#define KPT_PG_WG KPT_WGMMA
+template <int ROWS, int STR> __device__ __forceinline__ u32 kpt_pg_at(int r, int c)
+{
+#if KPT_PG_WG
+    return (u32)((c >> 6) * ROWS * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4));
+#else
+    return (u32)(r * STR + c) * 2u;
+#endif
+}
+#define KPT_PG_Q_BYTES (KPT_PG_WG ? KPT_PG_ROWS * KPT_DQK * 2 : KPT_PG_ROWS * KPT_QSTR * 2)
+#define KPT_PG_K_BYTES (KPT_PG_WG ? KPT_BN * KPT_DQK * 2 : KPT_BN * KPT_KSTR * 2)
+#define KPT_PG_V_BYTES (KPT_PG_WG ? KPT_BN * KPT_DV * 2 : KPT_BN * KPT_VSTR * 2)
 
 // The page-table column of key `pos` (pages of P.page_size rows).
 __device__ __forceinline__ int kpt_pg_page_of(const kpt_pargs &P, int pos)
@@ -92,7 +113,7 @@ __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i6
         const int page = pos < kv_len ? kpt_pg_page(P, spt, spa, b, pos, off) : -1;
         const bool ok = page >= 0;
         const u16 *g = base + (ok ? (i64)page * sp + (i64)off * sr : 0) + c * 8;
-        kpt_cp16(dst + (u32)(r * STR + c * 8) * 2u, g, ok);
+        kpt_cp16(dst + kpt_pg_at<KPT_BN, STR>(r, c * 8), g, ok);
     }
 }
 
@@ -140,8 +161,10 @@ __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, co
             off = (u32)(pos & (P.page_size - 1));
         }
         off = ok ? off : 0u; // a dropped row's address is the head's first row: never faults
-        kpt_cp16(dK + (u32)(r * KPT_KSTR + c * 8) * 2u, bK + (u64)page * kp2 + (u64)off * kr2, ok);
-        kpt_cp16(dV + (u32)(r * KPT_VSTR + c * 8) * 2u, bV + (u64)page * vp2 + (u64)off * vr2, ok);
+        kpt_cp16(dK + kpt_pg_at<KPT_BN, KPT_KSTR>(r, c * 8), bK + (u64)page * kp2 + (u64)off * kr2,
+                 ok);
+        kpt_cp16(dV + kpt_pg_at<KPT_BN, KPT_VSTR>(r, c * 8), bV + (u64)page * vp2 + (u64)off * vr2,
+                 ok);
     }
 }
 
@@ -342,6 +365,49 @@ __device__ __forceinline__ void kpt_pg_grid_wait()
 #endif
 }
 
+#if KPT_PG_WG
+// The products of one 64-key tile by the CTA's warpgroup (64 rows; a warp's 16 rows in the
+// mma.sync accumulator layout, as the other kernels' fragments): S = Q K^T with both from the
+// swizzled tiles, then O += P V with P from registers and V N-major. Each waits for its result:
+// the next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64 ldmatrix
+// a warp a tile), one instruction per 16 keys or columns, and K and V read once a tile instead
+// of once a warp.
+static_assert(KPT_BN == 64 && KPT_DQK == KPT_DV && KPT_DV <= 128, "plan_paged's sm_90a shapes");
+__device__ __forceinline__ void kpt_pg_wg_s(float (&S)[KPT_BN / 8][4], u32 sQ, u32 tK)
+{
+    kpt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KPT_DQK / 16; kk++) {
+        const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
+        const u64 da = kpt_sw128_desc(sQ + (kk >> 2) * KPT_PG_ROWS * 128 + kb, 16, 1024);
+        const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
+        kpt_wgmma_ss_n64(&S[0][0], da, db, kk > 0);
+    }
+    kpt_wgmma_commit();
+    kpt_wgmma_wait<0>();
+    kpt_wgmma_regs<KPT_BN / 2>(&S[0][0]);
+}
+__device__ __forceinline__ void kpt_pg_wg_pv(float (&O)[KPT_DV / 8][4],
+                                             const float (&S)[KPT_BN / 8][4], u32 tV)
+{
+    u32 pa[KPT_BN / 16][4];
+    kpt_frags<KPT_BN>(pa, S);
+    kpt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KPT_BN / 16; kk++) {
+        const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
+#if KPT_DV == 64
+        kpt_wgmma_rs_n64(&O[0][0], pa[kk], dv, 1);
+#else
+        kpt_wgmma_rs_n128(&O[0][0], pa[kk], dv);
+#endif
+    }
+    kpt_wgmma_commit();
+    kpt_wgmma_wait<0>();
+    kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
+}
+#endif
+
 template <int WR>
 __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
 {
@@ -349,11 +415,15 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     constexpr int WK = KPT_PG_DVSPLIT ? 1 : WPR, KW = KPT_BN / WK; // key slices, keys a slice
     constexpr int WD = KPT_PG_DVSPLIT ? WPR : 1, DVW = KPT_DV / WD; // column slices, columns
     static_assert(DVW % 16 == 0, "whole 16-column blocks of O a warp");
+    // warpgroup MMA: the CTA's four warps are one warpgroup over 64 rows
+    constexpr bool WG = KPT_PG_WG && WR == 4;
+    static_assert(!WG || KPT_WARPS == 4, "a warpgroup of 64 rows");
     extern __shared__ __align__(16) unsigned char kpt_smem[];
     __shared__ kpt_args A; // the launch's, with Sq = Skv = the sequence's kv length
-    const u32 sQ = kpt_smem_addr(kpt_smem);
-    const u32 sK = sQ + KPT_PG_ROWS * KPT_QSTR * 2;
-    const u32 sV = sK + KPT_STAGES * KPT_BN * KPT_KSTR * 2;
+    // the swizzled tiles start at 1024 bytes (plan_paged adds the slack)
+    const u32 sQ = KPT_PG_WG ? (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u : kpt_smem_addr(kpt_smem);
+    const u32 sK = sQ + KPT_PG_Q_BYTES;
+    const u32 sV = sK + KPT_STAGES * KPT_PG_K_BYTES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wr = warp / WPR, wk = KPT_PG_DVSPLIT ? 0 : warp % WPR;
     const int wd = KPT_PG_DVSPLIT ? warp % WPR : 0;
@@ -392,7 +462,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             const kpt_pg_row x = s_rows[r];
             const bool ok = x.t >= 0;
             const u16 *g = (const u16 *)Ag.q + (ok ? (i64)x.t * Ag.qs[0] + (i64)x.h * Ag.qs[1] : 0);
-            kpt_cp16(sQ + (u32)(r * KPT_QSTR + c * 8) * 2u, g + c * 8, ok);
+            kpt_cp16(sQ + kpt_pg_at<KPT_PG_ROWS, KPT_QSTR>(r, c * 8), g + c * 8, ok);
         }
         kpt_cp_commit();
     }
@@ -504,7 +574,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     auto load = [&](int t, int stage) {
         if (t >= restage) // the tile's keys pass the staged pages: the next chunk from its first
             restage = kpt_pg_stage(P, ptrow, s_pt, kpt_pg_page_of(P, t * KPT_BN), spz, spa);
-        const u32 dK = sK + stage * KPT_BN * KPT_KSTR * 2, dV = sV + stage * KPT_BN * KPT_VSTR * 2;
+        const u32 dK = sK + stage * KPT_PG_K_BYTES, dV = sV + stage * KPT_PG_V_BYTES;
         if (mode == 0)
             kpt_pg_load_kv<0>(dK, dV, gK + (i64)b * A.ks[0], gV + (i64)b * A.vs[0], 0,
                               (int)A.ks[1], 0, (int)A.vs[1], P, spt, spa, t * KPT_BN, kv_len);
@@ -530,6 +600,9 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         kpt_cp_commit();
     }
     kpt_cp_wait<KPT_STAGES - 1>(); // Q has arrived
+#if KPT_PG_WG
+    kpt_fence_proxy_async(); // this thread's copies, for the products' reads (async proxy)
+#endif
     __syncthreads();
     // This warp's 16 rows of Q as A fragments: in registers up to head dim 128; at 256 they would
     // take 64 registers beside O's 128, so they are read from shared memory at each tile instead.
@@ -537,7 +610,9 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     u32 qf[KPT_DQK / 16][4];
 #pragma unroll
     for (int kk = 0; kk < KPT_DQK / 16; kk++)
-        kpt_ldsm4(qf[kk], sQ + ((wr * 16 + (lane & 15)) * KPT_QSTR + kk * 16 + (lane >> 4) * 8) * 2);
+        if (!WG) // the warpgroup's products read Q from shared memory
+            kpt_ldsm4(qf[kk], sQ + kpt_pg_at<KPT_PG_ROWS, KPT_QSTR>(wr * 16 + (lane & 15),
+                                                                   kk * 16 + (lane >> 4) * 8));
 #define KPT_PG_QF(kk) qf[kk]
 #else
     u32 qs[4];
@@ -552,9 +627,12 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         }
         kpt_cp_commit();
         kpt_cp_wait<KPT_STAGES - 1>();
+#if KPT_PG_WG
+        kpt_fence_proxy_async();
+#endif
         __syncthreads();
-        const u32 tK = sK + stage * KPT_BN * KPT_KSTR * 2;
-        const u32 tV = sV + stage * KPT_BN * KPT_VSTR * 2;
+        const u32 tK = sK + stage * KPT_PG_K_BYTES;
+        const u32 tV = sV + stage * KPT_PG_V_BYTES;
         const int kb = j * KPT_BN + wk * KW; // this warp's first key
         const bool partial = KPT_PG_CLASS(j) != 2 || j * KPT_BN + KPT_BN > kv_len;
 
@@ -575,22 +653,33 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
                 }
         }
         float S[KW / 8][4];
+        // (braces round the mma.sync loop: `else` followed by `#pragma unroll` made NVRTC drop the
+        // scores' softmax after the warpgroup's product)
+#if KPT_PG_WG
+        if constexpr (WG) {
+            kpt_pg_wg_s(S, sQ, tK);
+        } else
+#endif
+        {
 #pragma unroll
-        for (int kk = 0; kk < KPT_DQK / 16; kk++) {
+            for (int kk = 0; kk < KPT_DQK / 16; kk++) {
 #if KPT_DQK > 128
-            kpt_ldsm4(qs, sQ + ((wr * 16 + (lane & 15)) * KPT_QSTR + kk * 16 + (lane >> 4) * 8) * 2);
+                kpt_ldsm4(qs, sQ + kpt_pg_at<KPT_PG_ROWS, KPT_QSTR>(wr * 16 + (lane & 15),
+                                                                   kk * 16 + (lane >> 4) * 8));
 #endif
 #pragma unroll
-            for (int np = 0; np < KW / 16; np++) {
-                u32 bk[4];
-                kpt_ldsm4(bk, tK + ((wk * KW + np * 16 + (lane & 7) + (lane >> 4) * 8) * KPT_KSTR +
-                                   kk * 16 + ((lane >> 3) & 1) * 8) * 2);
-                if (kk == 0) {
-                    kpt_mma_z(S[2 * np], KPT_PG_QF(kk), bk[0], bk[1]);
-                    kpt_mma_z(S[2 * np + 1], KPT_PG_QF(kk), bk[2], bk[3]);
-                } else {
-                    kpt_mma(S[2 * np], KPT_PG_QF(kk), bk[0], bk[1]);
-                    kpt_mma(S[2 * np + 1], KPT_PG_QF(kk), bk[2], bk[3]);
+                for (int np = 0; np < KW / 16; np++) {
+                    u32 bk[4];
+                    kpt_ldsm4(bk, tK + kpt_pg_at<KPT_BN, KPT_KSTR>(
+                                           wk * KW + np * 16 + (lane & 7) + (lane >> 4) * 8,
+                                           kk * 16 + ((lane >> 3) & 1) * 8));
+                    if (kk == 0) {
+                        kpt_mma_z(S[2 * np], KPT_PG_QF(kk), bk[0], bk[1]);
+                        kpt_mma_z(S[2 * np + 1], KPT_PG_QF(kk), bk[2], bk[3]);
+                    } else {
+                        kpt_mma(S[2 * np], KPT_PG_QF(kk), bk[0], bk[1]);
+                        kpt_mma(S[2 * np + 1], KPT_PG_QF(kk), bk[2], bk[3]);
+                    }
                 }
             }
         }
@@ -606,17 +695,25 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
                 S[n][e] = (keep >> (n * 4 + e)) & 1 ? x * KPT_LOG2E : KPT_NINF;
             }
         kpt_pg_softmax<KW / 8, DVW / 8>(S, m, l, O);
+#if KPT_PG_WG
+        if constexpr (WG) {
+            kpt_pg_wg_pv(O, S, tV);
+        } else
+#endif
+        {
 #pragma unroll
-        for (int kk = 0; kk < KW / 16; kk++) {
-            u32 pa[4];
-            kpt_frag(pa, S[2 * kk], S[2 * kk + 1]);
+            for (int kk = 0; kk < KW / 16; kk++) {
+                u32 pa[4];
+                kpt_frag(pa, S[2 * kk], S[2 * kk + 1]);
 #pragma unroll
-            for (int dp = 0; dp < DVW / 16; dp++) {
-                u32 bv[4];
-                kpt_ldsm4t(bv, tV + ((wk * KW + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                         KPT_VSTR + wd * DVW + dp * 16 + (lane >> 4) * 8) * 2);
-                kpt_mma(O[2 * dp], pa, bv[0], bv[1]);
-                kpt_mma(O[2 * dp + 1], pa, bv[2], bv[3]);
+                for (int dp = 0; dp < DVW / 16; dp++) {
+                    u32 bv[4];
+                    kpt_ldsm4t(bv, tV + kpt_pg_at<KPT_BN, KPT_VSTR>(
+                                            wk * KW + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                            wd * DVW + dp * 16 + (lane >> 4) * 8));
+                    kpt_mma(O[2 * dp], pa, bv[0], bv[1]);
+                    kpt_mma(O[2 * dp + 1], pa, bv[2], bv[3]);
+                }
             }
         }
         __syncthreads(); // the stage is refilled next
@@ -629,7 +726,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 
     // Merge the warps' states (the ring is free now, and the plan holds this much after Q: see
     // plan_paged): per warp 16 rows of O, then m and l.
-    float *scr = (float *)(kpt_smem + KPT_PG_ROWS * KPT_QSTR * 2);
+    float *scr = (float *)(kpt_smem + (sK - kpt_smem_addr(kpt_smem)));
     constexpr int WSZ = 16 * KPT_DV + 32;
     {
         float *mine = scr + (KPT_PG_DVSPLIT ? wr : warp) * WSZ; // key slices, or a row block
