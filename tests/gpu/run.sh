@@ -122,7 +122,19 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
                 { status=1; echo "compute-sanitizer synccheck: FAILED on $1"; }
             echo "compute-sanitizer synccheck ($1): $(tail -1 "$OUT/sanitizer-sync.log")"
         done
+        # and on the backward's producer/consumer rings (kpt_bwd_dkdv, kpt_bwd_dq)
+        for c in "full 1,2,2,300,300,128" "document+causal 1,4,2,333,400,128"; do
+            set -- $c
+            compute-sanitizer --tool synccheck --error-exitcode 3 "$KPTC" check --backend cuda \
+                --backward "$1" --shape "$2" >"$OUT/sanitizer-sync.log" 2>&1 ||
+                { status=1; echo "compute-sanitizer synccheck: FAILED on the backward of $1"; }
+            echo "compute-sanitizer synccheck (backward, $1): $(tail -1 "$OUT/sanitizer-sync.log")"
+        done
     fi
+    # the serving kernels (on sm_90a the 64-row kernel's products are a warpgroup's)
+    compute-sanitizer --tool synccheck --error-exitcode 3 "$(dirname "$CHECK")/paged_check" \
+        --quick --filter "page 16" >"$OUT/sanitizer-paged-sync.log" 2>&1 || status=1
+    echo "compute-sanitizer synccheck (serving): $(tail -1 "$OUT/sanitizer-paged-sync.log")"
 else
     echo "compute-sanitizer not found: sanitizer runs skipped"
 fi
