@@ -293,6 +293,20 @@ static void test_plan_paged(void **state)
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_OK);
     assert_int_equal(plan.stages, 2);
     assert_true(plan.smem_bytes >= 2 * 64 * (64 + 8) + 4 * (16 * 256 + 32) * 4);
+    /* sm_90a at head dims 64 and 128: swizzled tiles without padding, 1024-byte aligned (Q,
+     * two stages of K and V, the alignment's slack); other head dims keep mma.sync's */
+    c = (kpt_kernel_config){.kind = KPT_KERNEL_PAGED, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                            .dv = 128, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+    assert_true(plan.cfg.wgmma);
+    assert_int_equal(plan.stages, 2);
+    assert_int_equal(plan.smem_bytes, 1024 + 2 * 64 * 128 + 2 * 2 * 64 * 256);
+    c.dqk = c.dv = 256;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
+    c.dqk = 128, c.dv = 64;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
     kpt_pattern_destroy(&p);
 }
 
@@ -446,6 +460,8 @@ typedef struct job {
     bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg, bwd_entries;
     bool serialized; /* ptxas serialised the warpgroup MMAs (its "Potential Performance Loss") */
     bool paged_entries, pdl; /* serving: its four entry points; griddepcontrol in both kernels */
+    bool proxy_fence;        /* fence.proxy.async: generic writes published to wgmma's reads */
+    int r4_ex2;              /* serving: exponentials in the 64-row kernel's PTX */
     long paged_smem; /* serving: the attention kernels' static shared memory, the most (ptxas) */
     long spill_bytes;
     double ms;
@@ -492,6 +508,16 @@ static long static_smem(const char *log, const char *prefix)
         most = v > most ? v : most;
     }
     return most;
+}
+
+/* How often `needle` occurs in the PTX of entry `entry` (up to the next entry). */
+static int count_in_entry(const char *ptx, const char *entry, const char *needle)
+{
+    const char *at = strstr(ptx, entry), *end = at ? strstr(at + 1, ".entry ") : NULL;
+    int n = 0;
+    for (const char *p = at; p && (p = strstr(p, needle)) && (!end || p < end); p++)
+        n++;
+    return n;
 }
 
 static void *worker(void *arg)
@@ -551,6 +577,8 @@ static void *worker(void *arg)
             j->pdl = strstr(out.ptx, "griddepcontrol.launch_dependents") &&
                      strstr(out.ptx, "griddepcontrol.wait");
             j->paged_smem = static_smem(out.log, "kpt_paged_r");
+            j->proxy_fence = strstr(out.ptx, "fence.proxy.async") != NULL;
+            j->r4_ex2 = count_in_entry(out.ptx, ".entry kpt_paged_r4", "ex2.approx");
             j->ms = out.ms;
         }
         snprintf(j->msg, sizeof(j->msg), "%s", d.message);
@@ -626,6 +654,10 @@ static void test_nvrtc_matrix(void **state)
         if (dim != 3)
             jobs[n++] = (job){.pat = 1, .dim = (int)dim, .sm = 90, .paged = true, .script = -1};
     jobs[n++] = (job){.pat = 1, .dt = 1, .dim = 3, .sm = 80, .paged = true, .script = -1};
+    /* sm_90a (head dims 64 and 128): swizzled tiles, the 64-row kernel's products a warpgroup's */
+    jobs[n++] = (job){.pat = 13, .dim = 3, .sm = 90, .wgmma = true, .paged = true, .script = -1};
+    jobs[n++] = (job){.pat = 1, .dt = 1, .dim = 1, .sm = 90, .wgmma = true, .paged = true,
+                      .script = -1};
     /* two scripts with expressions no built-in pattern has: erf, aux of rank 4 */
     static const char *const paged_scripts[] = {"/gelu_scores.lua", "/graphormer_edges.lua"};
     for (int sc = 0; sc < nscripts; sc++)
@@ -666,6 +698,12 @@ static void test_nvrtc_matrix(void **state)
                          j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1], j->sm,
                          j->spill_bytes);
             assert_int_equal(j->pdl, j->sm >= 90);
+            /* the 64-row kernel's softmax is there: a thread's 32 scores of a 64-key tile (16 of
+             * a 32-key tile past head dim 128). An `else` before `#pragma unroll` once made
+             * NVRTC drop it after the warpgroup's product, leaving the merge's 4. */
+            if (j->r4_ex2 < (dims[j->dim][1] > 128 ? 16 : 32))
+                fail_msg("%s %d/%d sm_%d%s paged: %d exponentials in kpt_paged_r4", what,
+                         dims[j->dim][0], dims[j->dim][1], j->sm, j->wgmma ? "a" : "", j->r4_ex2);
             if (j->paged_smem <= 0 || j->paged_smem > KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES)
                 fail_msg("%s %d/%d sm_%d paged: ptxas gives %ld bytes of static shared memory; "
                          "KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES reserve %d", what,
@@ -683,6 +721,18 @@ static void test_nvrtc_matrix(void **state)
             if (j->serialized)
                 fail_msg("%s %d/%d sm_90a backward: ptxas serialised the wgmma pipeline",
                          patterns[j->pat], dims[j->dim][0], dims[j->dim][1]);
+        } else if (j->wgmma && j->paged) {
+            /* serving on sm_90a: cp.async into swizzled tiles, published to the warpgroup's
+             * products by a proxy fence; mma.sync and ldmatrix in the 16- and 32-row kernels */
+            assert_true(j->wgmma_ptx);
+            assert_true(j->proxy_fence);
+            assert_true(j->cp_async);
+            assert_true(j->mma);
+            assert_true(j->ldmatrix);
+            assert_false(j->tma);
+            if (j->serialized)
+                fail_msg("%s %d/%d sm_90a paged: ptxas serialised the wgmma pipeline", what,
+                         dims[j->dim][0], dims[j->dim][1]);
         } else if (j->wgmma) {
             /* warpgroup MMAs on TMA copies, warp-specialised; no mma.sync, no cp.async */
             assert_true(j->wgmma_ptx);
