@@ -700,7 +700,7 @@ static void test_nvrtc_matrix(void **state)
             assert_int_equal(j->pdl, j->sm >= 90);
             /* the 64-row kernel's softmax is there: a thread's 32 scores of a 64-key tile (16 of
              * a 32-key tile past head dim 128). An `else` before `#pragma unroll` once made
-             * NVRTC drop it after the warpgroup's product: 6 were left, the merge's and alpha's. */
+             * NVRTC drop it after the warpgroup's product: 6 were left (PTX). */
             if (j->r4_ex2 < (dims[j->dim][1] > 128 ? 16 : 32))
                 fail_msg("%s %d/%d sm_%d%s paged: %d exponentials in kpt_paged_r4", what,
                          dims[j->dim][0], dims[j->dim][1], j->sm, j->wgmma ? "a" : "", j->r4_ex2);
