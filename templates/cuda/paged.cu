@@ -368,8 +368,8 @@ __device__ __forceinline__ void kpt_pg_grid_wait()
 #if KPT_PG_WG
 // The products of one 64-key tile by the CTA's warpgroup (64 rows; a warp's 16 rows in the
 // mma.sync accumulator layout, as the other kernels' fragments): S = Q K^T with both from the
-// swizzled tiles, then O += P V with P from registers and V N-major. Each waits for its result:
-// the next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64 ldmatrix
+// swizzled tiles, then O += P V (the forward's kpt_issue_pv, hopper.cu). Each waits for its
+// result: the next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64 ldmatrix
 // a warp a tile), one instruction per 16 keys or columns, and K and V read once a tile instead
 // of once a warp.
 static_assert(KPT_BN == 64 && KPT_DQK == KPT_DV && KPT_DV <= 128, "plan_paged's sm_90a shapes");
@@ -392,17 +392,7 @@ __device__ __forceinline__ void kpt_pg_wg_pv(float (&O)[KPT_DV / 8][4],
 {
     u32 pa[KPT_BN / 16][4];
     kpt_frags<KPT_BN>(pa, S);
-    kpt_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KPT_BN / 16; kk++) {
-        const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
-#if KPT_DV == 64
-        kpt_wgmma_rs_n64(&O[0][0], pa[kk], dv, 1);
-#else
-        kpt_wgmma_rs_n128(&O[0][0], pa[kk], dv);
-#endif
-    }
-    kpt_wgmma_commit();
+    kpt_issue_pv(O, pa, tV);
     kpt_wgmma_wait<0>();
     kpt_wgmma_regs<KPT_DV / 2>(&O[0][0]);
 }
