@@ -591,7 +591,8 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     }
     kpt_cp_wait<KPT_STAGES - 1>(); // Q has arrived
 #if KPT_PG_WG
-    kpt_fence_proxy_async(); // this thread's copies, for the products' reads (async proxy)
+    if (WG) // this thread's copies, for the products' reads (async proxy)
+        kpt_fence_proxy_async();
 #endif
     __syncthreads();
     // This warp's 16 rows of Q as A fragments: in registers up to head dim 128; at 256 they would
@@ -618,7 +619,8 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         kpt_cp_commit();
         kpt_cp_wait<KPT_STAGES - 1>();
 #if KPT_PG_WG
-        kpt_fence_proxy_async();
+        if (WG)
+            kpt_fence_proxy_async();
 #endif
         __syncthreads();
         const u32 tK = sK + stage * KPT_PG_K_BYTES;
