@@ -478,6 +478,26 @@ __device__ __forceinline__ void kpt_bwd_mm_rows(float (&C)[N / 8][4], u32 sA, u3
     kpt_bwd_pair_sum<N>(C, w.x, w.warp, w.lane);
 }
 
+// The opening of both steps: this warp's 16 rows of the tile pair (q tile q0, kv tile k0, class
+// cls) — key rows for kpt_bwd_dkdv (KR), query rows for kpt_bwd_dq — against its N columns: the
+// pairs a partial tile keeps, the scores, then the probabilities in place and D = d s'/d s (LSE
+// by column or by row, as kpt_bwd_probs).
+template <int N, bool KR>
+__device__ __forceinline__ void kpt_bwd_p(const kpt_args &A, const kpt_uniform &U,
+                                          const kpt_bwd_at &w, int b, int h, int q0, int k0,
+                                          int cls, const float *lse_col, const float *lse_row,
+                                          float (&S)[N / 8][4], float (&D)[N / 8][4])
+{
+    const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
+    const int row0 = (KR ? k0 : q0) + w.wrow, col0 = KR ? q0 : k0;
+    const u32 keep = partial ? kpt_bwd_keep<N, KR>(A, U, b, h, row0, col0, w.lane) : ~0u;
+    if constexpr (KR) // S^T = K Q^T
+        kpt_bwd_mm_rows<N, KPT_DQK, KPT_KSTR, KPT_QSTR>(S, w.sK, w.sQ, w);
+    else // S = Q K^T
+        kpt_bwd_mm_rows<N, KPT_DQK, KPT_QSTR, KPT_KSTR>(S, w.sQ, w.sK, w);
+    kpt_bwd_probs<N, KR>(A, U, b, h, row0, col0, keep, S, D, lse_col, lse_row, w.lane);
+}
+
 // One step of kpt_bwd_dkdv: its 64 keys (k0) against q tile qt (class cls) of head h.
 __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_gargs &G,
                                                   const kpt_uniform &U, const kpt_bwd_at &w,
@@ -486,14 +506,8 @@ __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_g
                                                   float (&dV)[KPT_BWD_VC / 8][4])
 {
     const int q0 = qt * KPT_BM, wrow = w.wrow, part = w.part, lane = w.lane;
-    const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
-    const u32 keep = partial ? kpt_bwd_keep<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, lane) : ~0u;
-    // S^T = K Q^T: this warp's 16 keys against the tile's queries.
-    float S[KPT_BM / 8][4];
-    kpt_bwd_mm_rows<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR>(S, w.sK, w.sQ, w);
-    float D[KPT_BM / 8][4]; // d s'/d s (with a score mod)
-    kpt_bwd_probs<KPT_BM, true>(A, U, b, h, k0 + wrow, q0, keep, S, D, w.lse, nullptr,
-                                lane); // P^T
+    float S[KPT_BM / 8][4], D[KPT_BM / 8][4]; // P^T; d s'/d s (with a score mod)
+    kpt_bwd_p<KPT_BM, true>(A, U, w, b, h, q0, k0, cls, w.lse, nullptr, S, D);
     // dV += P^T dO (this part's columns)
     kpt_mm_pb<KPT_BWD_VC, KPT_BM, KPT_VSTR>(dV, S, w.sO + part * KPT_BWD_VC * 2, lane);
     // dP^T = V dO^T
@@ -524,13 +538,9 @@ __device__ __forceinline__ void kpt_bwd_dq_step(const kpt_args &A, const kpt_uni
                                                 const float (&del)[2], int b, int h, int q0,
                                                 int j, int cls, float (&dQ)[KPT_BWD_KC / 8][4])
 {
-    const int k0 = j * KPT_BN, wrow = w.wrow, part = w.part, lane = w.lane;
-    const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BM > A.Sq;
-    const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, lane) : ~0u;
-    float S[KPT_BN / 8][4];
-    kpt_bwd_mm_rows<KPT_BN, KPT_DQK, KPT_QSTR, KPT_KSTR>(S, w.sQ, w.sK, w);
-    float D[KPT_BN / 8][4]; // d s'/d s (with a score mod)
-    kpt_bwd_probs<KPT_BN, false>(A, U, b, h, q0 + wrow, k0, keep, S, D, nullptr, lse, lane);
+    const int k0 = j * KPT_BN, part = w.part, lane = w.lane;
+    float S[KPT_BN / 8][4], D[KPT_BN / 8][4]; // P; d s'/d s (with a score mod)
+    kpt_bwd_p<KPT_BN, false>(A, U, w, b, h, q0, k0, cls, nullptr, lse, S, D);
     float dP[KPT_BN / 8][4];
     kpt_bwd_mm_rows<KPT_BN, KPT_DV, KPT_VSTR, KPT_VSTR>(dP, w.sO, w.sV, w);
     kpt_bwd_ds<KPT_BN, false>(S, dP, D, nullptr, del, lane);
