@@ -856,6 +856,28 @@ static kpt_status launchable(const kpt_backend *b, const void *stream, kpt_diag 
     return KPT_OK;
 }
 
+/* The end of a launch (st: packing's status), under v->lock, which it releases: L's buffers bound,
+ * its dispatches submitted and waited for (none where a grid dimension is 0), the timestamps read
+ * where `timed`; then the temporary buffer and L freed. */
+static kpt_status finish_launch(vk_backend *v, vk_launch *L, vk_alloc *tmp, bool timed,
+                                kpt_status st, kpt_diag *diag)
+{
+    if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
+        st = bind_set(v, L, diag);
+        if (!st)
+            st = submit(v, record_launch, L, diag);
+        if (!st && timed)
+            read_timestamps(v);
+        if (!st)
+            st = check_status(v, diag);
+    }
+    if (tmp->buf)
+        free_buffer(v, tmp);
+    pthread_mutex_unlock(&v->lock);
+    free(L);
+    return st;
+}
+
 /* One submission: the block map (into `map`, or a temporary one when `map` is 0 and the pattern
  * needs one) and/or attention. */
 static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *args, uint64_t map,
@@ -887,21 +909,7 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
             L->blockmap = !attention || !map; /* build it unless the caller's map is given */
         }
     }
-    const bool work = !st && L->groups[0] && L->groups[1] && L->groups[2]; /* else nothing to run */
-    if (!st && work)
-        st = bind_set(v, L, diag);
-    if (!st && work) {
-        st = submit(v, record_launch, L, diag);
-        if (!st && attention)
-            read_timestamps(v);
-        if (!st)
-            st = check_status(v, diag);
-    }
-    if (tmp.buf)
-        free_buffer(v, &tmp);
-    pthread_mutex_unlock(&v->lock);
-    free(L);
-    return st;
+    return finish_launch(v, L, &tmp, attention, st, diag);
 }
 
 static kpt_status vk_launch_fn(kpt_backend *b, void *kernel, const kpt_attention_args *args,
@@ -1114,20 +1122,7 @@ static kpt_status vk_launch_paged(kpt_backend *b, void *kernel, const kpt_paged_
     pthread_mutex_lock(&v->lock);
     vk_alloc tmp = {0};
     st = pack_paged(v, k, plan, args, workspace, L, &tmp, diag);
-    if (!st && L->groups[0] && L->groups[1] && L->groups[2]) {
-        st = bind_set(v, L, diag);
-        if (!st)
-            st = submit(v, record_launch, L, diag);
-        if (!st)
-            read_timestamps(v);
-        if (!st)
-            st = check_status(v, diag);
-    }
-    if (tmp.buf)
-        free_buffer(v, &tmp);
-    pthread_mutex_unlock(&v->lock);
-    free(L);
-    return st;
+    return finish_launch(v, L, &tmp, true, st, diag);
 }
 
 double kpt_backend_vulkan_last_ms(const kpt_backend *b)
