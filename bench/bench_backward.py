@@ -11,12 +11,13 @@ against each peer's (max |a - b| / max |b|). Then, per implementation:
   fwd+bwd    the forward, then the backward;
 each timed two ways: burst, the median of --reps single runs with the L2 cache flushed before
 each; sustained, the mean of --sustain runs back to back (the card then sits at its power
-limit). TFLOP/s: the forward's FLOPs are 4·B·Hq·S·S·D times the fraction of pairs kept, the
+limit). Implementations take turns over --rounds rounds (bursts first); figures are medians. TFLOP/s: the forward's FLOPs are 4·B·Hq·S·S·D times the fraction of pairs kept, the
 backward's 2.5 times that (FlashAttention's convention), fwd+bwd 3.5 times.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -108,14 +109,24 @@ def run_case(args, ctx, timer, flex, name, S, D, dtype):
         except Exception as e:  # a backend that refuses this case says why
             row[pname + "_error"] = str(e).strip().splitlines()[0][:160]
     row["peers"] = [p for p in impls if p != "kpt"]
-    for iname, (bwd, both) in impls.items():
-        for what, fn, mult in (("bwd", bwd, 2.5), ("fwdbwd", both, 3.5)):
-            burst = timer(fn)
-            sus = timer.sustained(fn, args.sustain)
-            row[f"{iname}_{what}_ms"] = burst
-            row[f"{iname}_{what}_sus_ms"] = sus
-            row[f"{iname}_{what}_tflops"] = mult * fwd_flops / (burst * 1e-3) / 1e12
-            row[f"{iname}_{what}_sus_tflops"] = mult * fwd_flops / (sus * 1e-3) / 1e12
+    # Every implementation takes its turn, round after round, each round in another order, and
+    # all the burst timings come before the sustained ones (which heat the card): the card's
+    # clocks drift by up to 10 % over a case (H100), and timing one implementation after the
+    # other gave the later ones a hotter card. Each figure is the median over the rounds.
+    fns = {(i, what): (fn, mult) for i, (bwd, both) in impls.items()
+           for what, fn, mult in (("bwd", bwd, 2.5), ("fwdbwd", both, 3.5))}
+    names, times = list(fns), {n: ([], []) for n in fns}
+    for kind in (0, 1):
+        for r in range(args.rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                fn = fns[n][0]
+                times[n][kind].append(timer(fn) if kind == 0 else timer.sustained(fn, args.sustain))
+    for (iname, what), (burst, sus) in times.items():
+        burst, sus, mult = statistics.median(burst), statistics.median(sus), fns[iname, what][1]
+        row[f"{iname}_{what}_ms"] = burst
+        row[f"{iname}_{what}_sus_ms"] = sus
+        row[f"{iname}_{what}_tflops"] = mult * fwd_flops / (burst * 1e-3) / 1e12
+        row[f"{iname}_{what}_sus_tflops"] = mult * fwd_flops / (sus * 1e-3) / 1e12
     bad = [p for p in row["peers"] if row.get(p + "_err", 0) > bench.AGREE[args.dtype]]
     row["agree"] = not bad and not row["kpt_nan"]
     return row
@@ -147,6 +158,7 @@ def main():
     ap.add_argument("--dims", default="128")
     ap.add_argument("--tokens", type=int, default=16384, help="B = tokens / S")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3, help="turns of every implementation, medians")
     ap.add_argument("--sustain", type=int, default=30)
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--peers", default="kpt_det,flash,cudnn,flex",

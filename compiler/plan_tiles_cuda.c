@@ -89,11 +89,14 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         pl.mask_bits = mask_bits(p, &pl, &nodes);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         /* kpt_bwd_dkdv: K and V, the stages of Q and dO and their row vectors (LSE and
-         * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each) */
+         * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each; two a
+         * warpgroup, taken by step parity, where there is no aux staging beside them: 226 KB
+         * at D = 128) */
         size_t steps = (size_t)pl.stages * KPT_BWD_STEP_ROWS;
+        size_t dq_bufs = aux ? 1 : 2;
         size_t dkdv = (size_t)pl.bn * row + steps * row + steps * 2 * sizeof(float) +
                       2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 +
-                      2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) + aux;
+                      2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * dq_bufs + aux;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.dq_smem_bytes = 1024 + dq; /* + the 1024-byte alignment */
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv);
