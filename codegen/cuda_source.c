@@ -43,8 +43,9 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
                       KPT_MASK_BITS_TILES, pl->cfg.kind == KPT_KERNEL_BACKWARD);
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
     if (pl->cfg.kind == KPT_KERNEL_BACKWARD) /* the sm_90a kernels' shape, as the runtime's */
-        kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d",
-                      KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS);
+        kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d"
+                      "\n#define KPT_BWD_DQ_TILES %d",
+                      KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS, pl->dq_tiles);
     if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
         kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_NUM_AUX %d", pl->bm_per_h,
                       p->num_aux);

@@ -59,6 +59,16 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * bytes), besides plan.smem_bytes */
 #define KPT_BWD_STATIC_SMEM 4096
 
+/* kpt_bwd_dkdv's dQ staging tiles a warpgroup (sm_90a): two, taken by step parity, so a step
+ * waits only for the TMA's read of the tile two steps back (H100, bf16, D = 128, kernel time:
+ * full and causal 16k and full 4k 2-3 % less) -- but not beside aux-gradient staging (no room),
+ * nor for patterns that read aux data or a block map: the 32 KB more of shared memory leave L1
+ * 28 KB instead of 60 (the driver's carveout), and a document mask's kernel took 6-11 % longer. */
+static int dq_tiles(const kpt_pattern *p, const kpt_kernel_plan *pl, size_t aux_staging)
+{
+    return aux_staging || p->num_aux || pl->has_blockmap ? 1 : 2;
+}
+
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
                                 int smem_limit, kpt_kernel_plan *out, kpt_diag *diag)
 {
@@ -89,14 +99,12 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         pl.mask_bits = mask_bits(p, &pl, &nodes);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         /* kpt_bwd_dkdv: K and V, the stages of Q and dO and their row vectors (LSE and
-         * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each; two a
-         * warpgroup, taken by step parity, where there is no aux staging beside them: 226 KB
-         * at D = 128) */
+         * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each) */
         size_t steps = (size_t)pl.stages * KPT_BWD_STEP_ROWS;
-        size_t dq_bufs = aux ? 1 : 2;
+        pl.dq_tiles = dq_tiles(p, &pl, aux);
         size_t dkdv = (size_t)pl.bn * row + steps * row + steps * 2 * sizeof(float) +
                       2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 +
-                      2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * dq_bufs + aux;
+                      2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * pl.dq_tiles + aux;
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.dq_smem_bytes = 1024 + dq; /* + the 1024-byte alignment */
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv);

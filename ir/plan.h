@@ -65,6 +65,9 @@ typedef struct kpt_kernel_plan {
      * has_blockmap. A forward's bits go by q tile ("lines" of kv tiles); a backward's map has
      * them by kv tile (kpt_bwd_dkdv's), then by q tile (kpt_bwd_dq's). */
     bool mask_bits;
+    /* backward, sm_90a: the f32 dQ staging tiles a consumer warpgroup of kpt_bwd_dkdv takes in
+     * turn (1 or 2) */
+    int dq_tiles;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static

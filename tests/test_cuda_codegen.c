@@ -193,7 +193,16 @@ static void test_plan_backward(void **state)
         /* kpt_bwd_dq's own, with its static tile classes beside it */
         assert_true(plan.dq_smem_bytes <= plan.smem_bytes);
         assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
+        assert_int_equal(plan.dq_tiles, 2); /* nothing the kernel reads through L1 */
     }
+    /* one dQ tile where the pattern reads aux data (L1 keeps its 60 KB) */
+    kpt_pattern *doc = NULL;
+    assert_int_equal(kpt_pattern_parse("document+causal", &doc, &d), KPT_OK);
+    kpt_kernel_config cdoc = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                              .dv = 128, .sm = 90, .wgmma = true};
+    assert_int_equal(kpt_plan_tiles_cuda(doc, &cdoc, 0, &plan, &d), KPT_OK);
+    assert_int_equal(plan.dq_tiles, 1);
+    kpt_pattern_destroy(&doc);
     /* the largest sm_90a kpt_bwd_dkdv: D = 128 with aux gradients' staging (scripts whose score
      * reads float aux data), with its mbarriers and step records beside it */
     int with_aux = 0;
@@ -208,6 +217,7 @@ static void test_plan_backward(void **state)
             assert_true(plan.cfg.wgmma);
             assert_true(plan.smem_bytes + 256 <= 227 * 1024);
             assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024);
+            assert_int_equal(plan.dq_tiles, 1);
             with_aux++;
         }
         kpt_pattern_destroy(&sp);

@@ -220,9 +220,7 @@ struct kpt_bwd_tma {
 static_assert(sizeof(kpt_bwd_tma) == 704, "kpt_bwd_tma layout");
 
 #define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
-// dQ tiles per warpgroup, taken by step parity: two where shared memory has room for them (not
-// beside kpt_bwd_aux's staging; compiler/plan_tiles_cuda.c counts the same)
-#define KPT_BWD_DQ_BUFS (KPT_AUX_GRADS ? 1 : 2)
+// KPT_BWD_DQ_TILES (the plan's dq_tiles, 1 or 2): dQ tiles a warpgroup, taken by step parity
 
 // dQ (rows q0 on, of head h) += dS K for this step: dS^T of both warpgroups at tDS (published by
 // a barrier first), K resident at sK. Warpgroup c takes dQ's 64-column block c (head dims up to
@@ -241,7 +239,7 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
     const bool lead = (cw & 3) == 0; // this warpgroup's first warp
     kpt_fence_proxy_async();
     if (lead && lane == 0)
-        kpt_bulk_wait<KPT_BWD_DQ_BUFS - 1, true>();
+        kpt_bulk_wait<KPT_BWD_DQ_TILES - 1, true>();
     kpt_bar_sync(1, KPT_THREADS);
     if (c >= KPT_DQK / 64)
         return;
@@ -254,7 +252,7 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
     kpt_wgmma_commit();
     kpt_wgmma_wait<0>();
     kpt_wgmma_regs<32>(&Q[0][0]);
-    const u32 t = sDQ + (c + (KPT_BWD_DQ_BUFS > 1 ? 2 * par : 0)) * KPT_BWD_DQB;
+    const u32 t = sDQ + (c + (KPT_BWD_DQ_TILES > 1 ? 2 * par : 0)) * KPT_BWD_DQB;
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -367,7 +365,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
     const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the default mode's dQ, two
     const u32 sDQ = sDS + 2 * KPT_BWD_DS;            // the warpgroups' dQ tiles (by parity)
     // per stage: lse, delta
-    float *s_rv = (float *)(kpt_smem + (sDQ + 2 * KPT_BWD_DQ_BUFS * KPT_BWD_DQB - s0));
+    float *s_rv = (float *)(kpt_smem + (sDQ + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB - s0));
 #if KPT_AUX_GRADS
     float2 *s_aux = (float2 *)(s_rv + KPT_STAGES * 2 * KPT_BWD_SUB); // kpt_bwd_aux's staging
 #endif
