@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""kpt's backward, kernel by kernel: the GPU time of each of its kernels (CUPTI's durations,
+through torch.profiler) for one call with the L2 cache flushed before it, the median over
+--reps calls, in the default and the deterministic mode. For A/B work on the kernels: the sum
+leaves out launch gaps and host time, and one library per process keeps builds apart.
+
+    python3 bench/bwd_kernel_times.py --lib build-gpu/libkpt.so --cases full:16384,causal:4096
+
+Cases are bench/cases.py's patterns with a length; 16k tokens per case (B = 16k / S), H = 16,
+bf16, D = 128 by default. TFLOP/s: 2.5 times the forward's FLOPs over the kernels' sum.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench  # noqa: E402  (setup_peers: loads the library given)
+import cases  # noqa: E402
+from bench import kpt  # noqa: E402
+
+
+def inputs(name, S, D, dtype, tokens):
+    B = max(1, tokens // S)
+    case = cases.make_case(name, B, S, 2048 // D)
+    torch.manual_seed(0)
+    mk = lambda h: torch.randn(B, h, S, D, device="cuda", dtype=dtype)  # noqa: E731
+    q, k, v, do = mk(case.hq), mk(case.hkv), mk(case.hkv), mk(case.hq)
+    o = torch.empty_like(q)
+    lse = torch.empty(B, case.hq, S, device="cuda")
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    flops = 2.5 * 4.0 * B * case.hq * S * S * D * cases.kept_fraction(case, B, S)
+    return case, (q, k, v, o, lse, do), grads, flops
+
+
+def kernel_times(fn, flush, reps):
+    """Per call: the sum of the GPU kernels' durations (us), and each kernel's (by name)."""
+    totals, each = [], {}
+    for _ in range(reps):
+        flush.zero_()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        totals.append(sum(e.time_range.end - e.time_range.start for e in ev))
+        for e in ev:
+            each.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    return statistics.median(totals), {n: statistics.median(t) for n, t in each.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--cases", default="full:16384,causal:4096")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    bench.setup_peers(args.lib)
+    dtype = bench.DTYPES[args.dtype]
+    flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    with kpt.Context(backend="cuda") as ctx:
+        for spec in args.cases.split(","):
+            name, S = spec.split(":")
+            case, (q, k, v, o, lse, do), (dq, dk, dv), flops = inputs(
+                name, int(S), args.dim, dtype, args.tokens)
+            pat = case.pattern(kpt)
+            fk = ctx.kernel(pat, args.dtype, args.dim)
+            bk = ctx.kernel(pat, args.dtype, args.dim, backward=True)
+            sc, aux = case.scalars, case.aux
+            maps = [kk.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream)
+                    if kk.needs_blockmap else None for kk in (fk, bk)]
+            ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, do, dq, dk, dv, scalars=sc,
+                                                aux=aux), dtype=torch.uint8, device="cuda")
+            fk(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=maps[0], stream=stream)
+            parts = []
+            for det in (False, True):
+                def run():
+                    bk.backward(q, k, v, o, lse, do, dq, dk, dv, scalars=sc, aux=aux,
+                                blockmap=maps[1], workspace=ws, stream=stream,
+                                deterministic=det)
+                run()
+                run()
+                torch.cuda.synchronize()
+                total, each = kernel_times(run, flush, args.reps)
+                kernels = " ".join(f"{n.split('(')[0][:16]} {t:.0f}" for n, t in each.items())
+                parts.append(f"{'det.' if det else 'default'} {total:8.1f} us "
+                             f"{flops / total / 1e6:4.0f} TF/s ({kernels})")
+            print(f"{name:14s} S={int(S):6d} | " + " | ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
