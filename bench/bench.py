@@ -20,6 +20,7 @@ printed last. bench/report.py turns the JSON into docs/BENCHMARKS.md and its plo
 import argparse
 import concurrent.futures
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -297,6 +298,15 @@ def print_tables(results, compiles):
               f"{c['disk_ms']:.1f} | {c['memory_ms']:.3f} |")
 
 
+def lib_digest(path):
+    """The first 16 hex digits of the SHA-256 of the file at path, or None."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
+
+
 def meta(args):
     def sh(cmd):
         try:
@@ -319,6 +329,9 @@ def meta(args):
             "python": platform.python_version(),
             "kpt_commit": os.environ.get("KPT_COMMIT") or sh(["git", "-C", HERE, "rev-parse",
                                                               "--short=12", "HEAD"]),
+            # the library measured, exactly (the commit above is the checkout's, which need not
+            # be the one the library was built from: set KPT_COMMIT then)
+            "kpt_lib_sha256": lib_digest(getattr(args, "lib", None)),
             "command": (os.environ.get("KPT_BENCH_COMMAND") or " ".join(sys.argv)).strip(),
             "tokens": TOKENS, "reps": args.reps, "warmup": 2}
 
