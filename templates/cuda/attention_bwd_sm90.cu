@@ -220,20 +220,21 @@ struct kpt_bwd_tma {
 static_assert(sizeof(kpt_bwd_tma) == 704, "kpt_bwd_tma layout");
 
 #define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
-// KPT_BWD_DQ_TILES (the plan's dq_tiles, 1 or 2): dQ tiles a warpgroup, taken by step parity
+// KPT_BWD_DQ_TILES (the plan's dq_tiles, 1 or 2): dQ tiles a warpgroup, taken in turn by step
 
 // dQ (rows q0 on, of head h) += dS K for this step: dS^T of both warpgroups at tDS (published by
 // a barrier first), K resident at sK. Warpgroup c takes dQ's 64-column block c (head dims up to
-// 128), writes it to its staging tile at sDQ in the layout of T.dq's boxes (two of 32 columns,
-// 128-byte swizzle) and its first warp hands it to the TMA, which adds it to the accumulator in
-// global memory (cp.reduce.async.bulk.tensor). Before the barrier the first thread waits until
-// the tile this step writes has been read (the previous step's may still be read: with one tile,
-// waiting for it took 2-3 % of the time), so the tile is free for every thread after it. (The
+// 128), writes it to its staging tile `tile` (of KPT_BWD_DQ_TILES at sDQ) in the layout of
+// T.dq's boxes (two of 32 columns, 128-byte swizzle) and its first warp hands it to the TMA,
+// which adds it to the accumulator in global memory (cp.reduce.async.bulk.tensor). Before the
+// barrier the first thread waits until the tile this step writes has been read (the previous
+// step's may still be read: with one tile, waiting for it took 2-3 % of the time), so the tile
+// is free for every thread after it. (The
 // threads adding their products with red.global.add.v2.f32 instead spent ~15 % of their time on
 // it, the reductions waiting for the memory pipeline: H100, bf16, D = 128, 16k, full.)
 __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int h, int q0,
                                                u32 tDS, u32 sK, u32 sDQ, int c, int cw, int lane,
-                                               u32 par)
+                                               u32 tile)
 {
     static_assert(KPT_DQK <= 128, "a 64-column block of dQ per warpgroup");
     const bool lead = (cw & 3) == 0; // this warpgroup's first warp
@@ -252,7 +253,7 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
     kpt_wgmma_commit();
     kpt_wgmma_wait<0>();
     kpt_wgmma_regs<32>(&Q[0][0]);
-    const u32 t = sDQ + (c + (KPT_BWD_DQ_TILES > 1 ? 2 * par : 0)) * KPT_BWD_DQB;
+    const u32 t = sDQ + (c + 2 * tile) * KPT_BWD_DQB;
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -460,7 +461,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         if (G.dqacc) {
             const u32 tDS = sDS + (i & 1) * KPT_BWD_DS;
             kpt_bwd_put_ds(tDS, E, c * 64 + (cw & 3) * 16, lane);
-            kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane, i & 1);
+            kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane, i % KPT_BWD_DQ_TILES);
         }
         kpt_wgmma_wait<0>(); // the stage is read: hand it back
         kpt_wgmma_regs<KPT_DQK / 2>(&dK[0][0]);

@@ -369,9 +369,9 @@ __device__ __forceinline__ void kpt_pg_grid_wait()
 // The products of one 64-key tile by the CTA's warpgroup (64 rows; a warp's 16 rows in the
 // mma.sync accumulator layout, as the other kernels' fragments): S = Q K^T with both from the
 // swizzled tiles, then O += P V (the forward's kpt_issue_pv, hopper.cu). Each waits for its
-// result: the next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64 ldmatrix
-// a warp a tile), one instruction per 16 keys or columns, and K and V read once a tile instead
-// of once a warp.
+// result: the next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64
+// ldmatrix a warp a tile), one instruction per 16 keys or columns, and K and V read once a tile
+// instead of once a warp.
 static_assert(KPT_BN == 64 && KPT_DQK == KPT_DV && KPT_DV <= 128, "plan_paged's sm_90a shapes");
 __device__ __forceinline__ void kpt_pg_wg_s(float (&S)[KPT_BN / 8][4], u32 sQ, u32 tK)
 {
