@@ -6,8 +6,8 @@ leaves out launch gaps and host time, and one library per process keeps builds a
 
     python3 bench/bwd_kernel_times.py --lib build-gpu/libkpt.so --cases full:16384,causal:4096
 
-Cases are bench/cases.py's patterns with a length; 16k tokens per case (B = 16k / S), H = 16,
-bf16, D = 128 by default. TFLOP/s: 2.5 times the forward's FLOPs over the kernels' sum.
+Cases are bench/cases.py's patterns with a length, made by bench.case_inputs (16k tokens per
+case, B = 16k / S, H = 2048 / D); bf16, D = 128 by default. TFLOP/s: 2.5 times the forward's FLOPs over the kernels' sum.
 """
 import argparse
 import os
@@ -19,22 +19,17 @@ from torch.profiler import ProfilerActivity, profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import bench  # noqa: E402  (setup_peers: loads the library given)
-import cases  # noqa: E402
+import bench  # noqa: E402  (setup_peers, case_inputs)
 from bench import kpt  # noqa: E402
 
 
-def inputs(name, S, D, dtype, tokens):
-    B = max(1, tokens // S)
-    case = cases.make_case(name, B, S, 2048 // D)
-    torch.manual_seed(0)
-    mk = lambda h: torch.randn(B, h, S, D, device="cuda", dtype=dtype)  # noqa: E731
-    q, k, v, do = mk(case.hq), mk(case.hkv), mk(case.hkv), mk(case.hq)
-    o = torch.empty_like(q)
+def inputs(name, S, D, dtype_name):
+    """bench.case_inputs's case (16k tokens, H = 2048 / D), with lse, dout and the gradients."""
+    case, B, q, k, v, o, _, fwd_flops = bench.case_inputs(name, S, D, dtype_name)
+    do = torch.randn_like(q)
     lse = torch.empty(B, case.hq, S, device="cuda")
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
-    flops = 2.5 * 4.0 * B * case.hq * S * S * D * cases.kept_fraction(case, B, S)
-    return case, (q, k, v, o, lse, do), grads, flops
+    return case, (q, k, v, o, lse, do), grads, 2.5 * fwd_flops
 
 
 def kernel_times(fn, flush, reps):
@@ -59,18 +54,16 @@ def main():
     ap.add_argument("--cases", default="full:16384,causal:4096")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     bench.setup_peers(args.lib)
-    dtype = bench.DTYPES[args.dtype]
     flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     with kpt.Context(backend="cuda") as ctx:
         for spec in args.cases.split(","):
             name, S = spec.split(":")
             case, (q, k, v, o, lse, do), (dq, dk, dv), flops = inputs(
-                name, int(S), args.dim, dtype, args.tokens)
+                name, int(S), args.dim, args.dtype)
             pat = case.pattern(kpt)
             fk = ctx.kernel(pat, args.dtype, args.dim)
             bk = ctx.kernel(pat, args.dtype, args.dim, backward=True)
