@@ -90,6 +90,21 @@ class Timer:
         return e0.elapsed_time(e1) / n
 
 
+    def in_turns(self, fns, rounds, sustain):
+        """Times of each of fns ({name: fn}): bursts (as __call__) and, where sustain, sustained
+        runs of that many calls. Every fn takes its turn, round after round, each round in another
+        order, and all the bursts come before the sustained runs (which heat the card), so clock
+        drift spreads over all of them. Returns {name: (burst times, sustained times)}."""
+        names = list(fns)
+        times = {n: ([], []) for n in names}
+        for kind in (0, 1) if sustain else (0,):
+            for r in range(rounds if names else 0):
+                for n in names[r % len(names):] + names[:r % len(names)]:
+                    times[n][kind].append(self(fns[n]) if kind == 0 else
+                                          self.sustained(fns[n], sustain))
+        return times
+
+
 def wall_ms(fn):
     torch.cuda.synchronize()
     t0 = time.perf_counter()

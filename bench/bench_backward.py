@@ -109,20 +109,14 @@ def run_case(args, ctx, timer, flex, name, S, D, dtype):
         except Exception as e:  # a backend that refuses this case says why
             row[pname + "_error"] = str(e).strip().splitlines()[0][:160]
     row["peers"] = [p for p in impls if p != "kpt"]
-    # Every implementation takes its turn, round after round, each round in another order, and
-    # all the burst timings come before the sustained ones (which heat the card): the card's
-    # clocks drift by up to 10 % over a case (H100), and timing one implementation after the
-    # other gave the later ones a hotter card. Each figure is the median over the rounds.
-    fns = {(i, what): (fn, mult) for i, (bwd, both) in impls.items()
-           for what, fn, mult in (("bwd", bwd, 2.5), ("fwdbwd", both, 3.5))}
-    names, times = list(fns), {n: ([], []) for n in fns}
-    for kind in (0, 1):
-        for r in range(args.rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                fn = fns[n][0]
-                times[n][kind].append(timer(fn) if kind == 0 else timer.sustained(fn, args.sustain))
-    for (iname, what), (burst, sus) in times.items():
-        burst, sus, mult = statistics.median(burst), statistics.median(sus), fns[iname, what][1]
+    # Every implementation takes its turn (bench.Timer.in_turns): the card's clocks drift by up
+    # to 10 % over a case (H100), and timing one implementation after the other gave the later
+    # ones a hotter card. Each figure is the median over the rounds.
+    mults = {"bwd": 2.5, "fwdbwd": 3.5}
+    fns = {(i, what): fn for i, (bwd, both) in impls.items()
+           for what, fn in (("bwd", bwd), ("fwdbwd", both))}
+    for (iname, what), (burst, sus) in timer.in_turns(fns, args.rounds, args.sustain).items():
+        burst, sus, mult = statistics.median(burst), statistics.median(sus), mults[what]
         row[f"{iname}_{what}_ms"] = burst
         row[f"{iname}_{what}_sus_ms"] = sus
         row[f"{iname}_{what}_tflops"] = mult * fwd_flops / (burst * 1e-3) / 1e12

@@ -66,16 +66,8 @@ def one(args, kernels, timer, name, S, D, dtype_name):
             live[n] = fns[n]
         except Exception as e:  # a backend that refuses this case
             row[n + "_error"] = str(e).strip().splitlines()[0][:100]
-    # the variants take turns, round after round, each round in another order, and all the
-    # burst timings before the sustained ones (which heat the card), so clock drift spreads over
-    # all of them; each figure is the median over the rounds
-    times = {n: ([], []) for n in live}
-    names = list(live)
-    for kind in (0, 1) if args.sustain else (0,):
-        for r in range(args.rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                times[n][kind].append(timer(live[n]) if kind == 0 else
-                                      timer.sustained(live[n], args.sustain))
+    # the variants take turns (bench.Timer.in_turns); each figure is the median over the rounds
+    times = timer.in_turns(live, args.rounds, args.sustain)
     for n, (burst, sus) in times.items():
         row[n] = flops / (statistics.median(burst) * 1e-3) / 1e12
         if sus:
