@@ -48,6 +48,17 @@ def kernel_times(fn, flush, reps):
     return statistics.median(totals), {n: statistics.median(t) for n, t in each.items()}
 
 
+def parse_cases(text):
+    """[(pattern, S)] from "full:16384,causal:4096"; ValueError naming the bad entry."""
+    out = []
+    for spec in text.split(","):
+        name, _, S = spec.partition(":")
+        if not name or not S.isdigit() or int(S) < 1:
+            raise ValueError(f"--cases: '{spec}' is not PATTERN:LENGTH (as full:16384)")
+        out.append((name, int(S)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", required=True)
@@ -56,14 +67,17 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
+    try:
+        todo = parse_cases(args.cases)
+    except ValueError as e:
+        ap.error(str(e))
     bench.setup_peers(args.lib)
     flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     with kpt.Context(backend="cuda") as ctx:
-        for spec in args.cases.split(","):
-            name, S = spec.split(":")
+        for name, S in todo:
             case, (q, k, v, o, lse, do), (dq, dk, dv), flops = inputs(
-                name, int(S), args.dim, args.dtype)
+                name, S, args.dim, args.dtype)
             pat = case.pattern(kpt)
             fk = ctx.kernel(pat, args.dtype, args.dim)
             bk = ctx.kernel(pat, args.dtype, args.dim, backward=True)
@@ -86,7 +100,7 @@ def main():
                 kernels = " ".join(f"{n.split('(')[0][:16]} {t:.0f}" for n, t in each.items())
                 parts.append(f"{'det.' if det else 'default'} {total:8.1f} us "
                              f"{flops / total / 1e6:4.0f} TF/s ({kernels})")
-            print(f"{name:14s} S={int(S):6d} | " + " | ".join(parts), flush=True)
+            print(f"{name:14s} S={S:6d} | " + " | ".join(parts), flush=True)
 
 
 if __name__ == "__main__":
