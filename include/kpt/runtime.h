@@ -152,7 +152,8 @@ KPT_API kpt_status kpt_blockmap_create(const kpt_kernel *k, const kpt_attention_
 /* Rebuilds the map for new aux contents or scalars, same B, Hq, Sq and Skv as it was made for. */
 KPT_API kpt_status kpt_blockmap_update(kpt_blockmap *map, const kpt_attention_args *args,
                                        void *stream, kpt_diag *diag);
-/* Frees the map (synchronising with the device) and sets *map to NULL. NULL is fine. */
+/* Frees the map (synchronising with the device) and sets *map to NULL. NULL is fine. A map is
+ * freed through its kernel's context: destroy it before kpt_context_destroy. */
 KPT_API void kpt_blockmap_destroy(kpt_blockmap **map);
 
 /* Runs attention: o (and lse when args->lse.data is set) from q, k, v, with the runtime scalars

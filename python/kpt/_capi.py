@@ -19,6 +19,7 @@ loader's usual search for libkpt.so.0.
 import ctypes
 import os
 import struct
+import weakref
 
 # ---- the C ABI: mirrors of include/kpt/*.h --------------------------------------------------
 
@@ -210,6 +211,13 @@ def _check(rc, diag, what):
         raise Error(diag, what)
 
 
+def _invalid(what, message):
+    """An Error of status KPT_ERR_INVALID_ARGUMENT raised here, not by the library."""
+    diag = _Diag()
+    diag.status, diag.message = -1, message.encode()[:1023]
+    return Error(diag, what)
+
+
 # ---- tensors --------------------------------------------------------------------------------
 
 class Tensor:
@@ -360,6 +368,7 @@ class Context:
         _check(lib.kpt_context_create(self._params, ctypes.byref(self._h), diag), diag,
                "context")
         self._kernels = []
+        self._maps = weakref.WeakSet()  # live block maps: freed before the context
 
     @property
     def target(self):
@@ -397,8 +406,11 @@ class Context:
         _check(library().kpt_context_synchronize(self._h, diag), diag, "synchronize")
 
     def close(self):
-        """Frees the context and its kernels (no launch may be in flight)."""
+        """Frees the context, its kernels and its live block maps (no launch may be in flight);
+        kernels and maps of a closed context raise kpt.Error when used."""
         if self._h:
+            for m in list(self._maps):  # libkpt frees a map through its context
+                m.close()
             library().kpt_context_destroy(ctypes.byref(self._h))
 
     def __enter__(self):
@@ -418,13 +430,19 @@ class Kernel:
     def __init__(self, ctx, handle):
         self.ctx, self._h = ctx, ctypes.c_void_p(handle)
 
+    def _handle(self, what):
+        """The kernel's handle, while its context is open (libkpt frees kernels with it)."""
+        if not self.ctx._h:
+            raise _invalid(what, "the kernel's context is closed")
+        return self._h
+
     @property
     def needs_blockmap(self):
-        return bool(library().kpt_kernel_needs_blockmap(self._h))
+        return bool(library().kpt_kernel_needs_blockmap(self._handle("kernel")))
 
     def info(self):
         i = _KernelInfo()
-        library().kpt_kernel_get_info(self._h, i)
+        library().kpt_kernel_get_info(self._handle("kernel"), i)
         return {"pattern": i.pattern.decode(), "target": i.target.decode(), "tile_q": i.tile_q,
                 "tile_kv": i.tile_kv, "shared_bytes": i.shared_bytes, "source": i.source.decode()}
 
@@ -435,8 +453,9 @@ class Kernel:
         sinks [Hq] f32: each head's sink logit (docs/api.md, "Attention sinks")."""
         a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
         diag = _Diag()
-        _check(library().kpt_kernel_launch(self._h, a.args, blockmap._h if blockmap else None,
-                                           stream, diag), diag, "launch")
+        _check(library().kpt_kernel_launch(self._handle("launch"), a.args,
+                                           _map_handle(blockmap, "launch"), stream, diag), diag,
+               "launch")
         return o
 
     def _grads(self, dout, dq, dk, dv, daux, dsinks=None, deterministic=False):
@@ -454,7 +473,8 @@ class Kernel:
         a = _ArgsHolder(q, k, v, o, lse, scale, scalars or {}, aux or {}, sinks)
         g, keep = self._grads(dout, dq, dk, dv, daux, dsinks, deterministic)
         diag, n = _Diag(), ctypes.c_size_t()
-        _check(library().kpt_kernel_backward_workspace(self._h, a.args, g, ctypes.byref(n), diag),
+        _check(library().kpt_kernel_backward_workspace(self._handle("backward workspace"), a.args,
+                                                       g, ctypes.byref(n), diag),
                diag, "backward workspace")
         return n.value
 
@@ -470,8 +490,8 @@ class Kernel:
         ws = workspace.data_ptr() if workspace is not None else None
         nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
         diag = _Diag()
-        _check(library().kpt_kernel_launch_backward(self._h, a.args, g,
-                                                    blockmap._h if blockmap else None, ws,
+        _check(library().kpt_kernel_launch_backward(self._handle("backward"), a.args, g,
+                                                    _map_handle(blockmap, "backward"), ws,
                                                     nbytes, stream, diag), diag, "backward")
         return dq, dk, dv
 
@@ -485,7 +505,8 @@ class Kernel:
         kv = (ctypes.c_int32 * max(1, batch))(*kv_lens) if kv_lens is not None else None
         shape = _PagedShape(batch, cu, kv, max_q, max_kv, num_heads_q, num_heads_kv)
         plan, diag = _PagedPlan(), _Diag()
-        _check(library().kpt_paged_plan_make(self._h, shape, plan, diag), diag, "paged plan")
+        _check(library().kpt_paged_plan_make(self._handle("paged plan"), shape, plan, diag), diag,
+               "paged plan")
         return PagedPlan(plan)
 
     def paged(self, plan, q, k, v, o, cu_seqlens_q, kv_lens, page_table=None, lse=None,
@@ -506,8 +527,8 @@ class Kernel:
         ws = workspace.data_ptr() if workspace is not None else None
         nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
         diag = _Diag()
-        _check(library().kpt_paged_run(self._h, plan._plan, a, ws, nbytes, stream, diag), diag,
-               "paged")
+        _check(library().kpt_paged_run(self._handle("paged"), plan._plan, a, ws, nbytes, stream,
+                                       diag), diag, "paged")
         del names
         return o
 
@@ -530,18 +551,30 @@ class PagedPlan:
         raise AttributeError(name)
 
 
+def _map_handle(blockmap, what):
+    """A block map's handle for a call (None: no map); a closed map raises."""
+    if blockmap is None:
+        return None
+    if not blockmap._h:
+        raise _invalid(what, "the block map is closed (closing its context closes it too)")
+    return blockmap._h
+
+
 class BlockMap:
-    """Which tile pairs a data-dependent mask keeps; reuse it while its inputs stay the same."""
+    """Which tile pairs a data-dependent mask keeps; reuse it while its inputs stay the same.
+    It belongs to its kernel's context: closing the context closes it."""
 
     def __init__(self, kernel, holder, stream):
         self.kernel, self._h, diag = kernel, ctypes.c_void_p(), _Diag()
-        _check(library().kpt_blockmap_create(kernel._h, holder.args, stream, ctypes.byref(self._h),
-                                             diag), diag, "blockmap")
+        _check(library().kpt_blockmap_create(kernel._handle("blockmap"), holder.args, stream,
+                                             ctypes.byref(self._h), diag), diag, "blockmap")
+        kernel.ctx._maps.add(self)
 
     def update(self, q, k, v, o, scalars=None, aux=None, stream=None):
         """Rebuilds the map for new aux contents or scalars (same sizes)."""
         a, diag = _ArgsHolder(q, k, v, o, None, 0.0, scalars or {}, aux or {}), _Diag()
-        _check(library().kpt_blockmap_update(self._h, a.args, stream, diag), diag, "blockmap")
+        _check(library().kpt_blockmap_update(_map_handle(self, "blockmap"), a.args, stream, diag),
+               diag, "blockmap")
 
     def close(self):
         if self._h:

@@ -137,3 +137,40 @@ class Binding(unittest.TestCase):
         with self.assertRaises(kpt.Error):
             kpt.Context(backend="cuda", target="cuda:sm_1")
 
+
+
+class ClosedContext(unittest.TestCase):
+    """libkpt frees a context's kernels and block maps with it: the package refuses to use them
+    afterwards (kpt.Error) instead of handing freed handles to the library."""
+
+    def test_kernel_of_a_closed_context(self):
+        ctx = kpt.Context(backend="cpu", flags=kpt.NO_DISK_CACHE)
+        ker = ctx.kernel(kpt.Pattern("causal"), "f32", 8)
+        ctx.close()
+        o = (ctypes.c_float * 8)()
+        t = kpt.Tensor(ctypes.addressof(o), "f32", (1, 1, 1, 8))
+        for call in (lambda: ker(t, t, t, t), lambda: ker.info(),
+                     lambda: ker.needs_blockmap):
+            with self.assertRaises(kpt.Error) as e:
+                call()
+            self.assertIn("context is closed", str(e.exception))
+            self.assertEqual(e.exception.status, -1)  # KPT_ERR_INVALID_ARGUMENT
+        ctx.close()  # twice is fine
+
+    def test_block_maps_closed_first(self):
+        # (the CPU backend makes no block maps: a stand-in records the order)
+        ctx, order = kpt.Context(backend="cpu", flags=kpt.NO_DISK_CACHE), []
+
+        class Map:
+            def close(self):
+                order.append(("map", bool(ctx._h)))
+
+        m = Map()
+        ctx._maps.add(m)
+        ctx.close()
+        self.assertEqual(order, [("map", True)])  # closed while the context still lived
+        closed = kpt._capi.BlockMap.__new__(kpt._capi.BlockMap)
+        closed._h = ctypes.c_void_p()  # what close() leaves
+        with self.assertRaises(kpt.Error) as e:
+            kpt._capi._map_handle(closed, "launch")
+        self.assertIn("block map is closed", str(e.exception))
