@@ -138,7 +138,6 @@ class Binding(unittest.TestCase):
             kpt.Context(backend="cuda", target="cuda:sm_1")
 
 
-
 class ClosedContext(unittest.TestCase):
     """libkpt frees a context's kernels and block maps with it: the package refuses to use them
     afterwards (kpt.Error) instead of handing freed handles to the library."""
