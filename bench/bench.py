@@ -89,7 +89,6 @@ class Timer:
         e1.synchronize()
         return e0.elapsed_time(e1) / n
 
-
     def in_turns(self, fns, rounds, sustain):
         """Times of each of fns ({name: fn}): bursts (as __call__) and, where sustain, sustained
         runs of that many calls. Every fn takes its turn, round after round, each round in another

@@ -11,8 +11,9 @@ against each peer's (max |a - b| / max |b|). Then, per implementation:
   fwd+bwd    the forward, then the backward;
 each timed two ways: burst, the median of --reps single runs with the L2 cache flushed before
 each; sustained, the mean of --sustain runs back to back (the card then sits at its power
-limit). Implementations take turns over --rounds rounds (bursts first); figures are medians. TFLOP/s: the forward's FLOPs are 4·B·Hq·S·S·D times the fraction of pairs kept, the
-backward's 2.5 times that (FlashAttention's convention), fwd+bwd 3.5 times.
+limit). Implementations take turns over --rounds rounds (bursts first); figures are medians.
+TFLOP/s: the forward's FLOPs are 4·B·Hq·S·S·D times the fraction of pairs kept, the backward's
+2.5 times that (FlashAttention's convention), fwd+bwd 3.5 times.
 """
 import argparse
 import json

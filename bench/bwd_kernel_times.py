@@ -7,7 +7,8 @@ leaves out launch gaps and host time, and one library per process keeps builds a
     python3 bench/bwd_kernel_times.py --lib build-gpu/libkpt.so --cases full:16384,causal:4096
 
 Cases are bench/cases.py's patterns with a length, made by bench.case_inputs (16k tokens per
-case, B = 16k / S, H = 2048 / D); bf16, D = 128 by default. TFLOP/s: 2.5 times the forward's FLOPs over the kernels' sum.
+case, B = 16k / S, H = 2048 / D); bf16, D = 128 by default. TFLOP/s: 2.5 times the forward's
+FLOPs over the kernels' sum.
 """
 import argparse
 import os

@@ -220,18 +220,18 @@ struct kpt_bwd_tma {
 static_assert(sizeof(kpt_bwd_tma) == 704, "kpt_bwd_tma layout");
 
 #define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
-// KPT_BWD_DQ_TILES (the plan's dq_tiles, 1 or 2): dQ tiles a warpgroup, taken in turn by step
 
 // dQ (rows q0 on, of head h) += dS K for this step: dS^T of both warpgroups at tDS (published by
 // a barrier first), K resident at sK. Warpgroup c takes dQ's 64-column block c (head dims up to
-// 128), writes it to its staging tile `tile` (of KPT_BWD_DQ_TILES at sDQ) in the layout of
-// T.dq's boxes (two of 32 columns, 128-byte swizzle) and its first warp hands it to the TMA,
-// which adds it to the accumulator in global memory (cp.reduce.async.bulk.tensor). Before the
-// barrier the first thread waits until the tile this step writes has been read (the previous
-// step's may still be read: with one tile, waiting for it took 2-3 % of the time), so the tile
-// is free for every thread after it. (The
-// threads adding their products with red.global.add.v2.f32 instead spent ~15 % of their time on
-// it, the reductions waiting for the memory pipeline: H100, bf16, D = 128, 16k, full.)
+// 128), writes it to its staging tile `tile` (of KPT_BWD_DQ_TILES, codegen's: the plan's
+// dq_tiles, 1 or 2, taken in turn by step) at sDQ in the layout of T.dq's boxes (two of 32
+// columns, 128-byte swizzle) and its first warp hands it to the TMA, which adds it to the
+// accumulator in global memory (cp.reduce.async.bulk.tensor). Before the barrier the first
+// thread waits until the tile this step writes has been read (the previous step's may still be
+// read: with one tile, waiting for it took 2-3 % of the time), so the tile is free for every
+// thread after it. (The threads adding their products with red.global.add.v2.f32 instead spent
+// ~15 % of their time on it, the reductions waiting for the memory pipeline: H100, bf16,
+// D = 128, 16k, full.)
 __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int h, int q0,
                                                u32 tDS, u32 sK, u32 sDQ, int c, int cw, int lane,
                                                u32 tile)
