@@ -346,9 +346,23 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
     }
 }
 
-// dS = P (dP - delta) (times d s'/d s), in place over P; the scale is applied when dQ and dK are
-// stored. delta of the element's query as lse in kpt_bwd_probs.
-template <int N, bool KEY_ROWS>
+// P times d s'/d s, in place, for kpt_bwd_ds<..., false> (dropped pairs stay 0, never 0 * inf):
+// folded in as soon as P's A fragments are made, D's registers are free while the products that
+// follow are in flight.
+template <int N>
+__device__ __forceinline__ void kpt_bwd_fold(float (&S)[N / 8][4], const float (&D)[N / 8][4])
+{
+#pragma unroll
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            S[n][e] = S[n][e] != 0.0f ? S[n][e] * D[n][e] : 0.0f;
+}
+
+// dS = P (dP - delta) (times d s'/d s where WITH_D, the default with a score mod; without, P
+// may hold the product already: kpt_bwd_fold), in place over P; the scale is applied when dQ and
+// dK are stored. delta of the element's query as lse in kpt_bwd_probs.
+template <int N, bool KEY_ROWS, bool WITH_D = KPT_HAS_SCORE>
 __device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&dP)[N / 8][4],
                                            const float (&D)[N / 8][4], const float *del_col,
                                            const float *del_row, int lane)
@@ -360,9 +374,8 @@ __device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&d
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float g = S[n][e] * (dP[n][e] - (KEY_ROWS ? ((e & 1) ? dc.y : dc.x) : del_row[e >> 1]));
-#if KPT_HAS_SCORE
-            g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
-#endif
+            if (WITH_D)
+                g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
             S[n][e] = g;
         }
     }

@@ -437,6 +437,12 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         kpt_wgmma_fence();
         kpt_bwd_rs<KPT_DV, KPT_BWD_SUB>(dV, F, tO);
         kpt_wgmma_commit();
+        // With a score mod, P becomes P d s'/d s now: kept apart until dS, D's 32 registers beside
+        // dK, dV, P, dP and P's fragments made softcap's consumers spill. (Aux gradients need P
+        // itself after dP.)
+        constexpr bool fold = KPT_HAS_SCORE && !KPT_AUX_GRADS;
+        if (fold)
+            kpt_bwd_fold<KPT_BWD_SUB>(S, D);
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&dP[0][0]);
 #if KPT_AUX_GRADS
@@ -452,7 +458,7 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         }
 #endif
         // dK += dS^T Q
-        kpt_bwd_ds<KPT_BWD_SUB, true>(S, dP, D, del, nullptr, lane);
+        kpt_bwd_ds<KPT_BWD_SUB, true, KPT_HAS_SCORE && !fold>(S, dP, D, del, nullptr, lane);
         u32 E[4][4];
         kpt_frags<KPT_BWD_SUB>(E, S);
         kpt_wgmma_fence();
