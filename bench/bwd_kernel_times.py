@@ -53,7 +53,7 @@ def parse_cases(text):
     """[(pattern, S)] from "full:16384,causal:4096"; ValueError naming the bad entry."""
     out = []
     for spec in text.split(","):
-        name, _, S = spec.partition(":")
+        name, _, S = spec.rpartition(":")
         if not name or not S.isdigit() or int(S) < 1:
             raise ValueError(f"--cases: '{spec}' is not PATTERN:LENGTH (as full:16384)")
         out.append((name, int(S)))
@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--daux", action="store_true",
+                    help="ask for the gradients of the case's float aux tensors too")
     args = ap.parse_args()
     try:
         todo = parse_cases(args.cases)
@@ -83,16 +85,19 @@ def main():
             fk = ctx.kernel(pat, args.dtype, args.dim)
             bk = ctx.kernel(pat, args.dtype, args.dim, backward=True)
             sc, aux = case.scalars, case.aux
+            daux = {n: torch.zeros(t.shape, dtype=torch.float32, device="cuda")
+                    for n, t in (aux or {}).items() if t.is_floating_point()} if args.daux else None
             maps = [kk.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream)
                     if kk.needs_blockmap else None for kk in (fk, bk)]
             ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, do, dq, dk, dv, scalars=sc,
-                                                aux=aux), dtype=torch.uint8, device="cuda")
+                                                aux=aux, daux=daux),
+                             dtype=torch.uint8, device="cuda")
             fk(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=maps[0], stream=stream)
             parts = []
             for det in (False, True):
                 def run():
                     bk.backward(q, k, v, o, lse, do, dq, dk, dv, scalars=sc, aux=aux,
-                                blockmap=maps[1], workspace=ws, stream=stream,
+                                daux=daux, blockmap=maps[1], workspace=ws, stream=stream,
                                 deterministic=det)
                 run()
                 run()

@@ -18,6 +18,7 @@
 /* the backward kernels (kind "backward") */
 #define KPT_CUDA_BWD_PREP_ENTRY "kpt_bwd_prep"
 #define KPT_CUDA_BWD_DKDV_ENTRY "kpt_bwd_dkdv"
+#define KPT_CUDA_BWD_DKDV_AUX_ENTRY "kpt_bwd_dkdv_aux" /* plan.aux_grads */
 #define KPT_CUDA_BWD_DQ_ENTRY "kpt_bwd_dq"
 #define KPT_CUDA_BWD_DQ_STORE_ENTRY "kpt_bwd_dq_store" /* sm_90a: dq from its atomic sums */
 #define KPT_CUDA_BWD_DAUX_ENTRY "kpt_bwd_daux"

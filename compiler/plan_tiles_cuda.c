@@ -91,6 +91,7 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     /* kpt_bwd_aux's staging of (s, g) pairs (templates/cuda/attention_bwd.cu, KPT_AUX_CHUNK),
      * where the score has aux gradients */
     size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
+    pl.aux_grads = p->num_dloads > 0;
     if (pl.cfg.wgmma) {
         /* Partial tiles read keep bits, in two layouts: kpt_bwd_dkdv's (keys as rows; a kv
          * tile's partial tiles take consecutive slots, in the order its producer walks them)

@@ -68,6 +68,9 @@ typedef struct kpt_kernel_plan {
     /* backward, sm_90a: the f32 dQ staging tiles a consumer warpgroup of kpt_bwd_dkdv takes in
      * turn (1 or 2) */
     int dq_tiles;
+    /* backward: the score has aux gradients, and the module holds a second dK/dV kernel with
+     * their terms (KPT_CUDA_BWD_DKDV_AUX_ENTRY), launched for calls that ask for any */
+    bool aux_grads;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static

@@ -129,6 +129,8 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
         (r = k->dev->cu->ModuleGetFunction(&k->bwd_dq_store, k->module, KPT_CUDA_BWD_DQ_STORE_ENTRY)))
         return kpt_cu_fail(diag, KPT_CUDA_BWD_DQ_STORE_ENTRY, r);
     kpt_status st = get_big_function(k, &k->bwd_dkdv, KPT_CUDA_BWD_DKDV_ENTRY, diag);
+    if (!st && k->plan.aux_grads)
+        st = get_big_function(k, &k->bwd_dkdv_aux, KPT_CUDA_BWD_DKDV_AUX_ENTRY, diag);
     return st ? st
               : get_function_smem(k, &k->bwd_dq, KPT_CUDA_BWD_DQ_ENTRY, k->plan.dq_smem_bytes,
                                   diag);
@@ -430,7 +432,10 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                            stream));
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, (unsigned)((a->Sq + 7) / 8), (unsigned)a->Hq,
                                       (unsigned)a->B, 256, 1, 1, 0, stream, params, NULL));
-    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
+    /* the kernel without the aux gradients' terms unless the call asks for some the score has
+     * (the rest are zeros): those terms made the main path spill */
+    CUfunction dkdv = g->daux_on && k->plan.aux_grads ? k->bwd_dkdv_aux : k->bwd_dkdv;
+    KPT_CU_TRY(diag, cu->LaunchKernel(dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
                                       (unsigned)a->B, big_threads, 1, 1, smem, stream, params,
                                       NULL));
     if (g->dqacc)

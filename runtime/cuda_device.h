@@ -37,6 +37,7 @@ typedef struct kpt_cuda_kernel {
     CUfunction attention, blockmap, blockmap_order; /* the last only for sm_90a kernels */
     CUfunction blockmap_bits; /* sm_90a kernels with plan.mask_bits */
     CUfunction bwd_prep, bwd_dkdv, bwd_dq, bwd_daux, bwd_dsinks; /* backward (no attention) */
+    CUfunction bwd_dkdv_aux; /* plan.aux_grads: kpt_bwd_dkdv with the aux gradients' terms */
     CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
     bool combine_pdl; /* the combine is a programmatic dependent launch (cuda_device.c) */

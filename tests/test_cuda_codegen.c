@@ -194,6 +194,7 @@ static void test_plan_backward(void **state)
         assert_true(plan.dq_smem_bytes <= plan.smem_bytes);
         assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
         assert_int_equal(plan.dq_tiles, 2); /* nothing the kernel reads through L1 */
+        assert_false(plan.aux_grads);
     }
     /* one dQ tile where the pattern reads aux data (L1 keeps its 60 KB) */
     kpt_pattern *doc = NULL;
@@ -218,6 +219,7 @@ static void test_plan_backward(void **state)
             assert_true(plan.smem_bytes + 256 <= 227 * 1024);
             assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024);
             assert_int_equal(plan.dq_tiles, 1);
+            assert_true(plan.aux_grads);
             with_aux++;
         }
         kpt_pattern_destroy(&sp);
@@ -472,6 +474,8 @@ typedef struct job {
     bool paged_entries, pdl; /* serving: its four entry points; griddepcontrol in both kernels */
     bool proxy_fence;        /* fence.proxy.async: generic writes published to wgmma's reads */
     int r4_ex2;              /* serving: exponentials in the 64-row kernel's PTX */
+    bool aux_grads;          /* backward: plan.aux_grads */
+    int dkdv_atomics[2];     /* backward: global atomics in kpt_bwd_dkdv and kpt_bwd_dkdv_aux */
     long paged_smem; /* serving: the attention kernels' static shared memory, the most (ptxas) */
     long spill_bytes;
     double ms;
@@ -589,6 +593,12 @@ static void *worker(void *arg)
             j->paged_smem = static_smem(out.log, "kpt_paged_r");
             j->proxy_fence = strstr(out.ptx, "fence.proxy.async") != NULL;
             j->r4_ex2 = count_in_entry(out.ptx, ".entry kpt_paged_r4", "ex2.approx");
+            j->aux_grads = plan.aux_grads;
+            j->dkdv_atomics[0] = count_in_entry(out.ptx, ".entry kpt_bwd_dkdv(", "atom.global");
+            j->dkdv_atomics[1] = strstr(out.ptx, ".entry kpt_bwd_dkdv_aux(")
+                                     ? count_in_entry(out.ptx, ".entry kpt_bwd_dkdv_aux(",
+                                                      "atom.global")
+                                     : -1;
             j->ms = out.ms;
         }
         snprintf(j->msg, sizeof(j->msg), "%s", d.message);
@@ -652,6 +662,9 @@ static void test_nvrtc_matrix(void **state)
                       .script = -1};
     jobs[n++] = (job){.pat = (int)NPAT - 1, .dim = 5, .sm = 90, .wgmma = true, .backward = true,
                       .script = -1};
+    /* and every script at D = 128 (aux gradients: kpt_bwd_dkdv_aux beside kpt_bwd_dkdv) */
+    for (int sc = 0; sc < nscripts; sc++)
+        jobs[n++] = (job){.dim = 3, .sm = 90, .wgmma = true, .backward = true, .script = sc};
     /* head dim 256: the sm_80 kernels in two column parts, also on sm_90 */
     jobs[n++] = (job){.pat = 1, .dim = 4, .sm = 90, .backward = true, .script = -1};
     jobs[n++] = (job){.pat = (int)NPAT - 1, .dt = 1, .dim = 4, .sm = 80, .backward = true,
@@ -685,7 +698,7 @@ static void test_nvrtc_matrix(void **state)
     for (int i = 0; i < nthreads; i++)
         pthread_join(th[i], NULL);
     double max_ms = 0, cat_ms[5] = {0}; /* NVRTC time: sm_80, sm_90, sm_90a, backward, paged */
-    int spilling = 0;
+    int spilling = 0, scripted = 0, backward = 0;
     for (int i = 0; i < n; i++) {
         job *j = &jobs[i];
         const char *what = j->script >= 0 ? scripts[j->script] : patterns[j->pat];
@@ -693,8 +706,16 @@ static void test_nvrtc_matrix(void **state)
             fail_msg("%s %s %d/%d sm_%d%s%s: %s", what, j->dt ? "f16" : "bf16", dims[j->dim][0],
                      dims[j->dim][1], j->sm, j->wgmma ? "a" : "",
                      j->backward ? " backward" : j->paged ? " paged" : "", j->msg);
-        if (j->backward)
+        if (j->backward) {
             assert_true(j->bwd_entries);
+            /* scores with aux gradients: a second dK/dV kernel with their terms (the atomic
+             * sums of kpt_bwd_aux), the first without them; none for the others */
+            if (j->aux_grads != (j->dkdv_atomics[1] >= 0) ||
+                (j->aux_grads && j->dkdv_atomics[1] <= j->dkdv_atomics[0]))
+                fail_msg("%s backward sm_%d%s: plan.aux_grads %d, kpt_bwd_dkdv %d global atomics, "
+                         "kpt_bwd_dkdv_aux %d", what, j->sm, j->wgmma ? "a" : "", j->aux_grads,
+                         j->dkdv_atomics[0], j->dkdv_atomics[1]);
+        }
         if (j->paged) {
             /* mma.sync kernels at every head dim, without spills for the built-in patterns at
              * head dims 32 to 128 (at 256 ptxas spills 68-88 bytes, and graphormer_edges's mask
@@ -766,6 +787,8 @@ static void test_nvrtc_matrix(void **state)
             dims[j->dim][1] <= 64)
             assert_int_equal(j->spill_bytes, 0);
         spilling += j->spill_bytes > 0;
+        scripted += j->script >= 0;
+        backward += j->backward;
         if (j->ms > max_ms)
             max_ms = j->ms;
         cat_ms[j->paged ? 4 : j->backward ? 3 : j->wgmma ? 2 : j->sm == 90 ? 1 : 0] += j->ms;
@@ -774,7 +797,7 @@ static void test_nvrtc_matrix(void **state)
                   "scripts' and %d backward and %d serving among them (slowest %.0f ms); %d with "
                   "ptxas spills (see docs/architecture.md); seconds of NVRTC: sm_80 %.0f, sm_90 "
                   "%.0f, sm_90a %.0f, backward %.0f, serving %.0f\n",
-                  ver / 1000, ver % 1000 / 10, n, nscripts * 5, 2 * (int)NPAT + 3 + nscripts,
+                  ver / 1000, ver % 1000 / 10, n, scripted, backward,
                   n - first_paged, max_ms, spilling, cat_ms[0] / 1e3, cat_ms[1] / 1e3,
                   cat_ms[2] / 1e3, cat_ms[3] / 1e3, cat_ms[4] / 1e3);
 }

@@ -511,7 +511,9 @@ __device__ __forceinline__ void kpt_bwd_p(const kpt_args &A, const kpt_uniform &
     kpt_bwd_probs<N, KR>(A, U, b, h, row0, col0, keep, S, D, lse_col, lse_row, w.lane);
 }
 
-// One step of kpt_bwd_dkdv: its 64 keys (k0) against q tile qt (class cls) of head h.
+// One step of kpt_bwd_dkdv: its 64 keys (k0) against q tile qt (class cls) of head h; with the
+// aux gradients' terms where AUXG (see kpt_bwd_dkdv_run).
+template <bool AUXG>
 __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_gargs &G,
                                                   const kpt_uniform &U, const kpt_bwd_at &w,
                                                   float2 *aux, int b, int h, int qt, int cls,
@@ -527,7 +529,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_step(const kpt_args &A, const kpt_g
     float dP[KPT_BM / 8][4];
     kpt_bwd_mm_rows<KPT_BM, KPT_DV, KPT_VSTR, KPT_VSTR>(dP, w.sV, w.sO, w);
 #if KPT_AUX_GRADS
-    if (G.daux_on && part == 0) { // S^T once more: the scores are gone, and kept they cost
+    if (AUXG && G.daux_on && part == 0) { // S^T once more: the scores are gone, and kept they cost
                                   // registers (one part: each term once)
         float X[KPT_BM / 8][4];
         kpt_mm_abt<KPT_BM, KPT_DQK, KPT_KSTR, KPT_QSTR, true>(X, w.sK + wrow * KPT_KSTR * 2, w.sQ,
@@ -597,7 +599,11 @@ static_assert(KPT_BM == KPT_BN && KPT_QSTR == KPT_KSTR, "the kernels' pairs of t
 static_assert(KPT_BWD_ROWS % 4 == 0, "kpt_bwd_probs reads LSE and delta in pairs");
 static_assert(KPT_BM <= KPT_THREADS, "a row vector's element a thread");
 
-extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
+// AUXG: the aux gradients' terms are compiled in (the entry kpt_bwd_dkdv_aux, for calls that
+// ask for them); their code beside the main path's made ptxas spill more in it (t5_buckets at
+// D = 128: 340 bytes against 64) even when no call asked.
+template <bool AUXG>
+__device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_gargs &G)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
     const u32 sK = kpt_smem_addr(kpt_smem);
@@ -655,7 +661,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
             }
             kpt_cp_wait<0>();
             __syncthreads();
-            kpt_bwd_dkdv_step(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
+            kpt_bwd_dkdv_step<AUXG>(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
         }
     }
 #else
@@ -695,7 +701,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
         w.sO = w.sQ + KPT_BM * KPT_QSTR * 2;
         w.lse = s_lse + st * KPT_BM;
         w.del = s_del + st * KPT_BM;
-        kpt_bwd_dkdv_step(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
+        kpt_bwd_dkdv_step<AUXG>(A, G, U, w, s_aux, b, h, qt, cls, k0, dK, dV);
         __syncthreads(); // this stage is read
         if (more && tid < KPT_BM) {
             s_lse[sn * KPT_BM + tid] = nl;
@@ -710,6 +716,18 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt
     kpt_store_acc<KPT_BWD_VC>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1] +
                                       part * KPT_BWD_VC, G.dvs[2], k0 + wrow, A.Skv, 1.0f, lane);
 }
+
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G)
+{
+    kpt_bwd_dkdv_run<false>(A, G);
+}
+
+#if KPT_AUX_GRADS
+extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dkdv_aux(const kpt_args A, const kpt_gargs G)
+{
+    kpt_bwd_dkdv_run<true>(A, G);
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_args A, const kpt_gargs G)
 {

@@ -352,9 +352,12 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
 // works: kpt_bwd_producer); warpgroups 1 and 2 are the consumers, c = 0 and 1, of keys
 // c * 64 .. + 63. The consumers never wait for each other but to swap dS^T for the default
 // mode's dQ (named barrier 1), and there over two buffers: a warpgroup writes one while the
-// other may still read the other.
-extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
-kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
+// other may still read the other. AUXG: the aux gradients' terms are compiled in (the entry
+// kpt_bwd_dkdv_aux, for calls that ask for them); their code beside the main path's made ptxas
+// spill in it (t5_buckets 180 bytes, graphormer_edges 388) even when no call asked.
+template <bool AUXG>
+__device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_gargs &G,
+                                                 const kpt_bwd_tma &T)
 {
     extern __shared__ __align__(16) unsigned char kpt_smem[];
     __shared__ __align__(8) u64 s_bar[KPT_BB_N];
@@ -440,13 +443,13 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
         // With a score mod, P becomes P d s'/d s now: kept apart until dS, D's 32 registers beside
         // dK, dV, P, dP and P's fragments made softcap's consumers spill. (Aux gradients need P
         // itself after dP.)
-        constexpr bool fold = KPT_HAS_SCORE && !KPT_AUX_GRADS;
+        constexpr bool fold = KPT_HAS_SCORE && !AUXG;
         if (fold)
             kpt_bwd_fold<KPT_BWD_SUB>(S, D);
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&dP[0][0]);
 #if KPT_AUX_GRADS
-        if (G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
+        if (AUXG && G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
             float X[8][4];
             kpt_wgmma_fence();
             kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB>(X, wK, tQ);
@@ -481,6 +484,20 @@ kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bw
     kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],
                           krow, A.Skv, 1.0f, lane);
 }
+
+extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
+kpt_bwd_dkdv(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
+{
+    kpt_bwd_dkdv_run<false>(A, G, T);
+}
+
+#if KPT_AUX_GRADS
+extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
+kpt_bwd_dkdv_aux(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
+{
+    kpt_bwd_dkdv_run<true>(A, G, T);
+}
+#endif
 
 // ---- dQ ---------------------------------------------------------------------------------------
 
