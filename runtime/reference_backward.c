@@ -30,6 +30,8 @@ typedef struct bwd_ctx {
     kpt_ir_prog grad_prog; /* the score and its gradient roots */
     const kpt_mask_analysis *analysis; /* for skipping key tiles; NULL: none */
     int64_t daux_len[KPT_MAX_AUX];     /* elements of each aux gradient wanted; 0 = none */
+    const kpt_tensor *o_delta; /* delta = dO . O from this O (kpt_ref_backward_stored_o); NULL:
+                                  sum(P dP), the exact gradient */
 } bwd_ctx;
 
 typedef struct bwd_worker {
@@ -120,6 +122,12 @@ static void run_row(bwd_worker *w, kpt_ir_env *env, int64_t b, int64_t h, int64_
                 w->dp[k] = kpt_ref_dot(w->dod, w->vd + k * s->Dv, s->Dv);
                 dsum += w->p[k] * w->dp[k];
             }
+        if (c->o_delta) { /* as the kernels take it: from the O they stored */
+            dsum = 0;
+            for (int64_t d = 0; d < s->Dv; d++)
+                dsum += w->dod[d] * kpt_load_as_double(c->o_delta->data, c->o_delta->dtype,
+                                                       kpt_ref_off4(c->o_delta, b, h, q, d));
+        }
         if (w->dsinks && sink != -INFINITY) /* d LSE / d sink = P_sink; dO . dO/dsink = -P_sink dsum */
             w->dsinks[h] -= exp(sink - mm) / sum * dsum;
         for (int64_t k = 0; k < s->Skv; k++) {
@@ -312,6 +320,18 @@ static kpt_status run(bwd_ctx *c, kpt_diag *diag)
 kpt_status kpt_reference_attention_backward(const kpt_pattern *p, const kpt_attention_args *args,
                                             const kpt_attention_grads *grads, kpt_diag *diag)
 {
+    return kpt_ref_backward_stored_o(p, args, NULL, grads, diag);
+}
+
+static bool same_shape(const kpt_tensor *a, const kpt_tensor *b)
+{
+    return a->rank == b->rank && !memcmp(a->shape, b->shape, (size_t)a->rank * sizeof(a->shape[0]));
+}
+
+kpt_status kpt_ref_backward_stored_o(const kpt_pattern *p, const kpt_attention_args *args,
+                                     const kpt_tensor *o, const kpt_attention_grads *grads,
+                                     kpt_diag *diag)
+{
     bwd_ctx c;
     memset(&c, 0, sizeof(c));
     kpt_status st = kpt_attn_bind(p, args, &c.bind, diag);
@@ -328,6 +348,9 @@ kpt_status kpt_reference_attention_backward(const kpt_pattern *p, const kpt_atte
     c.p = dp;
     c.args = args;
     c.grads = grads;
+    c.o_delta = o;
+    if (!st && o && !same_shape(o, &args->o))
+        st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the stored O's shape is not o's");
     if (!st)
         st = daux_sizes(&c, diag);
     if (!st)

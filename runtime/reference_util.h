@@ -70,4 +70,14 @@ kpt_status kpt_ref_check_scratch(const kpt_attn_shape *s, kpt_diag *diag);
 
 void kpt_ref_run_workers(void *workers, size_t size, int n, void *(*fn)(void *));
 
+/* kpt_reference_attention_backward with delta = dO . O taken from o (shaped as args->o; any
+ * dtype) instead of sum(P dP): the gradient the kernels compute from the O they stored (16-bit).
+ * Where one aux element collects nearly all of each row's probability (Graphormer's capped
+ * distance), its gradient is a sum that almost cancels, and the rounding of O alone moves it by
+ * a few percent of the largest; checks of kernels compare aux gradients with this. o NULL: the
+ * exact gradient. */
+kpt_status kpt_ref_backward_stored_o(const kpt_pattern *p, const kpt_attention_args *args,
+                                     const kpt_tensor *o, const kpt_attention_grads *grads,
+                                     kpt_diag *diag);
+
 #endif

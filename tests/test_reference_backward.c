@@ -7,6 +7,8 @@
 
 #include <kpt/reference.h>
 
+#include "runtime/reference_util.h"
+
 typedef struct prob {
     int64_t B, Hq, Hkv, Sq, Skv, Dqk, Dv;
     double *q, *k, *v, *o, *dout, *dq, *dk, *dv;
@@ -113,7 +115,10 @@ static double loss(prob *p, const kpt_pattern *pat)
     return l;
 }
 
-static void backward(prob *p, const kpt_pattern *pat)
+/* The reference backward of p into its gradients; with delta from `o` where not NULL
+ * (kpt_ref_backward_stored_o). */
+static kpt_status backward_with(prob *p, const kpt_pattern *pat, const kpt_tensor *o,
+                                kpt_diag *d)
 {
     kpt_aux_tensor aux;
     kpt_attention_args a = args_of(p, pat, &aux);
@@ -129,9 +134,14 @@ static void backward(prob *p, const kpt_pattern *pat)
     };
     if (p->with_sinks)
         g.dsinks = kpt_tensor_contiguous(p->dsinks, KPT_DTYPE_F64, 1, (int64_t[]){p->Hq});
+    return o ? kpt_ref_backward_stored_o(pat, &a, o, &g, d)
+             : kpt_reference_attention_backward(pat, &a, &g, d);
+}
+
+static void backward(prob *p, const kpt_pattern *pat)
+{
     kpt_diag d = {0};
-    kpt_status st = kpt_reference_attention_backward(pat, &a, &g, &d);
-    if (st)
+    if (backward_with(p, pat, NULL, &d))
         fail_msg("%s: %s", kpt_pattern_name(pat), d.message);
 }
 
@@ -302,6 +312,59 @@ static void test_lua_score_and_bias(void **state)
     kpt_pattern_destroy(&pat);
 }
 
+/* Delta from a given O (what the kernels do with the O they stored): with the exact O, the exact
+ * gradients; with O moved, dv stays (it does not read delta), and as every pair reads one of the
+ * bias's elements, their gradients sum to sum(delta - dO . O') over the rows instead of 0. */
+static void test_stored_o(void **state)
+{
+    (void)state;
+    static const char src[] =
+        "return kpt.pattern{ name = 'bias_by_distance',\n"
+        "  aux = { bias = { dtype = 'float32', shape = {'hq', 8} } },\n"
+        "  score = function(s, b, h, q, k, p) return s + p.bias[h][(k - q) % 8] end }";
+    kpt_pattern *pat = lua_or_fail(src);
+    prob p = small;
+    prob_init(&p, 41);
+    loss(&p, pat); /* p.o: the exact O */
+    backward(&p, pat);
+    const size_t nb = (size_t)p.Hq * 8;
+    double *want[4] = {malloc(nq(&p) * 8), malloc(nk(&p) * 8), malloc(nv(&p) * 8), malloc(nb * 8)};
+    double *got[4] = {p.dq, p.dk, p.dv, p.dbias};
+    const size_t n[4] = {nq(&p), nk(&p), nv(&p), nb};
+    for (int i = 0; i < 4; i++)
+        memcpy(want[i], got[i], n[i] * sizeof(double));
+    double *o = malloc(no(&p) * sizeof(double));
+    memcpy(o, p.o, no(&p) * sizeof(double));
+    kpt_tensor ot = t4(o, p.B, p.Hq, p.Sq, p.Dv);
+    kpt_diag d = {0};
+    assert_int_equal(backward_with(&p, pat, &ot, &d), KPT_OK);
+    for (int i = 0; i < 4; i++)
+        for (size_t j = 0; j < n[i]; j++)
+            assert_true(fabs(got[i][j] - want[i][j]) <= 1e-12 * (1 + fabs(want[i][j])));
+    double moved = 0; /* sum over rows of dO . (O' - O) */
+    for (size_t j = 0; j < no(&p); j++) {
+        const double step = 1e-2 * (double)((j * 7) % 5) - 2e-2;
+        o[j] += step;
+        moved += p.dout[j] * step;
+    }
+    assert_int_equal(backward_with(&p, pat, &ot, &d), KPT_OK);
+    assert_memory_equal(p.dv, want[2], nv(&p) * sizeof(double));
+    double sum = 0, sum_exact = 0;
+    for (size_t j = 0; j < nb; j++)
+        sum += p.dbias[j], sum_exact += want[3][j];
+    assert_true(fabs(sum_exact) < 1e-12);
+    assert_true(fabs(moved) > 1e-2);
+    assert_true(fabs(sum + moved) < 1e-12);
+    ot.shape[2] = p.Sq + 1; /* the stored O's shape must be o's */
+    assert_int_equal(backward_with(&p, pat, &ot, &d), KPT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d.message, "stored O"));
+    for (int i = 0; i < 4; i++)
+        free(want[i]);
+    free(o);
+    prob_free(&p);
+    kpt_pattern_destroy(&pat);
+}
+
 /* Same inputs, same bits: the reference's sums have a fixed order whatever the thread count. */
 static void test_deterministic(void **state)
 {
@@ -398,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_fully_masked_rows),
         cmocka_unit_test(test_sinks),
         cmocka_unit_test(test_lua_score_and_bias),
+        cmocka_unit_test(test_stored_o),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_validation),
     };
