@@ -511,13 +511,14 @@ void kpt_emit_aux_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_di
         emit_values(sb, p, roots, n, d);
     for (int i = 0; i < p->num_dloads; i++) {
         const kpt_ir_node *ld = kpt_ir_node_get(&p->g, p->dloads[i].load);
-        kpt_sb_printf(sb, "    kpt_daux_add(A, G, %u, %d, ", (unsigned)ld->imm.index, ld->nargs);
+        kpt_sb_printf(sb, "    kpt_daux_add(A, G, dt, %u, %d, ", (unsigned)ld->imm.index, ld->nargs);
         emit_indices(sb, ld, "v", "0");
         kpt_sb_puts(sb, ", ");
         /* g = 0 (a dropped pair) adds nothing, whatever the derivative there */
         kpt_sb_printf(sb, "g != 0.0f ? g * v%u : 0.0f);\n", (unsigned)p->dloads[i].deriv);
     }
-    kpt_sb_puts(sb, "    (void)A, (void)U, (void)G, (void)s, (void)b, (void)h, (void)q, (void)k, (void)g;");
+    kpt_sb_puts(sb, "    (void)A, (void)U, (void)G, (void)dt, (void)s, (void)b, (void)h, (void)q, "
+                    "(void)k, (void)g;");
 }
 
 /* ---- intervals ------------------------------------------------------------------------------ */

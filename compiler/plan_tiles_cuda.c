@@ -54,7 +54,8 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * stages, the same way. Each launch takes its own dynamic shared memory (plan.smem_bytes,
  * plan.dq_smem_bytes): kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for
  * kpt_bwd_dq's static tile classes. */
-#define KPT_BWD_AUX_CHUNK 16 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
+#define KPT_BWD_AUX_CHUNK 8 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
+#define KPT_BWD_DAUX_TAB 10304 /* sizeof(kpt_daux_tab) there: a CTA's sums of small aux gradients */
 /* the sm_80 backward kernels' static shared memory, at most (kpt_bwd_dq's tile classes: 2064
  * bytes), besides plan.smem_bytes */
 #define KPT_BWD_STATIC_SMEM 4096
@@ -90,7 +91,8 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     size_t row = 2 * (size_t)(cfg->dqk + cfg->dv); /* bytes of a Q and a dO row, or K and V */
     /* kpt_bwd_aux's staging of (s, g) pairs (templates/cuda/attention_bwd.cu, KPT_AUX_CHUNK),
      * where the score has aux gradients */
-    size_t aux = p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 : 0;
+    size_t aux =
+        p->num_dloads ? (size_t)pl.warps * KPT_BWD_AUX_CHUNK * 32 * 8 + KPT_BWD_DAUX_TAB : 0;
     pl.aux_grads = p->num_dloads > 0;
     if (pl.cfg.wgmma) {
         /* Partial tiles read keep bits, in two layouts: kpt_bwd_dkdv's (keys as rows; a kv

@@ -405,6 +405,13 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     kpt_zero<KPT_DV>(dV);
     kpt_uniform U;
     int uh = -1;
+#if KPT_AUX_GRADS
+    if (AUXG) { // the consumers' table (named barrier 4: the consumers)
+        kpt_daux_tab_begin(A, G, kpt_daux_table(s_aux), tid - KPT_BWD_PRODUCER_WARPS * 32,
+                           KPT_THREADS);
+        kpt_bar_sync(4, KPT_THREADS);
+    }
+#endif
     kpt_mbar_wait(bar + 8 * KPT_BB_KV, 0);
     for (u32 i = 0;; i++) {
         const u32 st = i % KPT_STAGES;
@@ -457,7 +464,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&X[0][0]);
             kpt_bwd_aux<KPT_BWD_SUB>(A, U, G, b, h, krow, q0, X, S, dP, del,
-                                     s_aux + cw * KPT_AUX_CHUNK * 32, lane);
+                                     s_aux + cw * KPT_AUX_CHUNK * 32, kpt_daux_table(s_aux), lane);
         }
 #endif
         // dK += dS^T Q
@@ -479,6 +486,13 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     }
     if (G.dqacc && (cw & 3) == 0 && lane == 0)
         kpt_bulk_wait<0, false>(); // the last dQ tile's reduction is done with shared memory
+#if KPT_AUX_GRADS
+    if (AUXG) {
+        kpt_bar_sync(4, KPT_THREADS);
+        kpt_daux_tab_end(A, G, kpt_daux_table(s_aux), tid - KPT_BWD_PRODUCER_WARPS * 32,
+                         KPT_THREADS);
+    }
+#endif
     kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
                            krow, A.Skv, A.scale, lane);
     kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],
