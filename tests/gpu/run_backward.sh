@@ -54,7 +54,7 @@ check causal --shape 1,2,2,17,17,256 --layout bshd
 # out (tests/mask_bits.lua: the last kv tiles and q tiles evaluate their masks instead)
 check tests/mask_bits.lua --shape 4,16,16,1500,1531,64
 check tests/mask_bits.lua --shape 1,4,2,777,1000,128 --dtype f16
-# aux gradients: a per-head parameter (warp-summed atomics), one the derivative scales by s,
+# aux gradients: a per-head parameter (summed in the CTA's table), one the derivative scales by s,
 # reads out of range; f16/bf16, D 64/128, GQA, long
 P=tests/gpu/learned_params.lua
 check $P --shape 2,4,2,300,300,64
