@@ -55,7 +55,7 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * plan.dq_smem_bytes): kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for
  * kpt_bwd_dq's static tile classes. */
 #define KPT_BWD_AUX_CHUNK 8 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
-#define KPT_BWD_DAUX_TAB 10304 /* sizeof(kpt_daux_tab) there: a CTA's sums of small aux gradients */
+#define KPT_BWD_DAUX_TAB 16960 /* sizeof(kpt_daux_tab) there: a CTA's sums of small aux gradients */
 /* the sm_80 backward kernels' static shared memory, at most (kpt_bwd_dq's tile classes: 2064
  * bytes), besides plan.smem_bytes */
 #define KPT_BWD_STATIC_SMEM 4096

@@ -87,16 +87,19 @@ __device__ __forceinline__ void kpt_daux_atomic(const kpt_gargs &G, int slot, i6
 // per CTA in shared memory first: every pair of a head adds to one of a few elements, and the
 // returning atomics on those hot global addresses held each warp for microseconds (Graphormer's
 // bias by random distance, H100, 16k: 1.25 s against 47 ms without aux gradients). A slot's
-// elements take table entries where they fit (kpt_daux_tab_begin), each a 128-bit sum and flags
-// as the global accumulators, added to those once at the CTA's end. Integer sums: the result is
-// the same bits whatever the order.
+// elements take table entries where they fit (kpt_daux_tab_begin); an entry keeps the sums of
+// its positive and of its negative terms' magnitudes, 128 bits each in four 32-bit words, and
+// flags, added to the accumulators once at the CTA's end. 32-bit words because shared memory
+// has no 64-bit atomic add (ptxas makes a compare-and-swap loop of it, which contended); apart
+// by sign so that a carry runs past the words a term has (24 bits, two words) only when a word
+// overflows. Integer sums: the result is the same bits whatever the order.
 #define KPT_DAUX_TAB 512 // entries; the table's size is KPT_BWD_DAUX_TAB in plan_tiles_cuda.c
 struct kpt_daux_tab {
-    int off[16];                // per aux slot: its first entry, or -1 (not in the table)
-    u32 flag[KPT_DAUX_TAB];
-    u64 sum[KPT_DAUX_TAB][2];   // lo, hi
+    int off[16];                 // per aux slot: its first entry, or -1 (not in the table)
+    u32 flag[KPT_DAUX_TAB / 4];  // an entry's flags in byte (entry mod 4) of word entry / 4
+    u32 sum[KPT_DAUX_TAB][2][4]; // positive terms, negative terms: 128-bit sums, low word first
 };
-static_assert(sizeof(kpt_daux_tab) == 10304, "KPT_BWD_DAUX_TAB in compiler/plan_tiles_cuda.c");
+static_assert(sizeof(kpt_daux_tab) == 16960, "KPT_BWD_DAUX_TAB in compiler/plan_tiles_cuda.c");
 
 __device__ __forceinline__ i64 kpt_daux_count(const kpt_args &A, const kpt_gargs &G, int slot)
 {
@@ -110,8 +113,10 @@ __device__ __forceinline__ void kpt_daux_tab_begin(const kpt_args &A, const kpt_
                                                    kpt_daux_tab *T, int t, int n)
 {
     for (int i = t; i < KPT_DAUX_TAB; i += n) {
-        T->flag[i] = 0;
-        T->sum[i][0] = T->sum[i][1] = 0;
+        if (i % 4 == 0)
+            T->flag[i / 4] = 0;
+        for (int j = 0; j < 8; j++)
+            T->sum[i][j >> 2][j & 3] = 0;
     }
     if (t == 0) {
         i64 used = 0;
@@ -132,9 +137,35 @@ __device__ __forceinline__ void kpt_daux_tab_end(const kpt_args &A, const kpt_ga
         const int off = T->off[slot];
         const int c = off >= 0 ? (int)kpt_daux_count(A, G, slot) : 0;
         for (int e = t; e < c; e += n) {
-            const u64 lo = T->sum[off + e][0], hi = T->sum[off + e][1];
-            const u32 flag = T->flag[off + e];
+            const u32 *p = T->sum[off + e][0], *m = T->sum[off + e][1];
+            const u64 plo = p[0] | (u64)p[1] << 32, phi = p[2] | (u64)p[3] << 32;
+            const u64 mlo = m[0] | (u64)m[1] << 32, mhi = m[2] | (u64)m[3] << 32;
+            const u64 lo = plo - mlo, hi = phi - mhi - (plo < mlo ? 1 : 0);
+            const u32 flag = T->flag[(off + e) / 4] >> (off + e) % 4 * 8 & 255;
             if (lo | hi | flag) kpt_daux_atomic(G, slot, e, lo, hi, flag);
+        }
+    }
+}
+
+// Adds the 128-bit two's-complement x = (lo, hi) to a table entry: its magnitude to the sum of
+// its sign, word by word, each add's carry into the next word (most terms touch two words).
+__device__ __forceinline__ void kpt_daux_tab_add(kpt_daux_tab *T, int i, u64 lo, u64 hi)
+{
+    const bool neg = (i64)hi < 0;
+    if (neg) {
+        lo = ~lo + 1;
+        hi = ~hi + (lo == 0 ? 1 : 0);
+    }
+    u32 *w = T->sum[i][neg];
+    const u32 x[4] = {(u32)lo, (u32)(lo >> 32), (u32)hi, (u32)(hi >> 32)};
+    u32 c = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u64 a = (u64)x[j] + c;
+        c = 0;
+        if (a) {
+            const u32 old = atomicAdd(&w[j], (u32)a);
+            c = (u32)(((u64)old + a) >> 32);
         }
     }
 }
@@ -186,13 +217,8 @@ KPT_DEV void kpt_daux_add(const kpt_args &A, const kpt_gargs &G, kpt_daux_tab *T
         kpt_daux_atomic(G, slot, e, lo, hi, flag);
         return;
     }
-    u64 *t = T->sum[off + e];
-    if (lo) {
-        const u64 old = atomicAdd((unsigned long long *)t, (unsigned long long)lo);
-        hi += old + lo < old ? 1 : 0;
-    }
-    if (hi) atomicAdd((unsigned long long *)t + 1, (unsigned long long)hi);
-    if (flag) atomicOr(&T->flag[off + e], flag);
+    if (lo | hi) kpt_daux_tab_add(T, off + (int)e, lo, hi);
+    if (flag) atomicOr(&T->flag[(off + e) / 4], flag << (off + e) % 4 * 8);
 }
 
 // The score mod's aux gradients at one pair: g = dL/ds' there, s the scaled score (generated).
@@ -687,10 +713,12 @@ static_assert(KPT_BM <= KPT_THREADS, "a row vector's element a thread");
 template <bool AUXG>
 __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_gargs &G)
 {
-    extern __shared__ __align__(16) unsigned char kpt_smem[];
-    const u32 sK = kpt_smem_addr(kpt_smem);
+    // the dynamic shared memory, named apart from the kernels' kpt_smem (NVRTC warns of the
+    // same name declared in a device function and a kernel)
+    extern __shared__ __align__(16) unsigned char kpt_smem_kv[];
+    const u32 sK = kpt_smem_addr(kpt_smem_kv);
     const u32 sQ0 = sK + KPT_BWD_TILE * 2; // stage s: Q at sQ0 + s * KPT_BWD_TILE * 2, then dO
-    float *s_lse = (float *)(kpt_smem + KPT_BWD_ROWS * 2); // stage s: + s * KPT_BM
+    float *s_lse = (float *)(kpt_smem_kv + KPT_BWD_ROWS * 2); // stage s: + s * KPT_BM
     float *s_del = s_lse + KPT_STAGES * KPT_BM;
     float *s_x = s_del + KPT_STAGES * KPT_BM; // kpt_bwd_pair_sum's, with two parts
     // kpt_bwd_aux's staging, a share per warp

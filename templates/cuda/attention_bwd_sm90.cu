@@ -359,17 +359,19 @@ template <bool AUXG>
 __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_gargs &G,
                                                  const kpt_bwd_tma &T)
 {
-    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    // the dynamic shared memory, named apart from the kernels' kpt_smem (NVRTC warns of the
+    // same name declared in a device function and a kernel)
+    extern __shared__ __align__(16) unsigned char kpt_smem_kv[];
     __shared__ __align__(8) u64 s_bar[KPT_BB_N];
     __shared__ int4 s_step[KPT_STAGES];
-    const u32 s0 = kpt_smem_addr(kpt_smem);
+    const u32 s0 = kpt_smem_addr(kpt_smem_kv);
     const u32 sK = (s0 + 1023u) & ~1023u; // swizzle atoms repeat every 1024 bytes
     const u32 sV = sK + KPT_BN * KPT_DQK * 2;
     const u32 sQ = sV + KPT_BN * KPT_DV * 2; // the ring
     const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the default mode's dQ, two
     const u32 sDQ = sDS + 2 * KPT_BWD_DS;            // the warpgroups' dQ tiles (by parity)
     // per stage: lse, delta
-    float *s_rv = (float *)(kpt_smem + (sDQ + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB - s0));
+    float *s_rv = (float *)(kpt_smem_kv + (sDQ + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB - s0));
 #if KPT_AUX_GRADS
     float2 *s_aux = (float2 *)(s_rv + KPT_STAGES * 2 * KPT_BWD_SUB); // kpt_bwd_aux's staging
 #endif
