@@ -420,14 +420,37 @@ kpt_pattern *kpt_parse_lua(const char *source, size_t length, const kpt_lua_para
     return c.h.p;
 }
 
+/* A fill function returns a list of the tensor's size: the limits of params (or the defaults)
+ * plus what such a list takes, 48 bytes (a Lua value is 16, and a list grows by doubling), 256
+ * instructions and a microsecond an element. Graphormer's distances over 2000 nodes (4 million
+ * values) ran out of the 64 MiB a script has. */
+static const kpt_lua_params *fill_limits(const kpt_lua_params *params, int rank,
+                                         const int64_t *shape, kpt_lua_params *out)
+{
+    double n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= (double)(shape[i] > 0 ? shape[i] : 0);
+    n = n < 1e12 ? n : 1e12;
+    *out = params ? *params : (kpt_lua_params){0};
+    out->max_memory = (out->max_memory ? out->max_memory : KPT_LUA_DEFAULT_MEMORY) +
+                      (size_t)(48 * n);
+    out->max_instructions =
+        (out->max_instructions ? out->max_instructions : KPT_LUA_DEFAULT_INSTRUCTIONS) +
+        (uint64_t)(256 * n);
+    out->max_seconds =
+        (out->max_seconds > 0 ? out->max_seconds : KPT_LUA_DEFAULT_SECONDS) + n * 1e-6;
+    return out;
+}
+
 kpt_status kpt_lua_fill_aux(const char *source, size_t length, const kpt_lua_params *params,
                             const char *aux, int rank, const int64_t *shape, uint64_t seed,
                             double *out, kpt_diag *diag)
 {
     if (!source || !aux || !shape || !out || rank < 1 || rank > KPT_AUX_MAX_RANK)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "kpt_lua_fill_aux: bad arguments");
-    run_ctx c = {.src = source, .len = length, .prm = params, .fill_aux = aux, .rank = rank,
-                 .shape = shape, .seed = seed, .out = out};
+    kpt_lua_params prm;
+    run_ctx c = {.src = source, .len = length, .prm = fill_limits(params, rank, shape, &prm),
+                 .fill_aux = aux, .rank = rank, .shape = shape, .seed = seed, .out = out};
     c.h.display = display_name(params);
     c.h.p = kpt_pattern_new("");
     if (!c.h.p)

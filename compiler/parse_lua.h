@@ -13,7 +13,8 @@ kpt_pattern *kpt_parse_lua(const char *source, size_t length, const kpt_lua_para
 
 /* Runs the script again and calls the fill function of aux tensor `aux` (declared with
  * fill = function(shape, seed)) for a tensor of the given shape, writing its
- * shape[0]*...*shape[rank-1] values (row-major) to out. */
+ * shape[0]*...*shape[rank-1] values (row-major) to out. The sandbox's limits are params' (or
+ * the defaults) plus, per element of the tensor, 48 bytes, 256 instructions and 1 us. */
 kpt_status kpt_lua_fill_aux(const char *source, size_t length, const kpt_lua_params *params,
                             const char *aux, int rank, const int64_t *shape, uint64_t seed,
                             double *out, kpt_diag *diag);

@@ -384,6 +384,19 @@ static void test_fill(void **state)
     assert_int_equal(kpt_lua_fill_aux(short_src, strlen(short_src), NULL, "t", 1, shape, 1, big, &d),
                      KPT_ERR_TYPE);
     assert_non_null(strstr(d.message, "returned 2 values"));
+    /* a list larger than a script's 64 MiB (Graphormer's distances over 2000 nodes): the
+     * sandbox grows with the tensor's size */
+    const char *big_src = "return kpt.pattern{ aux = { t = { dtype = 'int32', shape = {'b', 'sq', "
+                          "'skv'},\n  fill = function(shape)\n    local out = {}\n"
+                          "    for i = 1, shape[1] * shape[2] * shape[3] do out[i] = i * 10 end\n"
+                          "    return out\n  end } } }";
+    int64_t graph[3] = {1, 2000, 2000};
+    double *dist = malloc(sizeof(double) * 4000000);
+    assert_non_null(dist);
+    assert_int_equal(kpt_lua_fill_aux(big_src, strlen(big_src), NULL, "t", 3, graph, 0, dist, &d),
+                     KPT_OK);
+    assert_true(dist[3999999] == 40000000.0);
+    free(dist);
 }
 
 /* ---- errors name the script and the line --------------------------------------------------- */
