@@ -32,6 +32,7 @@ typedef struct bwd_ctx {
     int64_t daux_len[KPT_MAX_AUX];     /* elements of each aux gradient wanted; 0 = none */
     const kpt_tensor *o_delta; /* delta = dO . O from this O (kpt_ref_backward_stored_o); NULL:
                                   sum(P dP), the exact gradient */
+    bool qkv; /* dq, dk or dv wanted (else only aux gradients and the sinks') */
 } bwd_ctx;
 
 typedef struct bwd_worker {
@@ -135,6 +136,8 @@ static void run_row(bwd_worker *w, kpt_ir_env *env, int64_t b, int64_t h, int64_
                 continue;
             double g = w->p[k] * (w->dp[k] - dsum); /* at the score mod's output */
             double ds = scale * g * score_grad(w, env, k, g);
+            if (!c->qkv) /* aux gradients only (score_grad adds them) */
+                continue;
             double *dk = w->dkd + k * s->Dqk, *dv = w->dvd + k * s->Dv;
             const double *kr = w->kd + k * s->Dqk;
             for (int64_t d = 0; d < s->Dqk; d++) {
@@ -349,6 +352,7 @@ kpt_status kpt_ref_backward_stored_o(const kpt_pattern *p, const kpt_attention_a
     c.args = args;
     c.grads = grads;
     c.o_delta = o;
+    c.qkv = grads->dq.data || grads->dk.data || grads->dv.data;
     if (!st && o && !same_shape(o, &args->o))
         st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the stored O's shape is not o's");
     if (!st)

@@ -355,6 +355,15 @@ static void test_stored_o(void **state)
     assert_true(fabs(sum_exact) < 1e-12);
     assert_true(fabs(moved) > 1e-2);
     assert_true(fabs(sum + moved) < 1e-12);
+    /* aux gradients alone: the same bits as beside dq, dk and dv */
+    kpt_aux_tensor aux;
+    kpt_attention_args a = args_of(&p, pat, &aux);
+    kpt_aux_tensor daux = {"bias", kpt_tensor_contiguous(p.dbias, KPT_DTYPE_F64, 2,
+                                                         (int64_t[]){p.Hq, 8})};
+    kpt_attention_grads only = {.dout = t4(p.dout, p.B, p.Hq, p.Sq, p.Dv), .daux = &daux,
+                                .num_daux = 1};
+    assert_int_equal(kpt_reference_attention_backward(pat, &a, &only, &d), KPT_OK);
+    assert_memory_equal(p.dbias, want[3], nb * sizeof(double));
     ot.shape[2] = p.Sq + 1; /* the stored O's shape must be o's */
     assert_int_equal(backward_with(&p, pat, &ot, &d), KPT_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(d.message, "stored O"));
