@@ -273,8 +273,8 @@ kpt_status kpt_attn_bind_shaped(const kpt_pattern *p, const kpt_attention_args *
     return bind_aux(p, args, out, diag);
 }
 
-static kpt_status check_like(const char *name, const kpt_tensor *t, const kpt_tensor *like,
-                             const char *like_name, kpt_diag *diag)
+kpt_status kpt_attn_check_like(const char *name, const kpt_tensor *t, const kpt_tensor *like,
+                               const char *like_name, kpt_diag *diag)
 {
     kpt_status st = check_tensor(name, t, 4, diag);
     for (int d = 0; !st && d < 4; d++)
@@ -340,13 +340,13 @@ kpt_status kpt_attn_check_grads(const kpt_attention_args *args, const kpt_attent
 {
     if (!g)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "grads is NULL");
-    kpt_status st = check_like("dout", &g->dout, &args->o, "o", diag);
+    kpt_status st = kpt_attn_check_like("dout", &g->dout, &args->o, "o", diag);
     if (!st && g->dq.data)
-        st = check_like("dq", &g->dq, &args->q, "q", diag);
+        st = kpt_attn_check_like("dq", &g->dq, &args->q, "q", diag);
     if (!st && g->dk.data)
-        st = check_like("dk", &g->dk, &args->k, "k", diag);
+        st = kpt_attn_check_like("dk", &g->dk, &args->k, "k", diag);
     if (!st && g->dv.data)
-        st = check_like("dv", &g->dv, &args->v, "v", diag);
+        st = kpt_attn_check_like("dv", &g->dv, &args->v, "v", diag);
     if (!st && (g->num_daux < 0 || (g->num_daux > 0 && !g->daux)))
         st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "daux: bad array or count");
     if (!st && g->dsinks.data && !args->sinks.data)

@@ -39,6 +39,10 @@ typedef struct kpt_grad_binding {
     kpt_ir_auxview daux[KPT_MAX_AUX]; /* by aux index; data NULL: no gradient wanted */
 } kpt_grad_binding;
 
+/* Checks that t (named `name` in messages) is a rank-4 float tensor with data and like's shape. */
+kpt_status kpt_attn_check_like(const char *name, const kpt_tensor *t, const kpt_tensor *like,
+                               const char *like_name, kpt_diag *diag);
+
 /* Checks dout (the shape of o) and dq, dk, dv (those of q, k, v, where given) against args,
  * which kpt_attn_bind accepted, and the daux array (not its entries). */
 kpt_status kpt_attn_check_grads(const kpt_attention_args *args, const kpt_attention_grads *g,

@@ -326,11 +326,6 @@ kpt_status kpt_reference_attention_backward(const kpt_pattern *p, const kpt_atte
     return kpt_ref_backward_stored_o(p, args, NULL, grads, diag);
 }
 
-static bool same_shape(const kpt_tensor *a, const kpt_tensor *b)
-{
-    return a->rank == b->rank && !memcmp(a->shape, b->shape, (size_t)a->rank * sizeof(a->shape[0]));
-}
-
 kpt_status kpt_ref_backward_stored_o(const kpt_pattern *p, const kpt_attention_args *args,
                                      const kpt_tensor *o, const kpt_attention_grads *grads,
                                      kpt_diag *diag)
@@ -342,6 +337,8 @@ kpt_status kpt_ref_backward_stored_o(const kpt_pattern *p, const kpt_attention_a
         st = kpt_attn_bind_grads(p, args, &c.bind, grads, true, &c.gb, diag);
     if (!st)
         st = kpt_ref_check_scratch(&c.bind.shape, diag);
+    if (!st && o)
+        st = kpt_attn_check_like("stored O", o, &args->o, "o", diag);
     if (st)
         return st;
     kpt_pattern *dp = kpt_pattern_clone(p);
@@ -353,8 +350,6 @@ kpt_status kpt_ref_backward_stored_o(const kpt_pattern *p, const kpt_attention_a
     c.grads = grads;
     c.o_delta = o;
     c.qkv = grads->dq.data || grads->dk.data || grads->dv.data;
-    if (!st && o && !same_shape(o, &args->o))
-        st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the stored O's shape is not o's");
     if (!st)
         st = daux_sizes(&c, diag);
     if (!st)

@@ -70,7 +70,7 @@ kpt_status kpt_ref_check_scratch(const kpt_attn_shape *s, kpt_diag *diag);
 
 void kpt_ref_run_workers(void *workers, size_t size, int n, void *(*fn)(void *));
 
-/* kpt_reference_attention_backward with delta = dO . O taken from o (shaped as args->o; any
+/* kpt_reference_attention_backward with delta = dO . O taken from o (shaped as args->o; any float
  * dtype) instead of sum(P dP): the gradient the kernels compute from the O they stored (16-bit).
  * Where one aux element collects nearly all of each row's probability (Graphormer's capped
  * distance), its gradient is a sum that almost cancels, and the rounding of O alone moves it by
