@@ -32,6 +32,7 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "#define KPT_WARPS %d\n#define KPT_MT %d\n", pl->warps, pl->mt);
     kpt_sb_printf(sb, "#define KPT_STAGES %d\n#define KPT_Q_IN_REGS %d\n", pl->stages,
                   pl->q_in_regs);
+    kpt_sb_printf(sb, "#define KPT_O_TMA %d\n", pl->o_tma);
     kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,
                   pl->has_score);
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);

@@ -71,6 +71,9 @@ typedef struct kpt_kernel_plan {
     /* backward: the score has aux gradients, and the module holds a second dK/dV kernel with
      * their terms (KPT_CUDA_BWD_DKDV_AUX_ENTRY), launched for calls that ask for any */
     bool aux_grads;
+    /* sm_90a forward: O leaves through staging tiles in shared memory and TMA stores (Dv up to
+     * 128; at 256 the tiles would not fit beside Q and the ring) */
+    bool o_tma;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static

@@ -92,6 +92,10 @@ kpt_status kpt_cuda_tma_pack(const kpt_cu_api *cu, const kpt_kernel_plan *pl,
         (st = encode(cu, &out->v, "v", a->v, a->vs, pl->cfg.dv, a->Skv, a->Hkv, a->B,
                      (unsigned)pl->bn, dt, &out->hv, &out->bv, diag)))
         return st;
+    /* O through TMA stores, in boxes of a consumer's 64 rows */
+    if (pl->o_tma)
+        return encode(cu, &out->o, "o", a->o, a->os, pl->cfg.dv, a->Sq, a->Hq, a->B, 64, dt,
+                      &out->ho, &out->bo, diag);
     return KPT_OK;
 }
 

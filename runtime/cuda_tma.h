@@ -17,13 +17,14 @@ typedef struct kpt_tensor_map {
 
 /* The twin of struct kpt_tma in the kernel: maps of q, k and v over (D, S, heads, batch) with
  * boxes of 64 columns x plan rows in the 128-byte swizzle, and per tensor the factors of the
- * head and batch coordinates (0 where a zero stride broadcasts the tensor over that dim). */
+ * head and batch coordinates (0 where a zero stride broadcasts the tensor over that dim); o's
+ * map, with boxes of 64 rows, where the plan stores O through TMA (plan.o_tma). */
 typedef struct kpt_kernel_tma {
-    kpt_tensor_map q, k, v;
-    int32_t hq, bq, hk, bk, hv, bv;
+    kpt_tensor_map q, k, v, o;
+    int32_t hq, bq, hk, bk, hv, bv, ho, bo;
 } kpt_kernel_tma;
 
-_Static_assert(sizeof(kpt_kernel_tma) == 448, "kpt_kernel_tma layout");
+_Static_assert(sizeof(kpt_kernel_tma) == 576, "kpt_kernel_tma layout");
 
 /* The twin of struct kpt_bwd_tma (templates/cuda/attention_bwd_sm90.cu): maps of q and dout
  * with boxes of 64 rows (kpt_bwd_dkdv's steps), k and v with boxes of plan.bn rows, the f32 dq
@@ -38,7 +39,7 @@ _Static_assert(sizeof(kpt_kernel_bwd_tma) == 704, "kpt_kernel_bwd_tma layout");
 
 /* Fills `out` for a call packed by kpt_kernel_args_pack. Fails with a clear error where the
  * driver lacks TMA or a tensor's layout is one TMA cannot describe (a zero or negative
- * sequence stride, negative strides). */
+ * sequence stride, negative strides; o's too where the plan stores O through TMA). */
 kpt_status kpt_cuda_tma_pack(const kpt_cu_api *cu, const kpt_kernel_plan *plan,
                              const kpt_kernel_args *a, kpt_kernel_tma *out, kpt_diag *diag);
 

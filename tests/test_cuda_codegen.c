@@ -322,6 +322,31 @@ static void test_plan_paged(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* The sm_90a forward plans: O's staging tiles (plan.o_tma, Dv up to 128) beside Q and two
+ * stages of K and V within the 227 KB a CTA may have, the static shared memory (barriers, tile
+ * classes: at most 4.5 KB) included. */
+static void test_plan_sm90_forward(void **state)
+{
+    (void)state;
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
+    static const int dims[][2] = {{64, 64}, {128, 128}, {256, 128}, {128, 256}, {256, 256}};
+    for (int i = 0; i < 5; i++) {
+        kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16,
+                               .dqk = dims[i][0], .dv = dims[i][1], .sm = 90, .wgmma = true};
+        kpt_kernel_plan plan;
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+        assert_true(plan.cfg.wgmma);
+        assert_int_equal(plan.o_tma, dims[i][1] <= 128);
+        const size_t ring = 2 * (size_t)plan.bn * (size_t)(dims[i][0] + dims[i][1]) * 2;
+        const size_t staging = plan.o_tma ? 128 * (size_t)dims[i][1] * 2 : 0;
+        assert_int_equal(plan.smem_bytes, 1024 + 128 * (size_t)dims[i][0] * 2 + ring + staging);
+        assert_true(plan.smem_bytes + 4608 <= 232448);
+    }
+    kpt_pattern_destroy(&p);
+}
+
 /* The sm_90a plans: which store partial tiles' keep bits (plan.mask_bits: masks of 8 nodes or
  * more, or that read aux data; forward and backward alike), and the block map's bytes then:
  * classes, the order table, each line's first slot (a line is a q tile in the forward, a kv
@@ -473,6 +498,7 @@ typedef struct job {
     bool serialized; /* ptxas serialised the warpgroup MMAs (its "Potential Performance Loss") */
     bool paged_entries, pdl; /* serving: its four entry points; griddepcontrol in both kernels */
     bool proxy_fence;        /* fence.proxy.async: generic writes published to wgmma's reads */
+    bool o_tma, tma_store;   /* forward: plan.o_tma; O staged by stmatrix and stored by TMA */
     int r4_ex2;              /* serving: exponentials in the 64-row kernel's PTX */
     bool aux_grads;          /* backward: plan.aux_grads */
     int dkdv_atomics[2];     /* backward: global atomics in kpt_bwd_dkdv and kpt_bwd_dkdv_aux */
@@ -605,6 +631,9 @@ static void *worker(void *arg)
             j->proxy_fence = strstr(out.ptx, "fence.proxy.async") != NULL;
             j->r4_ex2 = count_in_entry(out.ptx, ".entry kpt_paged_r4", "ex2.approx");
             j->aux_grads = plan.aux_grads;
+            j->o_tma = plan.o_tma;
+            j->tma_store = strstr(out.ptx, "stmatrix.sync.aligned") &&
+                           strstr(out.ptx, "cp.async.bulk.tensor.4d.global.shared::cta");
             j->dkdv_atomics[0] = count_in_entry(out.ptx, ".entry kpt_bwd_dkdv(", "atom.global");
             j->dkdv_atomics[1] = strstr(out.ptx, ".entry kpt_bwd_dkdv_aux(")
                                      ? count_in_entry(out.ptx, ".entry kpt_bwd_dkdv_aux(",
@@ -771,12 +800,15 @@ static void test_nvrtc_matrix(void **state)
             assert_true(j->ldmatrix);
             assert_false(j->tma);
         } else if (j->wgmma) {
-            /* warpgroup MMAs on TMA copies, warp-specialised; no mma.sync, no cp.async */
+            /* warpgroup MMAs on TMA copies, warp-specialised; no mma.sync, no cp.async; O
+             * leaves by TMA stores up to Dv = 128 */
             assert_true(j->wgmma_ptx);
             assert_true(j->tma);
             assert_true(j->setmaxnreg);
             assert_false(j->mma);
             assert_false(j->cp_async);
+            assert_int_equal(j->o_tma, dims[j->dim][1] <= 128);
+            assert_int_equal(j->tma_store, j->o_tma);
         } else {
             assert_true(j->mma);
             assert_true(j->ldmatrix);
@@ -850,7 +882,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
         cmocka_unit_test(test_plan_backward), cmocka_unit_test(test_plan_paged),
-        cmocka_unit_test(test_plan_sm90_mask_bits),
+        cmocka_unit_test(test_plan_sm90_forward), cmocka_unit_test(test_plan_sm90_mask_bits),
         cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),
     };

@@ -18,13 +18,13 @@
 // The TMA tensor maps of Q, K and V (the runtime builds them with cuTensorMapEncodeTiled:
 // dims D, S, heads, batch; boxes of 64 columns x a tile's rows, 128-byte swizzle) and, per tensor,
 // the factors of the head and batch coordinates (0 where the tensor broadcasts that dim with a
-// zero stride and the map has extent 1 there). Host twin: kpt_kernel_tma in
-// runtime/cuda_tma.h.
+// zero stride and the map has extent 1 there); with KPT_O_TMA, O's map too (boxes of 64 rows).
+// Host twin: kpt_kernel_tma in runtime/cuda_tma.h.
 struct kpt_tma {
-    kpt_tmap q, k, v;
-    int hq, bq, hk, bk, hv, bv;
+    kpt_tmap q, k, v, o;
+    int hq, bq, hk, bk, hv, bv, ho, bo;
 };
-static_assert(sizeof(kpt_tma) == 448, "kpt_tma layout");
+static_assert(sizeof(kpt_tma) == 576, "kpt_tma layout");
 
 // What the CTA is given: 128 x 24 + 256 x 240 = 384 x 168. (The scheduler warp's interval code
 // for large masks spills a little at 24 registers, off the consumers' path; 128 x 40 + 256 x 232
@@ -503,6 +503,50 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
     return i + 1 - ring;
 }
 
+#if KPT_O_TMA
+// The epilogue through shared memory (KPT_O_TMA, plan.o_tma: Dv up to 128), a staging tile of 64
+// rows a consumer after the K and V ring: this consumer's 64 rows of O, normalised, as 8x8 matrices
+// (stmatrix) into its staging tile in the map's layout (per 64 columns, 64 rows of 128 bytes,
+// 16-byte chunks swizzled by row mod 8), then TMA stores of the tile by the consumer's first
+// thread, which first waits until its stores of the item before have read the tile. Rows past
+// Sq lie outside the map and are not written. Named barriers 5 and 6, one a consumer.
+__device__ __forceinline__ void kpt_store_rows_tma(const kpt_args &A, const kpt_tma &T, int b,
+                                                   int h, int qt, int c, int row0, int lane,
+                                                   u32 sO, const float (&O)[KPT_DV / 8][4],
+                                                   const float *m, const float *l)
+{
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        inv[r] = kpt_finish_row(A, b, h, row0 + (lane >> 2) + r * 8, lane, m[r], l[r]);
+    const bool lead = (threadIdx.x & 127) == 0;
+    const u32 tile = sO + c * 64 * KPT_DV * 2;
+    if (lead)
+        kpt_bulk_wait<0, true>();
+    kpt_bar_sync(5 + c, 128);
+    const int mx = lane >> 3, rr = lane & 7;           // the matrix and its row this lane addresses
+    const int row = (row0 & 63) + (mx & 1) * 8 + rr;    // within the consumer's 64
+#pragma unroll
+    for (int k = 0; k < KPT_DV / 16; k++) {
+        const int col = k * 16 + (mx >> 1) * 8;
+        const u32 at = tile + (col >> 6) * 64 * 128 + row * 128 + ((((col & 63) >> 3) ^ rr) << 4);
+        kpt_stsm4(at, kpt_pack(O[2 * k][0] * inv[0], O[2 * k][1] * inv[0]),
+                  kpt_pack(O[2 * k][2] * inv[1], O[2 * k][3] * inv[1]),
+                  kpt_pack(O[2 * k + 1][0] * inv[0], O[2 * k + 1][1] * inv[0]),
+                  kpt_pack(O[2 * k + 1][2] * inv[1], O[2 * k + 1][3] * inv[1]));
+    }
+    kpt_fence_proxy_async();
+    kpt_bar_sync(5 + c, 128);
+    if (lead) {
+#pragma unroll
+        for (int j = 0; j < KPT_DV / 64; j++)
+            kpt_tma_store(&T.o, tile + j * 64 * 128, j * 64, qt * KPT_BM + c * 64, h * T.ho,
+                          b * T.bo);
+        kpt_bulk_commit();
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(KPT_THREADS, 1)
 kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 {
@@ -613,8 +657,16 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
         kpt_mbar_arrive(bar + 8 * KPT_BAR_IE(n & 1));
 #endif
         // Epilogue: normalise, write O (and LSE).
+#if KPT_O_TMA
+        kpt_store_rows_tma(A, T, b, h, qt, c, row0, lane, sV + KPT_STAGES * KPT_V_BYTES, O, m, l);
+#else
         kpt_store_rows(A, b, h, row0, lane, O, m, l);
+#endif
     }
     if (cu == 0 && ring > 0)
         kpt_turn_wait(cu); // consumer 1's last turn
+#if KPT_O_TMA
+    if ((tid & 127) == 0)
+        kpt_bulk_wait<0, false>(); // the staging tile is read before the CTA's shared memory goes
+#endif
 }

@@ -459,6 +459,30 @@ __device__ __forceinline__ void kpt_rescale_rows(float (&O)[KPT_DV / 8][4], cons
     }
 }
 
+// Row r (0 or 1) of this thread's two in an m16 row block: its LSE stored (row qi, where it lies
+// within Sq), and the factor that normalises its O (0 where nothing was kept). Every lane of the
+// warp calls it: the row sums are reduced over the quad.
+__device__ __forceinline__ float kpt_finish_row(const kpt_args &A, int b, int h, int qi, int lane,
+                                                float mr, float lr)
+{
+    float sum = lr;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float lse2 = sum > 0.0f ? mr + __log2f(sum) : KPT_NINF; // log2 units
+    if (A.sinks) { // the sink joins the denominator with no value
+        const float s2 = ((const float *)A.sinks)[(i64)h * A.sink_stride] * KPT_LOG2E;
+        const float tot = kpt_sink_lse2(lse2, s2);
+        inv = sum > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
+        lse2 = tot;
+    }
+    if (A.lse && (lane & 3) == 0 && qi < A.Sq) {
+        float *gl = (float *)A.lse;
+        gl[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] = lse2 * KPT_LN2;
+    }
+    return inv;
+}
+
 // Normalises and writes one m16 row block of O, and its LSE: this thread's rows row0 + lane / 4
 // and row0 + lane / 4 + 8 (the mma.sync / wgmma accumulator layout). Rows with nothing kept give
 // O = 0 and LSE = -inf.
@@ -468,28 +492,14 @@ __device__ __forceinline__ void kpt_store_rows(const kpt_args &A, int b, int h, 
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        float lse2 = sum > 0.0f ? m[r] + __log2f(sum) : KPT_NINF; // log2 units
         const int qi = row0 + (lane >> 2) + r * 8;
+        const float inv = kpt_finish_row(A, b, h, qi, lane, m[r], l[r]);
         if (qi >= A.Sq) continue;
-        if (A.sinks) { // the sink joins the denominator with no value
-            const float s2 = ((const float *)A.sinks)[(i64)h * A.sink_stride] * KPT_LOG2E;
-            const float tot = kpt_sink_lse2(lse2, s2);
-            inv = sum > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
-            lse2 = tot;
-        }
         u16 *go = (u16 *)A.o + (i64)b * A.os[0] + (i64)h * A.os[1] + (i64)qi * A.os[2];
 #pragma unroll
         for (int n = 0; n < KPT_DV / 8; n++) {
             const int d = n * 8 + (lane & 3) * 2;
             *(u32 *)(go + d) = kpt_pack(O[n][2 * r] * inv, O[n][2 * r + 1] * inv);
-        }
-        if (A.lse && (lane & 3) == 0) {
-            float *gl = (float *)A.lse;
-            gl[(i64)b * A.lses[0] + (i64)h * A.lses[1] + (i64)qi * A.lses[2]] = lse2 * KPT_LN2;
         }
     }
 }

@@ -247,6 +247,25 @@ __device__ __forceinline__ void kpt_tma_add(const void *map, u32 src, int d0, in
                  "r"(src), "r"(d0), "r"(row), "r"(hc), "r"(bc)
                  : "memory");
 }
+// The box at src (shared memory, the map's layout) written to the tensor at the given
+// coordinates, in this thread's current bulk group; rows outside the tensor are not written.
+__device__ __forceinline__ void kpt_tma_store(const void *map, u32 src, int d0, int row, int hc,
+                                             int bc)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                 " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+                 "r"(src), "r"(d0), "r"(row), "r"(hc), "r"(bc)
+                 : "memory");
+}
+// Four 8x8 matrices of 16-bit elements into shared memory, each register holding this lane's
+// pair of a row in the mma accumulator layout; lane i gives the address of row i % 8 of matrix
+// i / 8.
+__device__ __forceinline__ void kpt_stsm4(u32 addr, u32 a, u32 b, u32 c, u32 d)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
 __device__ __forceinline__ void kpt_bulk_commit()
 {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
