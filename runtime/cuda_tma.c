@@ -117,7 +117,11 @@ kpt_status kpt_cuda_tma_pack_bwd(const kpt_cu_api *cu, const kpt_kernel_plan *pl
         (st = encode(cu, &out->k, "k", a->k, a->ks, dqk, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,
                      dt, &out->hk, &out->bk, diag)) ||
         (st = encode(cu, &out->v, "v", a->v, a->vs, dv, a->Skv, a->Hkv, a->B, (unsigned)pl->bn,
-                     dt, &out->hv, &out->bv, diag)))
+                     dt, &out->hv, &out->bv, diag)) ||
+        (st = encode(cu, &out->dk, "dk", g->dk, g->dks, dqk, a->Skv, a->Hkv, a->B, 64, dt,
+                     &out->hdk, &out->bdk, diag)) ||
+        (st = encode(cu, &out->dv, "dv", g->dv, g->dvs, dv, a->Skv, a->Hkv, a->B, 64, dt,
+                     &out->hdv, &out->bdv, diag)))
         return st;
     if (!g->dqacc) /* the deterministic mode */
         return KPT_OK;

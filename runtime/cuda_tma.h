@@ -28,14 +28,15 @@ _Static_assert(sizeof(kpt_kernel_tma) == 576, "kpt_kernel_tma layout");
 
 /* The twin of struct kpt_bwd_tma (templates/cuda/attention_bwd_sm90.cu): maps of q and dout
  * with boxes of 64 rows (kpt_bwd_dkdv's steps), k and v with boxes of plan.bn rows, the f32 dq
- * accumulator (where the call is not deterministic) with boxes of 32 columns x 64 rows, and
- * the head and batch factors of q, dout, k and v. */
+ * accumulator (where the call is not deterministic) with boxes of 32 columns x 64 rows, dk and
+ * dv with boxes of 64 rows (kpt_bwd_dkdv's TMA stores), and the head and batch factors of q,
+ * dout, k, v, dk and dv. */
 typedef struct kpt_kernel_bwd_tma {
-    kpt_tensor_map q, o, k, v, dq;
-    int32_t hq, bq, ho, bo, hk, bk, hv, bv;
+    kpt_tensor_map q, o, k, v, dq, dk, dv;
+    int32_t hq, bq, ho, bo, hk, bk, hv, bv, hdk, bdk, hdv, bdv;
 } kpt_kernel_bwd_tma;
 
-_Static_assert(sizeof(kpt_kernel_bwd_tma) == 704, "kpt_kernel_bwd_tma layout");
+_Static_assert(sizeof(kpt_kernel_bwd_tma) == 960, "kpt_kernel_bwd_tma layout");
 
 /* Fills `out` for a call packed by kpt_kernel_args_pack. Fails with a clear error where the
  * driver lacks TMA or a tensor's layout is one TMA cannot describe (a zero or negative

@@ -210,14 +210,36 @@ __device__ __forceinline__ void kpt_bwd_put_ds(u32 t, const u32 (&E)[4][4], int 
 
 // The TMA tensor maps of both kernels: Q and dO in boxes of KPT_BWD_SUB rows, K and V in boxes
 // of KPT_BN rows (64 columns each, 128-byte swizzle), the f32 dQ accumulator (G.dqacc, [B, Hq,
-// Sq, Dqk]; unset in the deterministic mode) in boxes of 32 columns x KPT_BWD_SUB rows, and per
-// tensor the factors of the head and batch coordinates, as the forward's kpt_tma. Host twin:
-// kpt_kernel_bwd_tma in runtime/cuda_tma.h.
+// Sq, Dqk]; unset in the deterministic mode) in boxes of 32 columns x KPT_BWD_SUB rows, dK and
+// dV in boxes of 64 rows (kpt_bwd_dkdv's stores), and per tensor the factors of the head and
+// batch coordinates, as the forward's kpt_tma. Host twin: kpt_kernel_bwd_tma in
+// runtime/cuda_tma.h.
 struct kpt_bwd_tma {
-    kpt_tmap q, o, k, v, dq;
-    int hq, bq, ho, bo, hk, bk, hv, bv;
+    kpt_tmap q, o, k, v, dq, dk, dv;
+    int hq, bq, ho, bo, hk, bk, hv, bv, hdk, bdk, hdv, bdv;
 };
-static_assert(sizeof(kpt_bwd_tma) == 704, "kpt_bwd_tma layout");
+static_assert(sizeof(kpt_bwd_tma) == 960, "kpt_bwd_tma layout");
+
+// A warp's 16 rows of an accumulator C (64 x N a warpgroup, the mma layout), times mul, as 16-bit
+// 8x8 matrices (stmatrix) into the warpgroup's 64 rows at t of a swizzled tile of KPT_BN rows
+// (per 64 columns a block of KPT_BN rows of 128 bytes, chunk c of row r at c ^ (r % 8)): the
+// layout of a TMA box of 64 rows at t.
+template <int N>
+__device__ __forceinline__ void kpt_bwd_stage_acc(const float (&C)[N / 8][4], u32 t, float mul,
+                                                  int cw, int lane)
+{
+    const int mx = lane >> 3, rr = lane & 7; // the matrix and its row this lane addresses
+    const int r = (cw & 3) * 16 + (mx & 1) * 8 + rr;
+#pragma unroll
+    for (int k = 0; k < N / 16; k++) {
+        const int col = k * 16 + (mx >> 1) * 8;
+        const u32 at = t + (col >> 6) * KPT_BN * 128 + r * 128 + ((((col & 63) >> 3) ^ rr) << 4);
+        kpt_stsm4(at, kpt_pack(C[2 * k][0] * mul, C[2 * k][1] * mul),
+                  kpt_pack(C[2 * k][2] * mul, C[2 * k][3] * mul),
+                  kpt_pack(C[2 * k + 1][0] * mul, C[2 * k + 1][1] * mul),
+                  kpt_pack(C[2 * k + 1][2] * mul, C[2 * k + 1][3] * mul));
+    }
+}
 
 #define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
 
@@ -495,10 +517,26 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
                          KPT_THREADS);
     }
 #endif
-    kpt_store_acc<KPT_DQK>(dK, (u16 *)G.dk + (i64)b * G.dks[0] + (i64)hk * G.dks[1], G.dks[2],
-                           krow, A.Skv, A.scale, lane);
-    kpt_store_acc<KPT_DV>(dV, (u16 *)G.dv + (i64)b * G.dvs[0] + (i64)hk * G.dvs[1], G.dvs[2],
-                          krow, A.Skv, 1.0f, lane);
+    // dK and dV leave through K's and V's tiles, which no product reads once both warpgroups are
+    // past their last step (the default mode's dQ reads all 128 keys of K): each warpgroup
+    // stages its 64 rows there and its first thread stores them by TMA (rows past Skv lie
+    // outside the maps and are not written). Stored from registers, a thread's 4-byte pieces
+    // made warp stores of 8 rows' 16 bytes, as the forward's O did (architecture.md).
+    kpt_bar_sync(4, KPT_THREADS);
+    kpt_bwd_stage_acc<KPT_DQK>(dK, wK, A.scale, cw, lane);
+    kpt_bwd_stage_acc<KPT_DV>(dV, wV, 1.0f, cw, lane);
+    kpt_fence_proxy_async();
+    kpt_bar_sync(2 + c, 128);
+    if ((cw & 3) == 0 && lane == 0) {
+#pragma unroll
+        for (int j = 0; j < KPT_DQK / 64; j++)
+            kpt_tma_store(&T.dk, wK + j * KPT_BN * 128, j * 64, k0 + c * 64, hk * T.hdk, b * T.bdk);
+#pragma unroll
+        for (int j = 0; j < KPT_DV / 64; j++)
+            kpt_tma_store(&T.dv, wV + j * KPT_BN * 128, j * 64, k0 + c * 64, hk * T.hdv, b * T.bdv);
+        kpt_bulk_commit();
+        kpt_bulk_wait<0, false>(); // before the CTA's shared memory goes
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
