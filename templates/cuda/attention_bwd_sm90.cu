@@ -220,27 +220,6 @@ struct kpt_bwd_tma {
 };
 static_assert(sizeof(kpt_bwd_tma) == 960, "kpt_bwd_tma layout");
 
-// A warp's 16 rows of an accumulator C (64 x N a warpgroup, the mma layout), times mul, as 16-bit
-// 8x8 matrices (stmatrix) into the warpgroup's 64 rows at t of a swizzled tile of KPT_BN rows
-// (per 64 columns a block of KPT_BN rows of 128 bytes, chunk c of row r at c ^ (r % 8)): the
-// layout of a TMA box of 64 rows at t.
-template <int N>
-__device__ __forceinline__ void kpt_bwd_stage_acc(const float (&C)[N / 8][4], u32 t, float mul,
-                                                  int cw, int lane)
-{
-    const int mx = lane >> 3, rr = lane & 7; // the matrix and its row this lane addresses
-    const int r = (cw & 3) * 16 + (mx & 1) * 8 + rr;
-#pragma unroll
-    for (int k = 0; k < N / 16; k++) {
-        const int col = k * 16 + (mx >> 1) * 8;
-        const u32 at = t + (col >> 6) * KPT_BN * 128 + r * 128 + ((((col & 63) >> 3) ^ rr) << 4);
-        kpt_stsm4(at, kpt_pack(C[2 * k][0] * mul, C[2 * k][1] * mul),
-                  kpt_pack(C[2 * k][2] * mul, C[2 * k][3] * mul),
-                  kpt_pack(C[2 * k + 1][0] * mul, C[2 * k + 1][1] * mul),
-                  kpt_pack(C[2 * k + 1][2] * mul, C[2 * k + 1][3] * mul));
-    }
-}
-
 #define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
 
 // dQ (rows q0 on, of head h) += dS K for this step: dS^T of both warpgroups at tDS (published by
@@ -523,8 +502,8 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     // outside the maps and are not written). Stored from registers, a thread's 4-byte pieces
     // made warp stores of 8 rows' 16 bytes, as the forward's O did (architecture.md).
     kpt_bar_sync(4, KPT_THREADS);
-    kpt_bwd_stage_acc<KPT_DQK>(dK, wK, A.scale, cw, lane);
-    kpt_bwd_stage_acc<KPT_DV>(dV, wV, 1.0f, cw, lane);
+    kpt_stage_rows<KPT_DQK, KPT_BN>(dK, wK, (cw & 3) * 16, A.scale, A.scale, lane);
+    kpt_stage_rows<KPT_DV, KPT_BN>(dV, wV, (cw & 3) * 16, 1.0f, 1.0f, lane);
     kpt_fence_proxy_async();
     kpt_bar_sync(2 + c, 128);
     if ((cw & 3) == 0 && lane == 0) {

@@ -524,17 +524,7 @@ __device__ __forceinline__ void kpt_store_rows_tma(const kpt_args &A, const kpt_
     if (lead)
         kpt_bulk_wait<0, true>();
     kpt_bar_sync(5 + c, 128);
-    const int mx = lane >> 3, rr = lane & 7;           // the matrix and its row this lane addresses
-    const int row = (row0 & 63) + (mx & 1) * 8 + rr;    // within the consumer's 64
-#pragma unroll
-    for (int k = 0; k < KPT_DV / 16; k++) {
-        const int col = k * 16 + (mx >> 1) * 8;
-        const u32 at = tile + (col >> 6) * 64 * 128 + row * 128 + ((((col & 63) >> 3) ^ rr) << 4);
-        kpt_stsm4(at, kpt_pack(O[2 * k][0] * inv[0], O[2 * k][1] * inv[0]),
-                  kpt_pack(O[2 * k][2] * inv[1], O[2 * k][3] * inv[1]),
-                  kpt_pack(O[2 * k + 1][0] * inv[0], O[2 * k + 1][1] * inv[0]),
-                  kpt_pack(O[2 * k + 1][2] * inv[1], O[2 * k + 1][3] * inv[1]));
-    }
+    kpt_stage_rows<KPT_DV, 64>(O, tile, row0 & 63, inv[0], inv[1], lane);
     kpt_fence_proxy_async();
     kpt_bar_sync(5 + c, 128);
     if (lead) {

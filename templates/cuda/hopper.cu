@@ -266,6 +266,27 @@ __device__ __forceinline__ void kpt_stsm4(u32 addr, u32 a, u32 b, u32 c, u32 d)
                  "r"(a), "r"(b), "r"(c), "r"(d)
                  : "memory");
 }
+// A warp's 16 rows r0 .. r0 + 15 (r0 a multiple of 8) of an accumulator C (N columns, the mma
+// layout: this lane's rows lane / 4 and lane / 4 + 8), times m0 and m1 (the two rows'), as 16-bit
+// 8x8 matrices into a swizzled tile at t of ROWS rows: per 64 columns a block of ROWS rows of
+// 128 bytes, chunk c of row r at c ^ (r % 8), as TMA's 128-byte swizzle lays out a box, so
+// that a TMA store can take it.
+template <int N, int ROWS>
+__device__ __forceinline__ void kpt_stage_rows(const float (&C)[N / 8][4], u32 t, int r0,
+                                               float m0, float m1, int lane)
+{
+    const int mx = lane >> 3, rr = lane & 7; // the matrix and its row this lane addresses
+    const int r = r0 + (mx & 1) * 8 + rr;
+#pragma unroll
+    for (int k = 0; k < N / 16; k++) {
+        const int col = k * 16 + (mx >> 1) * 8;
+        const u32 at = t + (col >> 6) * ROWS * 128 + r * 128 + ((((col & 63) >> 3) ^ rr) << 4);
+        kpt_stsm4(at, kpt_pack(C[2 * k][0] * m0, C[2 * k][1] * m0),
+                  kpt_pack(C[2 * k][2] * m1, C[2 * k][3] * m1),
+                  kpt_pack(C[2 * k + 1][0] * m0, C[2 * k + 1][1] * m0),
+                  kpt_pack(C[2 * k + 1][2] * m1, C[2 * k + 1][3] * m1));
+    }
+}
 __device__ __forceinline__ void kpt_bulk_commit()
 {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
