@@ -489,30 +489,25 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     }
     if (G.dqacc && (cw & 3) == 0 && lane == 0)
         kpt_bulk_wait<0, false>(); // the last dQ tile's reduction is done with shared memory
+    // Both warpgroups past their last step: the table (AUXG) holds every term, and no product
+    // reads K or V any more (the default mode's dQ reads all 128 keys of K).
+    kpt_bar_sync(4, KPT_THREADS);
 #if KPT_AUX_GRADS
-    if (AUXG) {
-        kpt_bar_sync(4, KPT_THREADS);
+    if (AUXG)
         kpt_daux_tab_end(A, G, kpt_daux_table(s_aux), tid - KPT_BWD_PRODUCER_WARPS * 32,
                          KPT_THREADS);
-    }
 #endif
-    // dK and dV leave through K's and V's tiles, which no product reads once both warpgroups are
-    // past their last step (the default mode's dQ reads all 128 keys of K): each warpgroup
-    // stages its 64 rows there and its first thread stores them by TMA (rows past Skv lie
-    // outside the maps and are not written). Stored from registers, a thread's 4-byte pieces
-    // made warp stores of 8 rows' 16 bytes, as the forward's O did (architecture.md).
-    kpt_bar_sync(4, KPT_THREADS);
+    // dK and dV leave through K's and V's tiles: each warpgroup stages its 64 rows there and its
+    // first thread stores them by TMA (rows past Skv lie outside the maps and are not written).
+    // Stored from registers, a thread's 4-byte pieces made warp stores of 8 rows' 16 bytes, as
+    // the forward's O did (architecture.md).
     kpt_stage_rows<KPT_DQK, KPT_BN>(dK, wK, (cw & 3) * 16, A.scale, A.scale, lane);
     kpt_stage_rows<KPT_DV, KPT_BN>(dV, wV, (cw & 3) * 16, 1.0f, 1.0f, lane);
     kpt_fence_proxy_async();
     kpt_bar_sync(2 + c, 128);
     if ((cw & 3) == 0 && lane == 0) {
-#pragma unroll
-        for (int j = 0; j < KPT_DQK / 64; j++)
-            kpt_tma_store(&T.dk, wK + j * KPT_BN * 128, j * 64, k0 + c * 64, hk * T.hdk, b * T.bdk);
-#pragma unroll
-        for (int j = 0; j < KPT_DV / 64; j++)
-            kpt_tma_store(&T.dv, wV + j * KPT_BN * 128, j * 64, k0 + c * 64, hk * T.hdv, b * T.bdv);
+        kpt_tma_store_tile<KPT_BN, KPT_DQK>(&T.dk, wK, k0 + c * 64, hk * T.hdk, b * T.bdk);
+        kpt_tma_store_tile<KPT_BN, KPT_DV>(&T.dv, wV, k0 + c * 64, hk * T.hdv, b * T.bdv);
         kpt_bulk_commit();
         kpt_bulk_wait<0, false>(); // before the CTA's shared memory goes
     }

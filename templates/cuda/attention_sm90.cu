@@ -528,10 +528,7 @@ __device__ __forceinline__ void kpt_store_rows_tma(const kpt_args &A, const kpt_
     kpt_fence_proxy_async();
     kpt_bar_sync(5 + c, 128);
     if (lead) {
-#pragma unroll
-        for (int j = 0; j < KPT_DV / 64; j++)
-            kpt_tma_store(&T.o, tile + j * 64 * 128, j * 64, qt * KPT_BM + c * 64, h * T.ho,
-                          b * T.bo);
+        kpt_tma_store_tile<64, KPT_DV>(&T.o, tile, qt * KPT_BM + c * 64, h * T.ho, b * T.bo);
         kpt_bulk_commit();
     }
 }
