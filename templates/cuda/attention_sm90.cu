@@ -594,7 +594,9 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
     // turns and the branches on them, which the compiler then knows to be taken alike by every
     // lane. Branching on c itself in the item loop had the K and V descriptors made in regular
     // registers and moved to uniform ones for each product (~120 instructions more, causal 1k
-    // 2-3 % slower); cu everywhere instead cost softcap+causal at 16k 3-4 % (H100).
+    // 2-3 % slower); cu everywhere instead cost softcap+causal at 16k 3-4 % (H100). Code that
+    // one thread runs alone inside the tile loop (a wait for TMA stores) did the same to the
+    // descriptors: 637 -> 753 instructions a tile (docs/BENCHMARKS.md, "Item boundaries").
     const int c = wg - 1, cu = __shfl_sync(0xffffffffu, c, 0);
     const kpt_qdesc dq = kpt_q_descs(sQ + c * 64 * 128); // its 64 rows of Q
     u32 ring = 0;
