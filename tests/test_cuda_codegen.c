@@ -496,6 +496,7 @@ typedef struct job {
     kpt_status st;
     bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg, bwd_entries;
     bool serialized; /* ptxas serialised the warpgroup MMAs (its "Potential Performance Loss") */
+    bool waits_added; /* ptxas added a wait for them before a read of their results */
     bool paged_entries, pdl; /* serving: its four entry points; griddepcontrol in both kernels */
     bool proxy_fence;        /* fence.proxy.async: generic writes published to wgmma's reads */
     bool o_tma, tma_store;   /* forward: plan.o_tma; O staged by stmatrix and stored by TMA */
@@ -620,6 +621,7 @@ static void *worker(void *arg)
             j->setmaxnreg = strstr(out.ptx, "setmaxnreg.inc.sync.aligned.u32 240") != NULL;
             j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
             j->serialized = out.log && strstr(out.log, "wgmma.mma_async instructions are serialized");
+            j->waits_added = out.log && strstr(out.log, "warpgroup.wait is injected");
             j->spill_bytes = spills(out.log);
             j->paged_entries = strstr(out.ptx, ".entry kpt_paged_r1") &&
                                strstr(out.ptx, ".entry kpt_paged_r2") &&
@@ -819,6 +821,13 @@ static void test_nvrtc_matrix(void **state)
          * touched while a wgmma may still write it */
         if (j->wgmma && j->serialized)
             fail_msg("%s %s %d/%d sm_90a%s: ptxas serialised the wgmma pipeline", what,
+                     j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1],
+                     j->backward ? " backward" : j->paged ? " paged" : "");
+        /* nor did it add waits for products where the kernel has none (an epilogue reading O
+         * while the next product S ran, on a branch, had ptxas wait for that S first; it says
+         * so only as an "info" line) */
+        if (j->wgmma && j->waits_added)
+            fail_msg("%s %s %d/%d sm_90a%s: ptxas added waits for the warpgroup MMAs", what,
                      j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1],
                      j->backward ? " backward" : j->paged ? " paged" : "");
         /* the sm_90a kernel's full and causal compile without spills at every head dim (the
