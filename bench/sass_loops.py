@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The loops of a kernel's SASS that issue warpgroup or warp MMAs, without a GPU: for each, its
+address range, its instruction count and its MMAs; with --mix, the opcodes of the innermost one;
+with a second cubin, the opcodes whose counts differ between the two innermost loops. A cheap
+first look before a device run: a change that moves the K and V descriptors out of uniform
+registers, or that adds a branch to the tile loop, shows here as instructions a tile.
+
+    build-gpu/kptc emit --emit cubin --target cuda:sm_90a --head-dim 128 full -o a.cubin
+    python3 bench/sass_loops.py a.cubin [b.cubin] [--mix] [--cuobjdump PATH]
+
+A loop is a backward branch's range; loops nest, so the innermost one holding MMAs (the fewest
+instructions) is usually the tile loop. Needs cuobjdump (CUDA toolkit; --cuobjdump, else
+$CUDA_HOME/bin, else PATH). docs/BENCHMARKS.md ("Item boundaries") used it to find a loop grown
+from 637 to 753 instructions a tile.
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+INSN = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)\s*$")
+PRED = re.compile(r"^@!?U?P[T0-9]+\s+")
+
+
+def cuobjdump_path(given):
+    if given:
+        return given
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.path.exists(os.path.join(home, "bin", "cuobjdump")):
+        return os.path.join(home, "bin", "cuobjdump")
+    found = shutil.which("cuobjdump")
+    if not found:
+        sys.exit("sass_loops: no cuobjdump (--cuobjdump PATH, $CUDA_HOME/bin or PATH)")
+    return found
+
+
+def instructions(cuobjdump, cubin):
+    """[(address, text)] of every function in the cubin, in order."""
+    out = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"sass_loops: cuobjdump {cubin}: {out.stderr.strip()}")
+    return [(int(m.group(1), 16), m.group(2)) for m in map(INSN.match, out.stdout.splitlines()) if m]
+
+
+def opcode(text):
+    return PRED.sub("", text).split()[0]
+
+
+def loops(ins):
+    """(first, last, body) for each backward branch whose range holds an MMA, innermost first."""
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for i, (a, text) in enumerate(ins):
+        m = BRANCH.search(text)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target < a and target in at:
+            body = ins[at[target]:i + 1]
+            if any("MMA" in opcode(t) for _, t in body):
+                found.append((target, a, body))
+    return sorted(found, key=lambda l: len(l[2]))
+
+
+def mix(body):
+    return collections.Counter(opcode(t) for _, t in body)
+
+
+def describe(name, found):
+    print(f"{name}: {len(found)} loops with MMAs")
+    for first, last, body in found:
+        c = mix(body)
+        mma = sum(v for k, v in c.items() if "MMA" in k)
+        print(f"  {first:#07x}-{last:#07x}  {len(body):5d} instructions, {mma:3d} MMAs, "
+              f"R2UR {c['R2UR']}, BSSY {c['BSSY']}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cubin", nargs="+", help="one cubin, or two to compare")
+    ap.add_argument("--mix", action="store_true", help="the innermost loop's opcodes")
+    ap.add_argument("--cuobjdump")
+    args = ap.parse_args()
+    if len(args.cubin) > 2:
+        sys.exit("sass_loops: one or two cubins")
+    tool = cuobjdump_path(args.cuobjdump)
+    inner = []
+    for path in args.cubin:
+        found = loops(instructions(tool, path))
+        describe(path, found)
+        if not found:
+            sys.exit(f"sass_loops: {path}: no loop with MMAs")
+        inner.append(mix(found[0][2]))
+    if args.mix:
+        for k, v in inner[0].most_common():
+            print(f"  {v:5d} {k}")
+    if len(inner) == 2:
+        a, b = inner
+        print("innermost loops' opcodes that differ (first, second):")
+        for k in sorted(set(a) | set(b), key=lambda k: -abs(b[k] - a[k])):
+            if a[k] != b[k]:
+                print(f"  {k:32s} {a[k]:5d} {b[k]:5d}")
+
+
+if __name__ == "__main__":
+    main()
