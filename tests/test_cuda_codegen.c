@@ -818,18 +818,15 @@ static void test_nvrtc_matrix(void **state)
         }
         assert_true(j->cubin);
         /* every sm_90a kernel's products stay asynchronous: ptxas found no accumulator register
-         * touched while a wgmma may still write it */
-        if (j->wgmma && j->serialized)
-            fail_msg("%s %s %d/%d sm_90a%s: ptxas serialised the wgmma pipeline", what,
-                     j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1],
-                     j->backward ? " backward" : j->paged ? " paged" : "");
-        /* nor did it add waits for products where the kernel has none (an epilogue reading O
-         * while the next product S ran, on a branch, had ptxas wait for that S first; it says
-         * so only as an "info" line) */
-        if (j->wgmma && j->waits_added)
-            fail_msg("%s %s %d/%d sm_90a%s: ptxas added waits for the warpgroup MMAs", what,
-                     j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1],
-                     j->backward ? " backward" : j->paged ? " paged" : "");
+         * touched while a wgmma may still write it, nor added waits for products where the
+         * kernel has none (an epilogue reading O while the next product S ran, on a branch, had
+         * ptxas wait for that S first; it says so only as an "info" line) */
+        if (j->wgmma && (j->serialized || j->waits_added))
+            fail_msg("%s %s %d/%d sm_90a%s: ptxas %s", what, j->dt ? "f16" : "bf16",
+                     dims[j->dim][0], dims[j->dim][1],
+                     j->backward ? " backward" : j->paged ? " paged" : "",
+                     j->serialized ? "serialised the wgmma pipeline"
+                                   : "added waits for the warpgroup MMAs");
         /* the sm_90a kernel's full and causal compile without spills at every head dim (the
          * backward's too) */
         if (j->wgmma && j->script < 0 && j->pat <= 1)
