@@ -254,6 +254,14 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
          * tiles a head, half the kernel's instructions. A thread's bits of a tile are one
          * 64-bit word (half of it with the 64-key tiles of head dim 256). */
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
+        /* Head dims up to 64: three consumer warpgroups, 192-row q tiles. Their products take
+         * half the time of head dim 128's while the softmax takes as long, so with two
+         * warpgroups the tensor cores waited on it (H100, bf16, D = 64: 0.89-0.96x cuDNN). Not
+         * with block maps, whose keep bits are laid out for 128-row tiles. */
+        if (dmax <= 64 && !pl.has_blockmap) {
+            pl.warps = 16;
+            pl.bm = 192;
+        }
         /* O through TMA stores: stored from registers, a thread's 4-byte pieces of rows made
          * warp stores of 8 rows' 16 bytes each, which the consumers waited for before the next
          * item (H100, bf16, D = 128, 1k tokens: 553 -> 595 TFLOP/s full, 402 -> 445 causal) */

@@ -1,17 +1,18 @@
 // The sm_90a attention kernel (Hopper: TMA, mbarriers, warpgroup MMA, warp specialisation),
 // inserted into templates/cuda/common.cu by codegen/cuda_source.c for cuda:sm_90a.
 //
-// A CTA of three warpgroups works on one or more items (q tile of 128 rows, head, batch row;
+// A CTA of three (or four) warpgroups works on one or more items (q tile of 128 (192) rows, head,
+// batch row;
 // kpt_item: one CTA per item, or a persistent grid). Warpgroup 0 is the producer: it gives most
 // of its registers away (setmaxnreg) and one of its threads issues TMA bulk tensor copies of each
 // item's Q and of its K and V tile by tile into a ring of KPT_STAGES stages in shared memory,
 // each stage completing on an mbarrier ("full") and handed back by the consumers on another
 // ("empty"); for masked patterns another of its warps classifies the next item's kv tiles
-// (kpt_scheduler). Warpgroups 1 and 2 are consumers of 64 rows each: S = Q K^T and O += P V
+// (kpt_scheduler). The others are consumers of 64 rows each: S = Q K^T and O += P V
 // are wgmma.mma_async (Q and K K-major from the 128-byte-swizzled shared tiles TMA writes, P from
 // registers, V as an N-major operand). Within a consumer, the product S of the next kv tile runs
-// while the softmax of the current one does; between the two consumers, named barriers take
-// turns (ping-pong) so one issues its products while the other does its softmax. Each warp holds
+// while the softmax of the current one does; between the consumers, named barriers take turns
+// (ping-pong) so one issues its products while the others do their softmax. Each warp holds
 // 16 rows in the sm_80 kernel's m16 accumulator layout, so masks, score mods, the online softmax
 // and the epilogue are the same code (common.cu).
 
@@ -26,11 +27,17 @@ struct kpt_tma {
 };
 static_assert(sizeof(kpt_tma) == 576, "kpt_tma layout");
 
-// What the CTA is given: 128 x 24 + 256 x 240 = 384 x 168. (The scheduler warp's interval code
-// for large masks spills a little at 24 registers, off the consumers' path; 128 x 40 + 256 x 232
-// instead cost the consumers of alibi, softcap and sliding tile masks 3-12 %, H200.)
+// The consumer warpgroups, of 64 rows each: two (128-row q tiles), or three (192 rows: head dims
+// up to 64 without block maps, compiler/plan_tiles_cuda.c), whose softmax then weighs as much as
+// their products and a third warpgroup keeps the tensor cores fed.
+#define KPT_NCONS (KPT_WARPS / 4 - 1)
+static_assert(KPT_BM == 64 * KPT_NCONS, "64 rows a consumer warpgroup");
+// What the CTA is given: 128 x 24 + 256 x 240 = 384 x 168, or 128 x 24 + 384 x 160 = 512 x 126.
+// (The scheduler warp's interval code for large masks spills a little at 24 registers, off the
+// consumers' path; 128 x 40 + 256 x 232 instead cost the consumers of alibi, softcap and sliding
+// tile masks 3-12 %, H200.)
 #define KPT_PRODUCER_REGS 24
-#define KPT_CONSUMER_REGS 240
+#define KPT_CONSUMER_REGS (KPT_NCONS == 2 ? 240 : 160)
 #ifndef KPT_PINGPONG
 #define KPT_PINGPONG 1
 #endif
@@ -46,7 +53,11 @@ static_assert(sizeof(kpt_tma) == 576, "kpt_tma layout");
 #define KPT_BAR_IF(s) (2 + 4 * KPT_STAGES + (s))
 #define KPT_BAR_IE(s) (4 + 4 * KPT_STAGES + (s))
 #define KPT_NBARS (6 + 4 * KPT_STAGES)
-#define KPT_CONSUMERS 256 // threads of the two consumer warpgroups
+#define KPT_CONSUMERS (128 * KPT_NCONS) // threads of the consumer warpgroups
+// Named barriers: 1 .. NCONS the turns, then per consumer one for its Q negation and one for its
+// epilogue.
+#define KPT_NB_NEG (1 + KPT_NCONS)
+#define KPT_NB_EPI (1 + 2 * KPT_NCONS)
 #define KPT_K_BYTES (KPT_BN * KPT_DQK * 2)
 #define KPT_V_BYTES (KPT_BN * KPT_DV * 2)
 
@@ -212,23 +223,24 @@ __device__ __forceinline__ void kpt_scheduler(const kpt_args &A, kpt_item_tiles 
 }
 #endif
 
-// Ping-pong of the two consumer warpgroups (named barriers 1 and 2): warpgroup c waits for its
-// turn before issuing its products and, once they are issued, gives the turn to the other. The
-// turns run on across a CTA's items (each warpgroup takes a tile count + 1 of them an item, the
-// last P V included), so that at an item's end one warpgroup's first product S of the next item
-// is issued as soon as the other has issued its last P V, not after the other's epilogue.
-// Consumer 1 gives consumer 0 the first turn of the CTA's first item with live tiles, and
-// consumer 0 takes consumer 1's last one after its last item: the arrivals balance.
+// Ping-pong of the consumer warpgroups (named barriers 1 .. NCONS, round robin): warpgroup c
+// waits for its turn (barrier 1 + c, with the warpgroup before it: 256 threads) before issuing
+// its products and, once they are issued, gives the turn to the next. The turns run on across a
+// CTA's items (each warpgroup takes a tile count + 1 of them an item, the last P V included), so
+// that at an item's end one warpgroup's first product S of the next item is issued as soon as
+// the one before has issued its last P V, not after its epilogue. The last consumer gives
+// consumer 0 the first turn of the CTA's first item with live tiles, and consumer 0 takes the
+// last consumer's last one after its last item: the arrivals balance.
 __device__ __forceinline__ void kpt_turn_wait(int c)
 {
 #if KPT_PINGPONG
-    kpt_bar_sync(1 + c, KPT_CONSUMERS);
+    kpt_bar_sync(1 + c, 256);
 #endif
 }
 __device__ __forceinline__ void kpt_turn_give(int c)
 {
 #if KPT_PINGPONG
-    kpt_bar_arrive(2 - c, KPT_CONSUMERS);
+    kpt_bar_arrive(KPT_NCONS == 2 ? 2 - c : 1 + (c + 1) % KPT_NCONS, 256);
 #endif
 }
 
@@ -409,6 +421,42 @@ __device__ __forceinline__ u64 kpt_keep(const kpt_args &A, const kpt_uniform &U,
 #endif
 }
 
+// A consumer whose 64 rows all lie past Sq (the last q tile of a length that is not a multiple
+// of 192, with three consumers): its share of an item without products. It waits for each
+// tile's K and V and hands them back, and takes its turns, as kpt_consume does (the ring's and
+// the turns' counts stay those of a working consumer), but computes nothing: at 1k tokens under
+// a causal mask those rows were a quarter of the work. Returns the number of tiles consumed.
+__device__ __forceinline__ u32 kpt_consume_idle(const kpt_args &A, const unsigned char *cls,
+                                                u32 bar, int c, u32 ring, int b, int h, int qt,
+                                                int lo, int hi)
+{
+    const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
+    if (c == KPT_NCONS - 1 && ring == 0)
+        kpt_turn_give(c); // consumer 0 takes the CTA's first turn
+    u32 i = ring;
+    for (int j = lo; j <= hi; i++) {
+        const int jn = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi);
+        const u32 s = i % KPT_STAGES, sp = (i - 1) % KPT_STAGES;
+        kpt_mbar_wait(bar + 8 * KPT_BAR_KF(s), (i / KPT_STAGES) & 1);
+        if (j > lo)
+            kpt_mbar_wait(bar + 8 * KPT_BAR_VF(sp), ((i - 1) / KPT_STAGES) & 1);
+        kpt_turn_wait(c);
+        kpt_turn_give(c);
+        kpt_mbar_arrive(bar + 8 * KPT_BAR_KE(s));
+        if (j > lo)
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(sp));
+        if (jn > hi)
+            kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
+        j = jn;
+    }
+    const u32 s = (i - 1) % KPT_STAGES; // the last tile's V
+    kpt_mbar_wait(bar + 8 * KPT_BAR_VF(s), ((i - 1) / KPT_STAGES) & 1);
+    kpt_turn_wait(c);
+    kpt_turn_give(c);
+    kpt_mbar_arrive(bar + 8 * KPT_BAR_VE(s));
+    return i - ring;
+}
+
 // One consumer warpgroup's work on one item: its 64 rows of the q tile against the live kv
 // tiles [lo, hi] (`ring`: tiles consumed before this item), O left unnormalised in registers
 // with its row maxima and sums. Hands Q back (KPT_BAR_QE) as soon as its last product S is
@@ -425,6 +473,8 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
         return 0;
     }
+    if (KPT_NCONS > 2 && qt * KPT_BM + c * 64 >= A.Sq)
+        return kpt_consume_idle(A, cls, bar, c, ring, b, h, qt, lo, hi);
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
     // the slot of the next partial tile's keep bits (the item's partial tiles have consecutive
     // slots), or -1
@@ -432,7 +482,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
     float S[KPT_BN / 8][4], alpha[2] = {1.0f, 1.0f};
     u32 P[KPT_BN / 16][4];
     bool grew = false;
-    if (c == 1 && ring == 0)
+    if (c == KPT_NCONS - 1 && ring == 0)
         kpt_turn_give(c); // consumer 0 takes the CTA's first turn
     // the first live tile: its scores, then its probabilities
     int j = lo;
@@ -509,7 +559,7 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
 // (stmatrix) into its staging tile in the map's layout (per 64 columns, 64 rows of 128 bytes,
 // 16-byte chunks swizzled by row mod 8), then TMA stores of the tile by the consumer's first
 // thread, which first waits until its stores of the item before have read the tile. Rows past
-// Sq lie outside the map and are not written. Named barriers 5 and 6, one a consumer.
+// Sq lie outside the map and are not written. Named barrier KPT_NB_EPI + c.
 __device__ __forceinline__ void kpt_store_rows_tma(const kpt_args &A, const kpt_tma &T, int b,
                                                    int h, int qt, int c, int row0, int lane,
                                                    u32 sO, const float (&O)[KPT_DV / 8][4],
@@ -523,10 +573,10 @@ __device__ __forceinline__ void kpt_store_rows_tma(const kpt_args &A, const kpt_
     const u32 tile = sO + c * 64 * KPT_DV * 2;
     if (lead)
         kpt_bulk_wait<0, true>();
-    kpt_bar_sync(5 + c, 128);
+    kpt_bar_sync(KPT_NB_EPI + c, 128);
     kpt_stage_rows<KPT_DV, 64>(O, tile, row0 & 63, inv[0], inv[1], lane);
     kpt_fence_proxy_async();
-    kpt_bar_sync(5 + c, 128);
+    kpt_bar_sync(KPT_NB_EPI + c, 128);
     if (lead) {
         kpt_tma_store_tile<64, KPT_DV>(&T.o, tile, qt * KPT_BM + c * 64, h * T.ho, b * T.bo);
         kpt_bulk_commit();
@@ -634,7 +684,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
                 for (int x = tid - 128 - c * 128; x < 64 * 32; x += 128)
                     q[blk * KPT_BM * 32 + c * 64 * 32 + x] ^= 0x80008000u;
             kpt_fence_proxy_async();
-            kpt_bar_sync(3 + c, 128);
+            kpt_bar_sync(KPT_NB_NEG + c, 128);
         }
         const float sc = fabsf(A.scale_log2);
 #else
@@ -653,7 +703,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
 #endif
     }
     if (cu == 0 && ring > 0)
-        kpt_turn_wait(cu); // consumer 1's last turn
+        kpt_turn_wait(cu); // the last consumer's last turn
 #if KPT_O_TMA
     if ((tid & 127) == 0)
         kpt_bulk_wait<0, false>(); // the staging tile is read before the CTA's shared memory goes
