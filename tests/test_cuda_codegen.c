@@ -328,27 +328,33 @@ static void test_plan_paged(void **state)
 static void test_plan_sm90_forward(void **state)
 {
     (void)state;
-    kpt_pattern *p = NULL;
-    kpt_diag d = {0};
-    assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
+    static const char *const patterns[] = {"causal", "full"};
     static const int dims[][2] = {{64, 64}, {128, 128}, {256, 128}, {128, 256}, {256, 256}};
-    for (int i = 0; i < 5; i++) {
-        kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16,
-                               .dqk = dims[i][0], .dv = dims[i][1], .sm = 90, .wgmma = true};
-        kpt_kernel_plan plan;
-        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
-        assert_true(plan.cfg.wgmma);
-        assert_int_equal(plan.o_tma, dims[i][1] <= 128);
-        const size_t ring = 2 * (size_t)plan.bn * (size_t)(dims[i][0] + dims[i][1]) * 2;
-        /* three consumer warpgroups (192 rows, 16 warps) at head dims up to 64 */
-        const bool three = dims[i][0] <= 64 && dims[i][1] <= 64;
-        assert_int_equal(plan.bm, three ? 192 : 128);
-        assert_int_equal(plan.warps, three ? 16 : 12);
-        const size_t staging = plan.o_tma ? plan.bm * (size_t)dims[i][1] * 2 : 0;
-        assert_int_equal(plan.smem_bytes, 1024 + plan.bm * (size_t)dims[i][0] * 2 + ring + staging);
-        assert_true(plan.smem_bytes + 4608 <= 232448);
+    for (int k = 0; k < 2; k++) {
+        kpt_pattern *p = NULL;
+        kpt_diag d = {0};
+        assert_int_equal(kpt_pattern_parse(patterns[k], &p, &d), KPT_OK);
+        for (int i = 0; i < 5; i++) {
+            kpt_kernel_config c = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16,
+                                   .dqk = dims[i][0], .dv = dims[i][1], .sm = 90, .wgmma = true};
+            kpt_kernel_plan plan;
+            assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+            assert_true(plan.cfg.wgmma);
+            assert_int_equal(plan.o_tma, dims[i][1] <= 128);
+            const size_t ring = 2 * (size_t)plan.bn * (size_t)(dims[i][0] + dims[i][1]) * 2;
+            /* three consumer warpgroups (192 rows, 16 warps) for unmasked patterns at head
+             * dims up to 64 */
+            const bool three = !plan.has_mask && dims[i][0] <= 64 && dims[i][1] <= 64;
+            assert_int_equal(plan.has_mask, k == 0);
+            assert_int_equal(plan.bm, three ? 192 : 128);
+            assert_int_equal(plan.warps, three ? 16 : 12);
+            const size_t staging = plan.o_tma ? plan.bm * (size_t)dims[i][1] * 2 : 0;
+            assert_int_equal(plan.smem_bytes,
+                             1024 + plan.bm * (size_t)dims[i][0] * 2 + ring + staging);
+            assert_true(plan.smem_bytes + 4608 <= 232448);
+        }
+        kpt_pattern_destroy(&p);
     }
-    kpt_pattern_destroy(&p);
 }
 
 /* The sm_90a plans: which store partial tiles' keep bits (plan.mask_bits: masks of 8 nodes or

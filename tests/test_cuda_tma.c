@@ -39,11 +39,11 @@ static CUresult fake_encode(void *map, int dtype, unsigned rank, void *ptr, cons
     return 0;
 }
 
-static kpt_kernel_plan plan_for(kpt_kernel_kind kind, int dqk, int dv)
+static kpt_kernel_plan plan_for(kpt_kernel_kind kind, const char *pattern, int dqk, int dv)
 {
     kpt_pattern *p = NULL;
     kpt_diag d = {0};
-    assert_int_equal(kpt_pattern_parse("causal", &p, &d), KPT_OK);
+    assert_int_equal(kpt_pattern_parse(pattern, &p, &d), KPT_OK);
     const kpt_kernel_config cfg = {.kind = kind, .dtype = KPT_DTYPE_BF16, .dqk = dqk, .dv = dv,
                                    .sm = 90, .wgmma = true};
     kpt_kernel_plan pl;
@@ -85,10 +85,12 @@ static void test_forward_maps(void **state)
     (void)state;
     kpt_cu_api cu = {0};
     cu.TensorMapEncodeTiled = fake_encode;
-    static const int dims[][2] = {{128, 128}, {64, 64}, {256, 128}, {256, 256}};
-    for (int i = 0; i < 4; i++) {
+    static const int dims[][2] = {{128, 128}, {64, 64}, {256, 128}, {256, 256}, {64, 64}};
+    for (int i = 0; i < 5; i++) {
         const int dqk = dims[i][0], dv = dims[i][1];
-        const kpt_kernel_plan pl = plan_for(KPT_KERNEL_FORWARD, dqk, dv);
+        /* the last: an unmasked pattern, whose plan at head dim 64 has 192-row q tiles */
+        const bool masked = i < 4;
+        const kpt_kernel_plan pl = plan_for(KPT_KERNEL_FORWARD, masked ? "causal" : "full", dqk, dv);
         const kpt_kernel_args a = bshd_args(dqk, dv);
         kpt_kernel_tma t;
         kpt_diag d = {0};
@@ -116,10 +118,10 @@ static void test_forward_maps(void **state)
         assert_int_equal(o->swizzle, 3); /* 128 bytes */
         assert_int_equal(t.ho, 1);
         assert_int_equal(t.bo, 1);
-        /* q keeps the plan's q tile rows: 192 where three consumer warpgroups take head dims
-         * up to 64, else 128 */
+        /* q keeps the plan's q tile rows: 192 where three consumer warpgroups take unmasked
+         * patterns at head dims up to 64, else 128 */
         assert_int_equal(find(a.q)->box[1], pl.bm);
-        assert_int_equal(pl.bm, dqk <= 64 && dv <= 64 ? 192 : 128);
+        assert_int_equal(pl.bm, !masked && dqk <= 64 && dv <= 64 ? 192 : 128);
     }
 }
 
@@ -130,7 +132,7 @@ static void test_forward_refuses_o(void **state)
     (void)state;
     kpt_cu_api cu = {0};
     cu.TensorMapEncodeTiled = fake_encode;
-    const kpt_kernel_plan pl = plan_for(KPT_KERNEL_FORWARD, 128, 128);
+    const kpt_kernel_plan pl = plan_for(KPT_KERNEL_FORWARD, "causal", 128, 128);
     kpt_kernel_args a = bshd_args(128, 128);
     a.os[2] = 0;
     kpt_kernel_tma t;
@@ -151,7 +153,7 @@ static void test_backward_maps(void **state)
     (void)state;
     kpt_cu_api cu = {0};
     cu.TensorMapEncodeTiled = fake_encode;
-    const kpt_kernel_plan pl = plan_for(KPT_KERNEL_BACKWARD, 128, 128);
+    const kpt_kernel_plan pl = plan_for(KPT_KERNEL_BACKWARD, "causal", 128, 128);
     const kpt_kernel_args a = bshd_args(128, 128);
     kpt_kernel_gargs g = {0};
     g.dout = 0x50000, g.dq = 0x60000, g.dk = 0x70000, g.dv = 0x80000;

@@ -28,7 +28,7 @@ struct kpt_tma {
 static_assert(sizeof(kpt_tma) == 576, "kpt_tma layout");
 
 // The consumer warpgroups, of 64 rows each: two (128-row q tiles), or three (192 rows: head dims
-// up to 64 without block maps, compiler/plan_tiles_cuda.c), whose softmax then weighs as much as
+// up to 64 without masks, compiler/plan_tiles_cuda.c), whose softmax then weighs as much as
 // their products and a third warpgroup keeps the tensor cores fed.
 #define KPT_NCONS (KPT_WARPS / 4 - 1)
 static_assert(KPT_BM == 64 * KPT_NCONS, "64 rows a consumer warpgroup");
@@ -424,8 +424,8 @@ __device__ __forceinline__ u64 kpt_keep(const kpt_args &A, const kpt_uniform &U,
 // A consumer whose 64 rows all lie past Sq (the last q tile of a length that is not a multiple
 // of 192, with three consumers): its share of an item without products. It waits for each
 // tile's K and V and hands them back, and takes its turns, as kpt_consume does (the ring's and
-// the turns' counts stay those of a working consumer), but computes nothing: at 1k tokens under
-// a causal mask those rows were a quarter of the work. Returns the number of tiles consumed.
+// the turns' counts stay those of a working consumer), but computes nothing (at 1000 tokens,
+// two of the last q tile's three consumers). Returns the number of tiles consumed.
 __device__ __forceinline__ u32 kpt_consume_idle(const kpt_args &A, const unsigned char *cls,
                                                 u32 bar, int c, u32 ring, int b, int h, int qt,
                                                 int lo, int hi)

@@ -254,9 +254,10 @@ static void add_persistent(bool quick)
 {
     add("causal", KPT_DTYPE_BF16, 128, 128, 2, 16, 4, 1000, 1000, NULL, false);
     add("document+causal", KPT_DTYPE_F16, 64, 64, 3, 8, 8, 700, 900, NULL, true);
-    /* head dim 64: three consumers on 192-row tiles; at 1000 rows the last tile's third of 192
-     * rows leaves two consumers without rows (kpt_consume_idle) on every head */
-    add("causal", KPT_DTYPE_BF16, 64, 64, 2, 16, 4, 1000, 1000, NULL, true);
+    /* head dim 64, unmasked: three consumers on 192-row tiles; at 1000 rows the last tile's
+     * third of 192 rows leaves two consumers without rows (kpt_consume_idle) on every head */
+    add("full", KPT_DTYPE_BF16, 64, 64, 2, 16, 4, 1000, 1000, NULL, true);
+    add("alibi", KPT_DTYPE_F16, 64, 64, 2, 8, 2, 1000, 777, NULL, true);
     if (quick)
         return;
     add("full", KPT_DTYPE_BF16, 128, 128, 2, 16, 16, 1000, 1000, NULL, false);
