@@ -487,8 +487,8 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         kpt_wgmma_regs<KPT_DV / 2>(&dV[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BB_E(st));
     }
-    if (G.dqacc && (cw & 3) == 0 && lane == 0)
-        kpt_bulk_wait<0, false>(); // the last dQ tile's reduction is done with shared memory
+    // (The last dQ tile's reduction may still be reading its staging tile: nothing writes the dQ
+    // tiles again, and the same thread waits for all its bulk groups before the CTA exits.)
     // Both warpgroups past their last step: the table (AUXG) holds every term, and no product
     // reads K or V any more (the default mode's dQ reads all 128 keys of K).
     kpt_bar_sync(4, KPT_THREADS);
