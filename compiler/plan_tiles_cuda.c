@@ -256,8 +256,8 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
         /* Head dims up to 64 without a mask: three consumer warpgroups, 192-row q tiles. Their
          * products take half the time of head dim 128's while the softmax takes as long, so
-         * with two warpgroups the tensor cores waited on it (H100, bf16, D = 64, full: 1k 410 ->
-         * 435 TFLOP/s, 4k 464 -> 527, 16k 462 -> 535). Not for masks: under a causal mask the
+         * with two warpgroups the tensor cores waited on it (H100, bf16, D = 64, full: 1k 408 ->
+         * 439 TFLOP/s, 4k 461 -> 539, 16k 459 -> 539). Not for masks: under a causal mask the
          * 192-row tiles' granularity (at 1k 10 % more products; the last tile of 64 rows on one
          * consumer) and the persistent grid's q-tile pairs, uneven with an odd count of tiles,
          * cost 6-10 % at 1k-2k though they gained 10-20 % at 4k-16k (docs/BENCHMARKS.md, "Head

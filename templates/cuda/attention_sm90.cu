@@ -1,9 +1,9 @@
 // The sm_90a attention kernel (Hopper: TMA, mbarriers, warpgroup MMA, warp specialisation),
 // inserted into templates/cuda/common.cu by codegen/cuda_source.c for cuda:sm_90a.
 //
-// A CTA of three (or four) warpgroups works on one or more items (q tile of 128 (192) rows, head,
-// batch row;
-// kpt_item: one CTA per item, or a persistent grid). Warpgroup 0 is the producer: it gives most
+// A CTA of three warpgroups (four for unmasked patterns at head dims up to 64) works on one or
+// more items (q tile of 128 rows (192), head, batch row; kpt_item: one CTA per item, or a
+// persistent grid). Warpgroup 0 is the producer: it gives most
 // of its registers away (setmaxnreg) and one of its threads issues TMA bulk tensor copies of each
 // item's Q and of its K and V tile by tile into a ring of KPT_STAGES stages in shared memory,
 // each stage completing on an mbarrier ("full") and handed back by the consumers on another
