@@ -248,7 +248,9 @@ __device__ __forceinline__ void kpt_tma_add(const void *map, u32 src, int d0, in
                  : "memory");
 }
 // The box at src (shared memory, the map's layout) written to the tensor at the given
-// coordinates, in this thread's current bulk group; rows outside the tensor are not written.
+// coordinates, in this thread's current bulk group; rows past the tensor's end are not written.
+// A box that starts before row 0 is an illegal instruction on the H100 (measured: the branch
+// exp/d64-end-aligned; TMA loads there fill zeros), so callers store those rows otherwise.
 __device__ __forceinline__ void kpt_tma_store(const void *map, u32 src, int d0, int row, int hc,
                                              int bc)
 {
