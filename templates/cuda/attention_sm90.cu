@@ -424,15 +424,14 @@ __device__ __forceinline__ u64 kpt_keep(const kpt_args &A, const kpt_uniform &U,
 // A consumer whose 64 rows all lie past Sq (the last q tile of a length that is not a multiple
 // of 192, with three consumers): its share of an item without products. It waits for each
 // tile's K and V and hands them back, and takes its turns, as kpt_consume does (the ring's and
-// the turns' counts stay those of a working consumer), but computes nothing (at 1000 tokens,
-// two of the last q tile's three consumers). Returns the number of tiles consumed.
+// the turns' counts stay those of a working consumer; the CTA's first hand-off is made by
+// kpt_consume before it comes here), but computes nothing (at 1000 tokens, two of the last q
+// tile's three consumers). Returns the number of tiles consumed.
 __device__ __forceinline__ u32 kpt_consume_idle(const kpt_args &A, const unsigned char *cls,
                                                 u32 bar, int c, u32 ring, int b, int h, int qt,
                                                 int lo, int hi)
 {
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
-    if (c == KPT_NCONS - 1 && ring == 0)
-        kpt_turn_give(c); // consumer 0 takes the CTA's first turn
     u32 i = ring;
     for (int j = lo; j <= hi; i++) {
         const int jn = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi);
@@ -473,6 +472,8 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
         kpt_mbar_arrive(bar + 8 * KPT_BAR_QE);
         return 0;
     }
+    if (c == KPT_NCONS - 1 && ring == 0)
+        kpt_turn_give(c); // consumer 0 takes the CTA's first turn
     if (KPT_NCONS > 2 && qt * KPT_BM + c * 64 >= A.Sq)
         return kpt_consume_idle(A, cls, bar, c, ring, b, h, qt, lo, hi);
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
@@ -482,8 +483,6 @@ __device__ __forceinline__ u32 kpt_consume(const kpt_args &A, const kpt_uniform 
     float S[KPT_BN / 8][4], alpha[2] = {1.0f, 1.0f};
     u32 P[KPT_BN / 16][4];
     bool grew = false;
-    if (c == KPT_NCONS - 1 && ring == 0)
-        kpt_turn_give(c); // consumer 0 takes the CTA's first turn
     // the first live tile: its scores, then its probabilities
     int j = lo;
     u32 i = ring; // unsigned, as in kpt_produce
