@@ -260,7 +260,7 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
          * 439 TFLOP/s, 4k 461 -> 539, 16k 459 -> 539). Not for masks: under a causal mask the
          * 192-row tiles' granularity (at 1k 10 % more products; the last tile of 64 rows on one
          * consumer) and the persistent grid's q-tile pairs, uneven with an odd count of tiles,
-         * cost 6-10 % at 1k-2k though they gained 10-20 % at 4k-16k (docs/BENCHMARKS.md, "Head
+         * cost 6-12 % at 1k-2k though they gained 10-20 % at 4k-16k (docs/BENCHMARKS.md, "Head
          * dim 64: three consumer warpgroups"); nor block maps, whose keep bits are laid out for
          * 128-row tiles. */
         if (dmax <= 64 && !pl.has_mask) {
