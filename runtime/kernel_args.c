@@ -202,7 +202,7 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
         return 0;
     size_t rows = (size_t)(pl->bm_per_h ? a->Hq : 1) * (size_t)(pl->bm_per_b ? a->B : 1);
     size_t bytes = (size_t)a->n_qt * (size_t)a->n_kt * rows;
-    /* the sm_90a kernel's CTA order: n_qt int32 per map row after the map, 16-byte aligned
+    /* the sm_90a kernels' CTA order: n_qt int32 per map row after the map, 16-byte aligned
      * (kpt_order_row in templates/cuda/common.cu) */
     if (pl->cfg.wgmma)
         bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_qt * rows;
@@ -219,6 +219,10 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
             bytes = ((bytes + 4 * lines * rows + 255) & ~(size_t)255) + slots / rows * rows * 2049;
         }
     }
+    /* the sm_90a backward's kv tile order last: n_kt int32 per map row, 16-byte aligned
+     * (kpt_kv_order_row) */
+    if (pl->cfg.wgmma && pl->cfg.kind == KPT_KERNEL_BACKWARD)
+        bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_kt * rows;
     return bytes;
 }
 

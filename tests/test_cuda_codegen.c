@@ -430,13 +430,20 @@ static void test_plan_sm90_mask_bits(void **state)
                      ((head + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2049);
     /* the backward's two layouts, 5 x 7 tiles, 3 rows: by kv tile (bases 84 -> 176 + 84 -> 512,
      * then the slots and their halves: 512 + 105 * 2049 = 215657 -> 215664), then by q tile
-     * (bases 60 -> 215724 -> 215808, then the slots and halves); the bits kernel's CTAs: 7 lines
-     * of one group, then 5 */
+     * (bases 60 -> 215724 -> 215808, then the slots and halves: 430953 -> 430960), then the kv
+     * tiles' order (84); the bits kernel's CTAs: 7 lines of one group, then 5 */
     c.kind = KPT_KERNEL_BACKWARD;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
     a.B = 3, a.n_qt = 5, a.n_kt = 7;
     assert_int_equal(kpt_kernel_bits_ctas(&plan, &a), 12);
-    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 215808 + 105 * 2049);
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), 430960 + 84);
+    /* 40 x 40 tiles, 7 rows: the forward's head, the layout by kv tile, the one by q tile, then
+     * the kv tiles' order (4 * 280 bytes) */
+    a.B = 7, a.n_qt = a.n_kt = 40;
+    const size_t kr = (((head + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2049 + 15) &
+                      ~(size_t)15;
+    const size_t qr = ((kr + 4 * 280 + 255) & ~(size_t)255) + (size_t)1170 * 7 * 2049;
+    assert_int_equal(kpt_kernel_args_map_bytes(&plan, &a), ((qr + 15) & ~(size_t)15) + 4 * 280);
     kpt_pattern_destroy(&p);
 }
 

@@ -15,7 +15,8 @@
 //                 through a ring on mbarriers: S^T = K Q^T and dP^T = V dO^T (both operands
 //                 from shared memory), then dV += P^T dO and dK += dS^T Q with P^T and dS^T from
 //                 registers (the accumulator layout is the A-fragment layout, as P is in the
-//                 forward).
+//                 forward). Kv tiles go in order but, with a block map, in the grid's last
+//                 wave (kpt_bwd_kv_tile).
 //   kpt_bwd_dq    one CTA per (128-query tile, head, batch row); consumer c owns queries
 //                 c * 64 .. + 63 and dQ in registers, Q and dO resident; K and V of each live
 //                 kv tile come through a two-stage TMA ring and are used in halves of 64 keys:
@@ -349,6 +350,25 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
     }
 }
 
+// The kv tile of this CTA of kpt_bwd_dkdv. In order: neighbouring CTAs walk mostly the same q
+// tiles at the same time, so their Q and dO come from L2. But then the grid's last CTAs may be
+// heavy (a long document's) and leave the SMs idle as they finish; so with a block map the rows
+// of CTAs that share the grid's last wave (as many CTAs as SMs: one CTA an SM) take their kv
+// tiles by decreasing work (kpt_blockmap_order, by the map row of the group's first head).
+// Sorting every row measured 1-9 % slower than this in the deterministic mode on documents
+// (docs/BENCHMARKS.md, "Backward: the kv tile order under a block map").
+__device__ __forceinline__ int kpt_bwd_kv_tile(const kpt_args &A, int b, int hk)
+{
+#if KPT_KV_ORDER
+    u32 sms;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+    const i64 row = (i64)b * gridDim.y + hk, ctas = (i64)gridDim.x * gridDim.y * gridDim.z;
+    if ((row + 1) * gridDim.x + sms > ctas) // the row ends in the grid's last sms CTAs
+        return kpt_kv_order_row(A, b, hk * A.group)[blockIdx.x];
+#endif
+    return blockIdx.x;
+}
+
 // One CTA per (128-key tile, kv head, batch row). Warpgroup 0 is the producer (one warp of it
 // works: kpt_bwd_producer); warpgroups 1 and 2 are the consumers, c = 0 and 1, of keys
 // c * 64 .. + 63. The consumers never wait for each other but to swap dS^T for the default
@@ -378,7 +398,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
 #endif
     const u32 bar = kpt_smem_addr(s_bar);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int hk = blockIdx.y, b = blockIdx.z, kt = kpt_bwd_kv_tile(A, b, hk);
     if (tid == 0) {
         kpt_mbar_init(bar + 8 * KPT_BB_KV, 1);
         for (int s = 0; s < KPT_STAGES; s++) {

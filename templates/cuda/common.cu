@@ -296,6 +296,24 @@ __device__ __forceinline__ int kpt_bits_base(const kpt_args &, bool, int, int, i
     return -1;
 }
 #endif
+#if KPT_KV_ORDER
+// A backward's map ends with kpt_bwd_dkdv's kv tile order, 16-byte aligned: per map row, n_kt kv
+// tile indices. (Placed last, so the keep bits' geometry, computed in the producer's walk, stays
+// as short as the forward's: placed before the bits, the walk's extra arithmetic made ptxas spill
+// more of the producer's 24 registers.) Host twin: kpt_kernel_args_map_bytes.
+__device__ __forceinline__ int *kpt_kv_order_row(const kpt_args &A, int b, int h)
+{
+    const i64 rows = kpt_map_rows(A);
+    i64 end = (((i64)A.n_qt * A.n_kt * rows + 15) & ~(i64)15) + 4 * (i64)A.n_qt * rows;
+#if KPT_MASK_BITS
+    i64 base_at, bits_at, share; // the query-row layout's slots and halves come last
+    kpt_bits_geom(A, false, base_at, bits_at, share);
+    end = bits_at + share * rows * 2049;
+#endif
+    int *table = (int *)((unsigned char *)A.blockmap + ((end + 15) & ~(i64)15));
+    return table + kpt_map_row(A, b, h) * A.n_kt;
+}
+#endif
 // A kernel walking a line's tiles in order, slot the next partial tile's (from kpt_bits_base):
 // the slot of this tile, of class cls, or -1 (not partial, or no bits stored); slot moves past it.
 __device__ __forceinline__ int kpt_bits_take(int cls, int &slot)
@@ -580,50 +598,76 @@ __device__ __forceinline__ void kpt_blockmap_bases(const kpt_args &A, bool kr,
     }
 }
 #endif
-// The Hopper kernel's work-item order for a block map (kpt_item): per map row (batch row, head),
-// its q tiles sorted by decreasing work, estimated from the map: full tiles 2, partial tiles 5
-// (they evaluate the mask), 4 for the CTA itself. One CTA per row; rows beyond KPT_ORDER_MAX q
-// tiles keep the plain order (last q tile first). With keep bits, each line's first slot too.
-extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_args A)
+// The cost of each line of a map row, estimated from its classes: full tiles 2, partial tiles 5
+// (they evaluate the mask), 4 for the CTA itself. A line: a q tile's kv tiles, or with kr a kv
+// tile's q tiles. A warp a line.
+__device__ __forceinline__ void kpt_line_costs(const kpt_args &A, const unsigned char *map,
+                                               bool kr, int n, int *cost)
 {
-    __shared__ int cost[KPT_ORDER_MAX];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n = A.n_qt;
-    const int b = blockIdx.z, h = blockIdx.y;
-    const unsigned char *map =
-        (const unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh;
-    int *order = kpt_order_row(A, b, h);
-#if KPT_MASK_BITS
-    for (int kr = KPT_BITS_BWD; kr >= 0; kr--) { // each layout (cost is their scratch)
-        kpt_blockmap_bases(A, kr, map, kpt_bits_bases(A, kr, b, h), kpt_map_row(A, b, h), cost);
-        __syncthreads();
-    }
-#endif
-    if (n > KPT_ORDER_MAX) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            order[i] = n - 1 - i;
-        return;
-    }
-    for (int qt = warp; qt < n; qt += 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cross = kr ? A.n_qt : A.n_kt;
+    for (int l = warp; l < n; l += blockDim.x / 32) {
         int c = 0;
-        for (int t = lane; t < A.n_kt; t += 32) {
-            const int cls = map[(i64)qt * A.bm_sq + t];
+        for (int x = lane; x < cross; x += 32) {
+            const int cls = kr ? map[(i64)x * A.bm_sq + l] : map[(i64)l * A.bm_sq + x];
             c += cls == 2 ? 2 : cls == 1 ? 5 : 0;
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             c += __shfl_xor_sync(0xffffffffu, c, o);
         if (lane == 0)
-            cost[qt] = c + 4;
+            cost[l] = c + 4;
     }
-    __syncthreads();
-    // rank = the q tiles ahead of i: costlier, or as costly and later (as in the plain order)
+}
+// order[r] = the line of rank r by decreasing cost; equal costs keep the plain order (the q
+// tiles' last first, the kv tiles' first first). n <= KPT_ORDER_MAX, else the plain order. Kv
+// tiles keep the plain order too where it already ends on a lightest tile (causal documents,
+// say): kpt_bwd_dkdv's neighbouring CTAs then read the same q tiles (kpt_bwd_kv_tile).
+__device__ __forceinline__ void kpt_order_lines(const kpt_args &A, const unsigned char *map,
+                                                bool kr, int *order, int *cost)
+{
+    const int n = kr ? A.n_kt : A.n_qt;
+    bool plain = n > KPT_ORDER_MAX;
+    if (!plain) {
+        kpt_line_costs(A, map, kr, n, cost);
+        __syncthreads();
+        bool ends_light = kr;
+        for (int i = threadIdx.x; kr && i < n; i += blockDim.x)
+            ends_light &= cost[i] >= cost[n - 1];
+        plain = __syncthreads_and(ends_light);
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        if (plain) {
+            order[i] = kr ? i : n - 1 - i;
+            continue;
+        }
         const int ci = cost[i];
-        int r = 0;
+        int r = 0; // the lines ahead of i: costlier, or as costly and ahead in the plain order
         for (int j = 0; j < n; j++)
-            r += cost[j] > ci || (cost[j] == ci && j > i);
+            r += cost[j] > ci || (cost[j] == ci && (kr ? j < i : j > i));
         order[r] = i;
     }
+    __syncthreads(); // cost is scratch for the next caller
+}
+// The Hopper kernels' work-item order for a block map, per map row (batch row, head), one CTA a
+// row: the forward's q tiles (kpt_item) and, in a backward's map, the kv tiles of kpt_bwd_dkdv
+// (kpt_bwd_kv_tile), each by decreasing work, so a grid's last CTAs are its lightest. With keep
+// bits, each line's first slot too.
+extern "C" __global__ void __launch_bounds__(1024) kpt_blockmap_order(const kpt_args A)
+{
+    __shared__ int cost[KPT_ORDER_MAX];
+    const int b = blockIdx.z, h = blockIdx.y;
+    const unsigned char *map =
+        (const unsigned char *)A.blockmap + (i64)b * A.bm_sb + (i64)h * A.bm_sh;
+#if KPT_MASK_BITS
+    for (int kr = KPT_BITS_BWD; kr >= 0; kr--) { // each layout (cost is their scratch)
+        kpt_blockmap_bases(A, kr, map, kpt_bits_bases(A, kr, b, h), kpt_map_row(A, b, h), cost);
+        __syncthreads();
+    }
+#endif
+    kpt_order_lines(A, map, false, kpt_order_row(A, b, h), cost);
+#if KPT_KV_ORDER
+    kpt_order_lines(A, map, true, kpt_kv_order_row(A, b, h), cost);
+#endif
 }
 #endif
 #if KPT_MASK_BITS
