@@ -38,6 +38,9 @@ for pat in causal document+causal alibi+causal; do
     check "$pat" --shape 1,2,2,17,17,64 --layout bshd
     check "$pat" --shape 1,8,2,4133,4133,128
 done
+# the sm_90a kv tile order under a block map (kpt_bwd_kv_tile): 2 x 16 x 33 = 1056 CTAs, the
+# rows in the grid's last wave by decreasing work, the others in order
+check document --shape 2,16,16,4133,4133,64
 for s in examples/patterns/*.lua; do
     check "$s" --shape 2,4,2,300,300,64
 done
