@@ -209,11 +209,14 @@ __device__ __forceinline__ i64 kpt_map_row(const kpt_args &A, int b, int h)
 }
 // The order table follows the block map in the same buffer, 16-byte aligned: per map row, n_qt q
 // tile indices. Host twin: kpt_kernel_args_map_bytes.
-__device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
+__device__ __forceinline__ int *kpt_order_table(const kpt_args &A)
 {
     const i64 map_bytes = (i64)A.n_qt * A.n_kt * kpt_map_rows(A);
-    int *table = (int *)((unsigned char *)A.blockmap + ((map_bytes + 15) & ~(i64)15));
-    return table + kpt_map_row(A, b, h) * A.n_qt;
+    return (int *)((unsigned char *)A.blockmap + ((map_bytes + 15) & ~(i64)15));
+}
+__device__ __forceinline__ int *kpt_order_row(const kpt_args &A, int b, int h)
+{
+    return kpt_order_table(A) + kpt_map_row(A, b, h) * A.n_qt;
 }
 #endif
 
@@ -304,9 +307,10 @@ __device__ __forceinline__ int kpt_bits_base(const kpt_args &, bool, int, int, i
 __device__ __forceinline__ int *kpt_kv_order_row(const kpt_args &A, int b, int h)
 {
     const i64 rows = kpt_map_rows(A);
-    i64 end = (((i64)A.n_qt * A.n_kt * rows + 15) & ~(i64)15) + 4 * (i64)A.n_qt * rows;
+    // after the q tile order or, with keep bits, the query-row layout's slots and halves
+    i64 end = (unsigned char *)(kpt_order_table(A) + rows * A.n_qt) - (unsigned char *)A.blockmap;
 #if KPT_MASK_BITS
-    i64 base_at, bits_at, share; // the query-row layout's slots and halves come last
+    i64 base_at, bits_at, share;
     kpt_bits_geom(A, false, base_at, bits_at, share);
     end = bits_at + share * rows * 2049;
 #endif
