@@ -8,6 +8,10 @@ forward_ctas): 0 one CTA per item, 1 persistent, unset the runtime's choice. Eac
 is compared with the first's (they compute the same thing with the same kernel) and with cuDNN's;
 the variants and peers take turns over --rounds rounds and each figure is the median.
 
+With --tall the variants are instead the q tile heights of masked head-dim-64 kernels, read from
+KPT_CUDA_TALL (runtime/forward_grid.h): "128 rows" (0), "192 rows" (1, the tall variant where the
+plan has one) and the runtime's choice, each with the runtime's grid.
+
   python3 bench/bench_schedule.py --lib build-gpu/libkpt.so \\
       --patterns full,causal,gqa_causal --seqs 1024,2048,4096,16384 --sustain 30
 """
@@ -24,15 +28,18 @@ import bench  # noqa: E402  (the timer, kernels, peers and cases of the main ben
 
 import torch  # noqa: E402
 
-VARIANTS = {"per-item": "0", "persistent": "1", "auto": None}
+SCHEDULES = {"per-item": "0", "persistent": "1", "auto": None}
+HEIGHTS = {"128 rows": "0", "192 rows": "1", "auto": None}
+VARIANTS = SCHEDULES
+VARIABLE = "KPT_CUDA_PERSISTENT"
 
 
 def with_schedule(value, fn):
     def run():
         if value is None:
-            os.environ.pop("KPT_CUDA_PERSISTENT", None)
+            os.environ.pop(VARIABLE, None)
         else:
-            os.environ["KPT_CUDA_PERSISTENT"] = value
+            os.environ[VARIABLE] = value
         return fn()
     return run
 
@@ -72,7 +79,7 @@ def one(args, kernels, timer, name, S, D, dtype_name):
         row[n] = flops / (statistics.median(burst) * 1e-3) / 1e12
         if sus:
             row[n + "_sus"] = flops / (statistics.median(sus) * 1e-3) / 1e12
-    os.environ.pop("KPT_CUDA_PERSISTENT", None)
+    os.environ.pop(VARIABLE, None)
     return row
 
 
@@ -88,7 +95,12 @@ def main():
     ap.add_argument("--sustain", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3, help="turns of every variant, medians")
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--tall", action="store_true",
+                    help="compare q tile heights (KPT_CUDA_TALL) instead of grid schedules")
     args = ap.parse_args()
+    global VARIANTS, VARIABLE
+    if args.tall:
+        VARIANTS, VARIABLE = HEIGHTS, "KPT_CUDA_TALL"
     bench.setup_peers(args.lib)
     timer = bench.Timer(args.reps, warmup=2)
     names = [p for p in args.patterns.split(",") if p] + \

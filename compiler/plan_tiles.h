@@ -88,6 +88,10 @@ kpt_status kpt_plan_tiles_hip(const kpt_pattern *p, const kpt_kernel_config *cfg
  * tiles only; causal (3), windows, prefixes and chunks (at most 7) have few, and an affine
  * compare per score costs less than building a block map for them on every call. */
 #define KPT_MASK_BITS_MIN_NODES 8
+/* The sm_90a forward offers 192-row q tiles for masked patterns (plan.tall_variant) whose score
+ * modification costs at most this much a score (plan_tiles_cuda.c, score_cost): softcap's tanh
+ * (4), not ALiBi's bias (7) nor an erf GELU (17). */
+#define KPT_TALL_SCORE_MAX_COST 5
 /* Non-constant nodes in the cone of root; *loads is set when one of them loads aux data. */
 uint32_t kpt_plan_cone_size(const kpt_ir_graph *g, kpt_ir_ref root, bool *loads);
 /* has_mask, has_score, has_blockmap (and per what) and mask_rolled of pl from p. */

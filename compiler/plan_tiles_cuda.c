@@ -8,6 +8,8 @@
  * block and 32-key tiles. Q stays in registers only when it is small (dqk <= 64); above that it is
  * re-read from shared memory with ldmatrix each kv tile, as FlashAttention-2 does.
  */
+#include <stdlib.h>
+
 #include "base/diag.h"
 #include "compiler/plan_tiles.h"
 
@@ -68,6 +70,46 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
 static int dq_tiles(const kpt_pattern *p, const kpt_kernel_plan *pl, size_t aux_staging)
 {
     return aux_staging || p->num_aux || pl->has_blockmap ? 1 : 2;
+}
+
+/* The work of a score modification per score: its nodes that depend on s, q or k (a per-head
+ * slope is computed once a tile), erf counting as the dozen instructions it expands to. */
+static uint32_t score_cost(const kpt_pattern *p)
+{
+    const kpt_ir_graph *g = &p->g;
+    uint16_t *deps = malloc(g->count * sizeof(*deps));
+    uint8_t *seen = calloc(g->count, 1);
+    uint32_t cost = 0;
+    if (!deps || !seen)
+        cost = UINT32_MAX;
+    else {
+        kpt_ir_deps(g, deps);
+        seen[p->score] = 1;
+        for (kpt_ir_ref r = p->score; r > 0; r--) { /* operands precede their users */
+            const kpt_ir_node *nd = kpt_ir_node_get(g, r);
+            if (!seen[r] || !(deps[r] & (KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K)))
+                continue;
+            cost += nd->op == KPT_IR_ERF ? 12 : 1;
+            for (int a = 0; a < nd->nargs; a++)
+                seen[nd->arg[a]] = 1;
+        }
+    }
+    free(deps);
+    free(seen);
+    return cost;
+}
+
+/* Whether an sm_90a forward plan (head dims up to dmax) has a tall variant (plan.tall_variant):
+ * for masks without a block map (the keep bits are laid out for 128-row tiles) and scores of
+ * per-score work up to KPT_TALL_SCORE_MAX_COST. With costlier score modifications the softmax,
+ * not the tensor cores, bounds the kernel, and the tall tiles' extra products and 160-register
+ * consumers do not pay (H100, bf16, D = 64, 4k / 16k: softcap+causal, cost 4, 280 / 309 ->
+ * 286 / 326 TFLOP/s; alibi+causal, cost 7, 355 / 386 -> 347 / 393, its consumers spilling;
+ * gelu_scores.lua, cost 17, 133 / 146 -> 122-133 / 143-146). */
+static bool tall_offered(const kpt_pattern *p, const kpt_kernel_plan *pl, int dmax)
+{
+    return dmax <= 64 && pl->has_mask && !pl->has_blockmap &&
+           (!pl->has_score || score_cost(p) <= KPT_TALL_SCORE_MAX_COST);
 }
 
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
@@ -223,6 +265,7 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
         return plan_paged(p, cfg, smem_limit, out, diag);
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
+    pl.cfg.tall = false; /* where the variant is offered, below */
     int dmax = cfg->dqk > cfg->dv ? cfg->dqk : cfg->dv;
     pl.warps = 4;
     pl.stages = 2;
@@ -264,6 +307,15 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
          * dim 64: three consumer warpgroups"); nor block maps, whose keep bits are laid out for
          * 128-row tiles. */
         if (dmax <= 64 && !pl.has_mask) {
+            pl.warps = 16;
+            pl.bm = 192;
+        }
+        /* Masked, the same tiles as a second plan, which the runtime takes for the calls whose
+         * lengths and mask favour them (kpt_forward_tall_pays): causal-shaped masks from 4k,
+         * where the products run as fast as unmasked ones. */
+        pl.tall_variant = tall_offered(p, &pl, dmax);
+        pl.cfg.tall = cfg->tall && pl.tall_variant;
+        if (pl.cfg.tall) {
             pl.warps = 16;
             pl.bm = 192;
         }

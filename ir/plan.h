@@ -36,6 +36,8 @@ typedef struct kpt_kernel_config {
     int gfx;         /* AMD targets: the gfx name's digits as hex (0x90a, 0x940, 0x942); else 0 */
     bool coopmat;    /* Vulkan: the device has 16x16x16 f16 cooperative matrices (NV), subgroups
                         of 32 and shaderFloat16; f16 kernels then use them where they fit */
+    bool tall;       /* sm_90a forward: the variant of 192-row q tiles (three consumer
+                        warpgroups) of a plan that offers one (plan.tall_variant) */
 } kpt_kernel_config;
 
 /* The keep bits of a block map (plan.mask_bits) hold at most this many partial tiles of 2048
@@ -74,6 +76,12 @@ typedef struct kpt_kernel_plan {
     /* sm_90a forward: O leaves through staging tiles in shared memory and TMA stores (Dv up to
      * 128; at 256 the tiles would not fit beside Q and the ring) */
     bool o_tma;
+    /* sm_90a forward, head dims up to 64, masked, no block map: a second plan of 192-row q tiles
+     * and three consumer warpgroups exists (cfg.tall asks for it). Its products under a causal
+     * mask are as fast as the unmasked kernel's, but it takes more of them on short sequences
+     * and banded masks, so the runtime holds both modules and picks one a call
+     * (runtime/forward_grid.h, kpt_forward_tall_pays). */
+    bool tall_variant;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static

@@ -37,6 +37,10 @@ typedef struct kpt_backend_ops {
     void (*unload)(kpt_backend *b, void *kernel);
     kpt_status (*launch)(kpt_backend *b, void *kernel, const kpt_attention_args *args,
                          uint64_t blockmap, void *stream, kpt_diag *diag);
+    /* A forward kernel whose plan has a tall variant (plan.tall_variant) and that variant's
+     * kernel: launches of `kernel` take `tall` where a call favours it. NULL where the backend's
+     * planner offers no such variant. */
+    void (*pair)(kpt_backend *b, void *kernel, void *tall);
     /* Backward kernels (NULL where the backend has none): the workspace a call needs, and the
      * launch (workspace 0: the backend allocates a temporary one). */
     kpt_status (*backward_workspace)(kpt_backend *b, void *kernel,

@@ -49,6 +49,12 @@ static kpt_status cuda_launch(kpt_backend *b, void *kernel, const kpt_attention_
     return kpt_cuda_attention(kernel, args, blockmap, stream, diag);
 }
 
+static void cuda_pair(kpt_backend *b, void *kernel, void *tall)
+{
+    (void)b;
+    kpt_cuda_kernel_pair(kernel, tall);
+}
+
 static kpt_status cuda_backward_workspace(kpt_backend *b, void *kernel,
                                           const kpt_attention_args *args,
                                           const kpt_attention_grads *grads, size_t *bytes,
@@ -156,6 +162,7 @@ static const kpt_backend_ops cuda_ops = {
     .load = cuda_load,
     .unload = cuda_unload,
     .launch = cuda_launch,
+    .pair = cuda_pair,
     .backward_workspace = cuda_backward_workspace,
     .launch_backward = cuda_launch_backward,
     .paged_plan = cuda_paged_plan,

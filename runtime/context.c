@@ -36,7 +36,8 @@ typedef struct module {
     size_t binary_size;
 } module;
 
-/* What kpt_kernel_get returns: a module and the shape class it was asked for. */
+/* What kpt_kernel_get returns: a module and the shape class it was asked for. (Where the module's
+ * plan has a tall variant, the backend's kernel holds that module's too: build_kernel.) */
 struct kpt_kernel {
     module *mod;
     kpt_kernel_desc desc;
@@ -241,6 +242,7 @@ typedef struct request {
     const kpt_pattern *pattern;
     const char *ir;         /* the pattern's IR text */
     kpt_kernel_desc desc;   /* defaults filled in */
+    bool tall;              /* the plan's tall variant (plan.tall_variant) */
     origin module_how;      /* how this request got its module (FROM_NONE: not yet) */
     double compile_ms;
 } request;
@@ -318,7 +320,7 @@ static kpt_kernel_kind desc_kind(const kpt_kernel_desc *d)
 
 /* The plan and source of a kernel (no source for the CPU backend, which runs the reference). */
 static kpt_status generate(kpt_backend *b, const kpt_pattern *p, const kpt_kernel_desc *d,
-                           kpt_kernel_plan *plan, char **src, kpt_diag *diag)
+                           bool tall, kpt_kernel_plan *plan, char **src, kpt_diag *diag)
 {
     *src = NULL;
     kpt_status st = b->ops->accepts ? b->ops->accepts(b, d, diag) : KPT_OK;
@@ -332,7 +334,7 @@ static kpt_status generate(kpt_backend *b, const kpt_pattern *p, const kpt_kerne
         return KPT_OK;
     }
     kpt_kernel_request rq = {.kind = kind, .dtype = d->dtype, .dqk = d->head_dim,
-                             .dv = d->head_dim_v, .smem_limit = b->smem_limit};
+                             .dv = d->head_dim_v, .smem_limit = b->smem_limit, .tall = tall};
     return kpt_kernel_generate(b->tgt, p, &rq, plan, src, diag);
 }
 
@@ -353,7 +355,7 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
         st = kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
     char *src = NULL;
     if (!st)
-        st = generate(b, m->pattern, &rq->desc, &m->plan, &src, diag);
+        st = generate(b, m->pattern, &rq->desc, rq->tall, &m->plan, &src, diag);
     void *bin = NULL;
     size_t size = 0;
     bool owned = false;
@@ -406,8 +408,9 @@ static kpt_status build_module(void *user, void **value, kpt_diag *diag)
 static char *module_key(const request *rq, size_t *n, bool with_heads)
 {
     kpt_strbuf sb = {0};
-    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d", kpt_kernel_kind_name(desc_kind(&rq->desc)), rq->ir,
-                  (int)rq->desc.dtype, rq->desc.head_dim, rq->desc.head_dim_v);
+    kpt_sb_printf(&sb, "%s\n%s\n%d %d %d%s", kpt_kernel_kind_name(desc_kind(&rq->desc)), rq->ir,
+                  (int)rq->desc.dtype, rq->desc.head_dim, rq->desc.head_dim_v,
+                  rq->tall ? " tall" : "");
     if (with_heads)
         kpt_sb_printf(&sb, " %d %d %u", rq->desc.num_heads_q, rq->desc.num_heads_kv,
                       rq->desc.options);
@@ -415,9 +418,9 @@ static char *module_key(const request *rq, size_t *n, bool with_heads)
     return kpt_sb_take(&sb);
 }
 
-static kpt_status build_kernel(void *user, void **value, kpt_diag *diag)
+/* The module of a request (from the context's modules, or built). */
+static kpt_status get_module(request *rq, module **out, kpt_diag *diag)
 {
-    request *rq = user;
     size_t n;
     char *key = module_key(rq, &n, false);
     if (!key)
@@ -426,10 +429,32 @@ static kpt_status build_kernel(void *user, void **value, kpt_diag *diag)
     bool hit = false;
     kpt_status st = kpt_kcache_get(rq->ctx->modules, key, n, build_module, rq, &m, &hit, diag);
     free(key);
+    if (!st && hit && rq->module_how == FROM_NONE)
+        rq->module_how = FROM_MEMORY;
+    *out = m;
+    return st;
+}
+
+static kpt_status build_kernel(void *user, void **value, kpt_diag *diag)
+{
+    request *rq = user;
+    module *m = NULL, *tall = NULL;
+    kpt_status st = get_module(rq, &m, diag);
     if (st)
         return st;
-    if (hit)
-        rq->module_how = FROM_MEMORY;
+    /* Both modules are made now, so that no launch compiles (nor a CUDA graph's capture). */
+    if (m->plan.tall_variant && desc_kind(&rq->desc) == KPT_KERNEL_FORWARD) {
+        request trq = *rq;
+        trq.tall = true;
+        trq.module_how = FROM_NONE;
+        trq.compile_ms = 0;
+        if ((st = get_module(&trq, &tall, diag)))
+            return st;
+        rq->compile_ms += trq.compile_ms;
+        kpt_backend *b = rq->ctx->backend;
+        if (m->impl && tall->impl && b->ops->pair)
+            b->ops->pair(b, m->impl, tall->impl);
+    }
     kpt_kernel *k = calloc(1, sizeof(*k));
     if (!k)
         return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");

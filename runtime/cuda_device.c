@@ -219,7 +219,7 @@ kpt_status kpt_cuda_kernel_create(const kpt_cuda_device *dev, const kpt_pattern 
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED, "no CUDA target for sm_%d%s", c.sm,
                             c.wgmma ? "a" : "");
     kpt_kernel_request rq = {.kind = c.kind, .dtype = c.dtype, .dqk = c.dqk, .dv = c.dv,
-                             .smem_limit = dev->smem_optin};
+                             .smem_limit = dev->smem_optin, .tall = c.tall};
     double t0 = kpt_now_ms();
     kpt_kernel_plan plan;
     char *src = NULL;
@@ -339,6 +339,33 @@ static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
     return (unsigned)kpt_forward_ctas(items, k->dev->sm_count, short_items);
 }
 
+void kpt_cuda_kernel_pair(kpt_cuda_kernel *k, const kpt_cuda_kernel *tall)
+{
+    atomic_store_explicit(&k->tall, tall, memory_order_release);
+}
+
+/* Whether a call (its arguments packed for k) takes k's tall variant, memoised as forward_ctas
+ * memoises its choice. */
+static bool take_tall(const kpt_cuda_kernel *k, const kpt_cuda_kernel *tall,
+                      const kpt_kernel_args *a)
+{
+    const int forced = kpt_forward_tall_forced();
+    if (forced >= 0)
+        return forced;
+    const kpt_pattern *p = k->pattern;
+    const uint64_t key = kpt_forward_key(a->Sq, a->Skv, a->Hq, a->scalars, p->num_scalars);
+    _Atomic uint64_t *slot = (_Atomic uint64_t *)&k->tall_memo; /* a cache, as grid_memo */
+    const uint64_t memo = atomic_load_explicit(slot, memory_order_relaxed);
+    if ((memo | 1) == (key | 1))
+        return memo & 1;
+    kpt_ir_value scalars[KPT_MAX_SCALARS] = {{0}};
+    kpt_forward_scalars(p, a->scalars, scalars);
+    const bool pays = kpt_forward_tall_pays(p, &k->plan, &tall->plan, a->Sq, a->Skv, a->Hq,
+                                            scalars);
+    atomic_store_explicit(slot, (key & ~1ull) | pays, memory_order_relaxed);
+    return pays;
+}
+
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                               CUdeviceptr map, CUstream stream, kpt_diag *diag)
 {
@@ -351,6 +378,13 @@ kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args
     kpt_status st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag);
     if (st)
         return st;
+    /* the tall variant has no block map (plan.tall_variant): a call with one keeps k */
+    const kpt_cuda_kernel *tall = atomic_load_explicit(&k->tall, memory_order_acquire);
+    if (tall && !map && a.Sq > 0 && take_tall(k, tall, &a)) {
+        k = tall;
+        if ((st = kpt_kernel_args_pack(k->pattern, &k->plan, "CUDA", args, &a, diag)))
+            return st;
+    }
     if (a.Sq == 0 || a.B == 0 || a.Hq == 0)
         return KPT_OK;
     if ((st = kpt_cuda_make_current(k->dev, diag)))

@@ -46,6 +46,11 @@ typedef struct kpt_cuda_kernel {
     /* sm_90a forward: whether the last call's lengths and scalars gave short work items
      * (runtime/forward_grid.h): kpt_forward_key with bit 0 the answer, 0 when none yet */
     _Atomic uint64_t grid_memo;
+    /* sm_90a forward, a plan with a tall variant (plan.tall_variant): that variant's kernel, set
+     * by kpt_cuda_kernel_pair (NULL: none), and whether the last call's lengths and scalars
+     * took it (as grid_memo) */
+    _Atomic(const struct kpt_cuda_kernel *) tall;
+    _Atomic uint64_t tall_memo;
 } kpt_cuda_kernel;
 
 /* Whether kernels for a device of compute capability `device_sm` compiled for `target_sm` use
@@ -84,6 +89,11 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
 /* Launches attention on `stream`. Tensor data pointers are device addresses. `map`: a block map
  * built by kpt_cuda_blockmap_build, or 0 to build a temporary one on the stream when the pattern
  * needs it. Asynchronous: errors of the kernel itself surface at the next synchronisation. */
+/* Makes `tall` (the module of k's plan's tall variant) the kernel that k's calls take where
+ * their lengths favour it (kpt_forward_tall_pays). Neither owns the other; both live as long as
+ * their context. */
+void kpt_cuda_kernel_pair(kpt_cuda_kernel *k, const kpt_cuda_kernel *tall);
+
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                               CUdeviceptr map, CUstream stream, kpt_diag *diag);
 

@@ -42,6 +42,73 @@ bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, in
     return short_items;
 }
 
+/* The products of q tiles of bm rows, counted in 64-row blocks times live kv tiles (of bn keys),
+ * from the live ranges of the call's 64-row blocks (first[i]..last[i]; first > last where a
+ * block has none). Every block of a tile walks the tile's range; blocks past Sq take none (the
+ * kernel's idle consumers). *longest: the longest range of a tile. */
+static int64_t tile_products(const int64_t *first, const int64_t *last, int64_t blocks,
+                             int64_t bm, int64_t *longest)
+{
+    const int64_t per = bm / 64;
+    int64_t sum = 0;
+    for (int64_t t = 0; t < blocks; t += per) {
+        int64_t lo = INT64_MAX, hi = -1, n = 0;
+        for (int64_t i = t; i < t + per && i < blocks; i++, n++) {
+            if (first[i] > last[i])
+                continue;
+            lo = first[i] < lo ? first[i] : lo;
+            hi = last[i] > hi ? last[i] : hi;
+        }
+        if (hi < lo)
+            continue;
+        sum += (hi - lo + 1) * n;
+        *longest = hi - lo + 1 > *longest ? hi - lo + 1 : *longest;
+    }
+    return sum;
+}
+
+static bool tall_by_mask(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                         const kpt_kernel_plan *tall, int64_t sq, int64_t skv, int64_t hq,
+                         const kpt_ir_value *scalars)
+{
+    const kpt_mask_env env = {.sq = (int32_t)sq, .skv = (int32_t)skv, .hq = (int32_t)hq,
+                              .scalars = scalars};
+    /* past a million queries, the first million (their tiles' shapes repeat; the analysis
+     * stays a few milliseconds) */
+    const int64_t blocks = (sq < (1 << 20) ? sq + 63 : 1 << 20) / 64;
+    int64_t *first = malloc(2 * (size_t)blocks * sizeof(*first)), *last = first + blocks;
+    kpt_mask_analysis *a = first ? kpt_analyze_mask(p, &env) : NULL;
+    bool pays = false;
+    if (a) {
+        for (int64_t i = 0; i < blocks; i++)
+            kpt_mask_kv_range(a, i * 64, i * 64 + 64, pl->bn, &first[i], &last[i]);
+        int64_t longest = 0;
+        const int64_t base = tile_products(first, last, blocks, pl->bm, &longest);
+        const int64_t more = tile_products(first, last, blocks, tall->bm, &longest);
+        pays = longest >= KPT_TALL_MIN_KV_TILES &&
+               more * 100 <= base * (100 + KPT_TALL_MAX_EXTRA_PCT);
+    }
+    kpt_mask_analysis_free(&a);
+    free(first);
+    return pays;
+}
+
+int kpt_forward_tall_forced(void)
+{
+    const char *e = getenv("KPT_CUDA_TALL");
+    return e && (!strcmp(e, "0") || !strcmp(e, "1")) ? *e - '0' : -1;
+}
+
+bool kpt_forward_tall_pays(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                           const kpt_kernel_plan *tall, int64_t sq, int64_t skv, int64_t hq,
+                           const kpt_ir_value *scalars)
+{
+    if (!p->mask || pl->mask_loads || sq < KPT_TALL_MIN_SQ || skv <= 0 || tall->bm % 64 ||
+        pl->bm % 64 || tall->bn != pl->bn)
+        return false;
+    return tall_by_mask(p, pl, tall, sq, skv, hq, scalars);
+}
+
 void kpt_forward_scalars(const kpt_pattern *p, const uint32_t *bits, kpt_ir_value *out)
 {
     for (int i = 0; i < p->num_scalars; i++) {

@@ -41,6 +41,29 @@ void kpt_forward_scalars(const kpt_pattern *p, const uint32_t *bits, kpt_ir_valu
  * scalar bits, never 0. */
 uint64_t kpt_forward_key(int64_t sq, int64_t skv, int64_t hq, const uint32_t *bits, int n);
 
+/* The tall variant of a plan (plan.tall_variant: 192-row q tiles, three consumer warpgroups)
+ * pays for calls of at least KPT_TALL_MIN_SQ queries whose longest live range holds at least
+ * KPT_TALL_MIN_KV_TILES kv tiles and where the tall tiles' products (64-row blocks times live kv
+ * tiles) are at most KPT_TALL_MAX_EXTRA_PCT percent more than the default tiles'. H100, bf16,
+ * D = 64 (docs/BENCHMARKS.md, "Head dim 64: 192-row q tiles for masked patterns"): causal
+ * 386 -> 438 TFLOP/s at 3k (4 % more products), 404 -> 438 at 4k, 443 -> 496 at 16k, prefix-LM
+ * 436 -> 518 at 16k; at 1k-2k (5-11 % more products; the persistent grid's pairs of q tiles come
+ * out uneven) causal lost 6-12 %; sliding windows of 1k lost 2-8 %, 2k-token chunks 6-30 %. */
+#define KPT_TALL_MIN_SQ 3072
+#define KPT_TALL_MIN_KV_TILES 16
+#define KPT_TALL_MAX_EXTRA_PCT 4
+
+/* Whether a call takes the tall variant `tall` of plan `pl` (see above), for the call's lengths
+ * and runtime scalars. Costs an analysis of the mask per 64 rows: callers memoise it
+ * (kpt_forward_key). */
+bool kpt_forward_tall_pays(const kpt_pattern *p, const kpt_kernel_plan *pl,
+                           const kpt_kernel_plan *tall, int64_t sq, int64_t skv, int64_t hq,
+                           const kpt_ir_value *scalars);
+
+/* KPT_CUDA_TALL in the environment, which forces the choice for comparisons and tests: 0 never
+ * the tall variant, 1 always (where there is one); -1 when unset or neither: the rule. */
+int kpt_forward_tall_forced(void);
+
 /* The number of CTAs: `items` (one per item), or at most `sms` where the items are short and
  * outnumber them. KPT_CUDA_PERSISTENT in the environment forces the choice, for comparisons and
  * tests: 0 one CTA per item, 1 persistent, N > 1 persistent on at most N CTAs. */

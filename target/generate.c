@@ -158,6 +158,7 @@ kpt_status kpt_kernel_generate(const kpt_target *t, const kpt_pattern *p,
     cfg.dtype = rq->dtype;
     cfg.dqk = rq->dqk;
     cfg.dv = rq->dv ? rq->dv : rq->dqk;
+    cfg.tall = rq->tall && rq->kind == KPT_KERNEL_FORWARD;
     int smem = rq->smem_limit > 0 ? rq->smem_limit : t->smem_default;
     kpt_status st = t->plan(p, &cfg, smem, plan, diag);
     if (st)

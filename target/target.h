@@ -93,6 +93,7 @@ typedef struct kpt_kernel_request {
     kpt_dtype dtype;
     int dqk, dv;
     int smem_limit; /* bytes a workgroup may use on the device; 0: the target's default */
+    bool tall;      /* the plan's tall variant (plan.tall_variant), where it offers one */
 } kpt_kernel_request;
 
 /* Plans the kernel and writes its source (malloc'ed, the caller frees). Deterministic: the same

@@ -849,7 +849,9 @@ static void test_kptc_bundle(void **state)
     assert_true(tool_run(&r, argv));
     if (r.status)
         fail_msg("kptc bundle: %s", r.err);
-    assert_non_null(strstr(r.out, "4 kernels for 2 targets"));
+    /* sm_80 and sm_90a, each pattern; and at sm_90a causal's tall variant (192-row q tiles,
+     * plan.tall_variant), which its kernel holds beside the default one */
+    assert_non_null(strstr(r.out, "5 kernels for 2 targets"));
     assert_string_equal(r.err, ""); /* quiet when stderr is not a terminal */
     /* deterministic: the same command writes the same bytes */
     argv[3] = path2;
@@ -870,10 +872,15 @@ static void test_kptc_bundle(void **state)
     assert_string_equal(kpt_context_target(ctx), "cuda:sm_90a");
     int loaded = 0;
     assert_int_equal(kpt_context_load_bundle(ctx, path, &loaded, NULL), KPT_OK);
-    assert_int_equal(loaded, 2);
+    assert_int_equal(loaded, 3);
     kpt_pattern *p = parse("alibi+causal");
     get(ctx, p, KPT_DTYPE_BF16, 64);
     assert_int_equal(stats(ctx).bundle_hits, 1);
+    kpt_pattern_destroy(&p);
+    p = parse("causal"); /* both its modules from the bundle */
+    get(ctx, p, KPT_DTYPE_BF16, 64);
+    assert_int_equal(stats(ctx).bundle_hits, 2);
+    assert_int_equal(stats(ctx).compiles, 0);
     kpt_pattern_destroy(&p);
     kpt_context_destroy(&ctx);
     /* usage errors */

@@ -50,6 +50,7 @@ typedef struct cached {
     char key[128];
     kpt_pattern *p;
     kpt_cuda_kernel *k;
+    kpt_cuda_kernel *tall; /* k's tall variant, where KPT_CUDA_TALL=1 asked for it */
 } cached;
 
 static cached cache[256];
@@ -82,9 +83,23 @@ static kpt_cuda_kernel *get_kernel(const kpt_cuda_device *dev, const gcase *c, k
     total_compile_ms += ms;
     if (ms > max_compile_ms)
         max_compile_ms = ms;
+    /* With KPT_CUDA_TALL=1, every call of a plan with a tall variant takes it (the runtime's
+     * choice otherwise: kpt_forward_tall_pays), as the context pairs them */
+    const char *tall_env = getenv("KPT_CUDA_TALL");
+    kpt_cuda_kernel *tall = NULL;
+    if (k->plan.tall_variant && tall_env && !strcmp(tall_env, "1")) {
+        cfg.tall = true;
+        if (kpt_cuda_kernel_create(dev, p, &cfg, &tall, d)) {
+            kpt_cuda_kernel_destroy(&k);
+            kpt_pattern_destroy(&p);
+            return NULL;
+        }
+        kpt_cuda_kernel_pair(k, tall);
+    }
     snprintf(cache[ncache].key, sizeof(cache[ncache].key), "%s", key);
     cache[ncache].p = p;
     cache[ncache].k = k;
+    cache[ncache].tall = tall;
     ncache++;
     return k;
 }
@@ -396,6 +411,7 @@ int main(int argc, char **argv)
            now() - t0);
     for (int i = 0; i < ncache; i++) {
         kpt_cuda_kernel_destroy(&cache[i].k);
+        kpt_cuda_kernel_destroy(&cache[i].tall);
         kpt_pattern_destroy(&cache[i].p);
     }
     kpt_cuda_device_close(&dev);

@@ -68,6 +68,7 @@ static const char **slot(kptc_options *o, int code)
     case KPTC_OPT_PAGE_SIZE: return &o->page_size;
     case KPTC_OPT_SEQLENS: return &o->seqlens;
     case KPTC_OPT_SINKS: return &o->sinks;
+    case KPTC_OPT_TALL: return &o->tall;
     case 'o': return &o->output;
     case 'j': return &o->jobs;
     default: return NULL;

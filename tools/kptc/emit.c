@@ -66,7 +66,7 @@ static int emit_target(const kptc_options *o, kpt_pattern *p, const char *what, 
     kpt_kernel_request rq = {.kind = o->backward ? KPT_KERNEL_BACKWARD
                                      : o->paged  ? KPT_KERNEL_PAGED
                                                  : KPT_KERNEL_FORWARD,
-                             .dtype = t->default_dtype};
+                             .dtype = t->default_dtype, .tall = o->tall != NULL};
     if (parse_head_dims(o->head_dim, &rq.dqk, &rq.dv))
         return kptc_usage_error("--head-dim wants D or Dqk,Dv, got '%s'", o->head_dim);
     if (o->dtype) {
@@ -85,6 +85,13 @@ static int emit_target(const kptc_options *o, kpt_pattern *p, const char *what, 
     kpt_status st = kpt_kernel_generate(t, p, &rq, &plan, &src, &d);
     if (st)
         return kptc_report(&d, st);
+    if (o->tall && !plan.cfg.tall) {
+        free(src);
+        fprintf(stderr, "kptc: pattern '%s' has no tall variant on %s at this head dim (a "
+                "masked forward on cuda:sm_90a, head dims up to 64, no block map)\n", p->name,
+                t->name);
+        return 1;
+    }
     if (o->blockmap && !plan.has_blockmap) {
         free(src);
         fprintf(stderr, "kptc: pattern '%s' needs no block map\n", p->name);
@@ -142,6 +149,7 @@ int kptc_cmd_emit(int argc, char **argv)
         {"blockmap", no_argument, NULL, KPTC_OPT_BLOCKMAP},
         {"backward", no_argument, NULL, KPTC_OPT_BACKWARD},
         {"paged", no_argument, NULL, KPTC_OPT_PAGED},
+        {"tall", no_argument, NULL, KPTC_OPT_TALL},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {0},

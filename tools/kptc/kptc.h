@@ -62,6 +62,7 @@ enum {
     KPTC_OPT_PAGE_SIZE,
     KPTC_OPT_SEQLENS,
     KPTC_OPT_SINKS,
+    KPTC_OPT_TALL,
 };
 
 typedef struct kptc_options {
@@ -70,7 +71,7 @@ typedef struct kptc_options {
     int npatterns;
     const char *emit, *dump_after, *target, *head_dim, *verbose, *backend, *shape, *dtype;
     const char *layout, *seed, *tile, *save, *smem, *blockmap, *backward, *output, *jobs;
-    const char *paged, *page_size, *seqlens, *sinks;
+    const char *paged, *page_size, *seqlens, *sinks, *tall;
     const char *params[KPTC_MAX_KV];
     int nparams;
     const char *scalars[KPTC_MAX_KV];

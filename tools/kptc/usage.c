@@ -38,6 +38,9 @@
     "      --paged                   the serving kernels (paged KV, ragged batches, split-KV\n" \
     "                                decode; CUDA targets)\n" \
     "      --backward                the backward kernels (gradients; CUDA targets)\n" \
+    "      --tall                    cuda:sm_90a, masked forward, head dims up to 64: the\n" \
+    "                                variant of 192-row q tiles the runtime takes for long\n" \
+    "                                sequences\n" \
     "      --verbose                 print the compiler's time and log (ptxas's register/spill\n" \
     "                                report for CUDA) to stderr\n" \
     "      -o FILE                   write to FILE instead of stdout (binaries too)\n"
