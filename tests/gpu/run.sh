@@ -42,6 +42,12 @@ KPT_CUDA_PERSISTENT=3 "$CHECK" --quick --scripts examples/patterns >"$OUT/gpu_ch
     status=1
 echo "persistent on 3 CTAs: $(tail -1 "$OUT/gpu_check_p3.log")"
 
+# the tall variant (192-row q tiles) of masked head-dim-64 kernels at every size, which the
+# runtime takes only from 3k queries (runtime/forward_grid.h, kpt_forward_tall_pays)
+KPT_CUDA_TALL=1 "$CHECK" --quick --scripts examples/patterns >"$OUT/gpu_check_tall.log" 2>&1 ||
+    status=1
+echo "tall q tiles: $(tail -1 "$OUT/gpu_check_tall.log")"
+
 # masks of bit operations (tests/bit_masks.lua): the tile classifier's interval and known-bits
 # rules must be sound in the CUDA kernels too (CI runs the same masks on lavapipe); both kernel
 # generations where the device has wgmma
