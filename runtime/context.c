@@ -442,18 +442,25 @@ static kpt_status build_kernel(void *user, void **value, kpt_diag *diag)
     kpt_status st = get_module(rq, &m, diag);
     if (st)
         return st;
-    /* Both modules are made now, so that no launch compiles (nor a CUDA graph's capture). */
+    /* Both modules are made now, so that no launch compiles (nor a CUDA graph's capture). The
+     * tall one only speeds some calls up: where it cannot be had (a bundle without it and no
+     * compiler here), the kernel runs every call on the default one. */
     if (m->plan.tall_variant && desc_kind(&rq->desc) == KPT_KERNEL_FORWARD) {
         request trq = *rq;
         trq.tall = true;
         trq.module_how = FROM_NONE;
         trq.compile_ms = 0;
-        if ((st = get_module(&trq, &tall, diag)))
-            return st;
-        rq->compile_ms += trq.compile_ms;
-        kpt_backend *b = rq->ctx->backend;
-        if (m->impl && tall->impl && b->ops->pair)
-            b->ops->pair(b, m->impl, tall->impl);
+        kpt_diag td = {0};
+        if (get_module(&trq, &tall, &td)) {
+            kpt_log(&rq->ctx->log, KPT_LOG_WARN,
+                    "pattern '%s': its tall variant (192-row q tiles) is not available (%s); "
+                    "every call takes 128-row tiles", rq->pattern->name, td.message);
+        } else {
+            rq->compile_ms += trq.compile_ms;
+            kpt_backend *b = rq->ctx->backend;
+            if (m->impl && tall->impl && b->ops->pair)
+                b->ops->pair(b, m->impl, tall->impl);
+        }
     }
     kpt_kernel *k = calloc(1, sizeof(*k));
     if (!k)
