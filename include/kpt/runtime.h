@@ -211,7 +211,9 @@ typedef struct kpt_kernel_info {
     const char *pattern;  /* the pattern's name */
     const char *target;   /* "cuda:sm_90a" */
     kpt_kernel_desc desc; /* with defaults filled in */
-    int tile_q, tile_kv;  /* rows of q and of k/v per tile */
+    int tile_q, tile_kv;  /* rows of q and of k/v per tile (of the default plan: masked sm_90a
+                             kernels at head dims up to 64 also hold one of 192-row q tiles,
+                             which calls of 3k queries and more may take; architecture.md) */
     size_t shared_bytes;  /* dynamic shared memory per block */
     const char *source;   /* how it was obtained: "compiled", "disk", "bundle", "none" (CPU) */
 } kpt_kernel_info;
