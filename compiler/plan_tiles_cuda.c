@@ -80,9 +80,9 @@ static uint32_t score_cost(const kpt_pattern *p)
     uint16_t *deps = malloc(g->count * sizeof(*deps));
     uint8_t *seen = calloc(g->count, 1);
     uint32_t cost = 0;
-    if (!deps || !seen)
-        cost = UINT32_MAX;
-    else {
+    if (!deps || !seen) {
+        cost = UINT32_MAX; /* out of memory: no variant */
+    } else {
         kpt_ir_deps(g, deps);
         seen[p->score] = 1;
         for (kpt_ir_ref r = p->score; r > 0; r--) { /* operands precede their users */
@@ -311,8 +311,8 @@ kpt_status kpt_plan_tiles_cuda(const kpt_pattern *p, const kpt_kernel_config *cf
             pl.bm = 192;
         }
         /* Masked, the same tiles as a second plan, which the runtime takes for the calls whose
-         * lengths and mask favour them (kpt_forward_tall_pays): causal-shaped masks from 4k,
-         * where the products run as fast as unmasked ones. */
+         * lengths and mask favour them (kpt_forward_tall_pays): causal-shaped masks from 3k
+         * queries, where the tiles' extra products cost less than a third consumer gains. */
         pl.tall_variant = tall_offered(p, &pl, dmax);
         pl.cfg.tall = cfg->tall && pl.tall_variant;
         if (pl.cfg.tall) {

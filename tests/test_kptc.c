@@ -67,6 +67,22 @@ static void test_emit(void **state)
     r = run("emit", "--emit", "cuda", "--head-dim", "64", "--dtype", "f16", "causal", NULL);
     EXPECT(r, 0, out, "#define KPT_DQK 64\n");
     EXPECT(r, 0, out, "extern \"C\" __global__ void __launch_bounds__(KPT_THREADS) kpt_attention");
+    /* the tall variant of a masked head-dim-64 kernel on sm_90a: 192-row q tiles, 16 warps */
+    r = run("emit", "--emit", "cuda", "--target", "cuda:sm_90a", "--head-dim", "64", "causal", NULL);
+    EXPECT(r, 0, out, "#define KPT_BM 128\n");
+    r = run("emit", "--emit", "cuda", "--target", "cuda:sm_90a", "--head-dim", "64", "--tall",
+            "causal", NULL);
+    EXPECT(r, 0, out, "#define KPT_BM 192\n");
+    r = run("emit", "--emit", "cuda", "--target", "cuda:sm_90a", "--head-dim", "128", "--tall",
+            "causal", NULL);
+    EXPECT(r, 1, err, "pattern 'causal' has no tall variant on cuda:sm_90a at this head dim");
+    r = run("emit", "--emit", "cuda", "--target", "cuda:sm_90a", "--head-dim", "64", "--tall",
+            "document", NULL);
+    EXPECT(r, 1, err, "has no tall variant");
+    r = run("emit", "--emit", "ir", "--tall", "causal", NULL);
+    EXPECT(r, 2, err, "--tall goes with --emit cuda|ptx|cubin of a forward kernel");
+    r = run("emit", "--emit", "cuda", "--backward", "--tall", "causal", NULL);
+    EXPECT(r, 2, err, "--tall goes with --emit cuda|ptx|cubin of a forward kernel");
     /* the AMD kernel: HIP source (no headers, MFMA), a code object (an ELF), clear refusals */
     r = run("emit", "--emit", "hip", "--dtype", "f16", "--head-dim", "64", "causal", NULL);
     EXPECT(r, 0, out, "#define KPT_DQK 64\n");

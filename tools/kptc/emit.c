@@ -172,6 +172,8 @@ int kptc_cmd_emit(int argc, char **argv)
                                 "cuda|ptx|cubin|glsl|spirv|hip|hsaco");
     if (!spirv && (o.smem || o.blockmap))
         return kptc_usage_error("--smem and --blockmap go with --emit glsl|spirv");
+    if (o.tall && (!cuda || o.backward || o.paged))
+        return kptc_usage_error("--tall goes with --emit cuda|ptx|cubin of a forward kernel");
     if ((cuda || spirv || hip) && o.dump_after)
         return kptc_usage_error("--dump-after goes with --emit ir");
     if (o.dump_after && !kpt_pipeline_is_stage(o.dump_after))
