@@ -236,6 +236,19 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
      * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */
     size_t ring = (size_t)pl.stages * stage, scratch = (size_t)pl.warps * (16 * cfg->dv + 32) * 4;
     pl.smem_bytes = align + q + (ring > scratch ? ring : scratch);
+    /* sm_90a: a ring of three stages, which the same kernels take at run time (pargs.stages)
+     * for runs over paged caches (pages under a tile) that a split leaves one CTA an SM: each
+     * 64-key tile is several page lookups, and a third stage keeps them ahead (H100, bf16,
+     * D = 128, GQA 32:8, page 16, sustained: 8 x 16 x 32k 2755 -> 2872 GB/s, 8 x 4 x 32k
+     * 2865-2879 -> 2919-2921; the contiguous cache and runs of two CTAs an SM lost 1-7 % with
+     * it: docs/BENCHMARKS.md, "Serving: a third stage for paged caches"). Its 3 x 32 KB at
+     * D = 128 leave room for one CTA an SM only. */
+    const size_t deep = 3 * stage;
+    if (pl.cfg.wgmma && pl.stages == 2 &&
+        (smem_limit <= 0 || align + q + deep + fixed + 1024 <= (size_t)smem_limit)) {
+        pl.stages_deep = 3;
+        pl.deep_smem_bytes = align + q + (deep > scratch ? deep : scratch);
+    }
     if (smem_limit > 0 && pl.smem_bytes + fixed > (size_t)smem_limit)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "head dims Dqk = %d, Dv = %d: the serving kernel needs %zu bytes of "

@@ -82,6 +82,11 @@ typedef struct kpt_kernel_plan {
      * and banded masks, so the runtime holds both modules and picks one a call
      * (runtime/forward_grid.h, kpt_forward_tall_pays). */
     bool tall_variant;
+    /* serving, sm_90a: a deeper ring (0: none) that the serving kernels take, with its dynamic
+     * shared memory, for runs over paged caches split to one CTA an SM, where the page lookups
+     * leave the two-stage ring waiting (runtime/cuda_device.c, kpt_cuda_paged) */
+    int stages_deep;
+    size_t deep_smem_bytes;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static

@@ -152,8 +152,11 @@ static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
 {
     static const char *const names[] = KPT_CUDA_PAGED_ENTRIES;
     k->combine_pdl = combine_pdl(k);
+    /* launches take plan.smem_bytes, or deep_smem_bytes for the deeper ring */
+    const size_t smem = k->plan.deep_smem_bytes > k->plan.smem_bytes ? k->plan.deep_smem_bytes
+                                                                      : k->plan.smem_bytes;
     for (int i = 0; i < 3; i++) {
-        kpt_status st = get_big_function(k, &k->paged[i], names[i], diag);
+        kpt_status st = get_function_smem(k, &k->paged[i], names[i], smem, diag);
         if (st)
             return st;
     }
@@ -635,12 +638,18 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
         pa.part_o = workspace;
         pa.part_lse = workspace + lse_off;
     }
-    int wr = (plan->rows + 15) / 16; /* 1, 2 or 4 row blocks of 16 */
-    CUfunction f = k->paged[wr <= 1 ? 0 : wr <= 2 ? 1 : 2];
+    const int wr = (plan->rows + 15) / 16, fi = wr <= 1 ? 0 : wr <= 2 ? 1 : 2; /* row blocks */
+    /* the deeper ring where pages are smaller than a tile and the split leaves one CTA an SM
+     * (plan_paged, stages_deep) */
+    const bool deep = k->plan.stages_deep && pa.paged && pa.page_size < KPT_PAGED_TILE &&
+                      plan->splits > 1;
+    CUfunction f = k->paged[fi];
+    pa.stages = deep ? k->plan.stages_deep : k->plan.stages;
+    const size_t smem = deep ? k->plan.deep_smem_bytes : k->plan.smem_bytes;
     void *params[] = {&a, &pa};
     CUresult r = cu->LaunchKernel(f, (unsigned)(blocks * plan->splits), (unsigned)a.Hkv, 1,
-                                  (unsigned)(k->plan.warps * 32), 1, 1,
-                                  (unsigned)k->plan.smem_bytes, stream, params, NULL);
+                                  (unsigned)(k->plan.warps * 32), 1, 1, (unsigned)smem, stream,
+                                  params, NULL);
     if (!r && plan->splits > 1)
         r = launch_combine(k, (unsigned)combine_ctas, (unsigned)a.Hkv, stream, params);
     if (tmp)

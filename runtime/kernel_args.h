@@ -86,9 +86,10 @@ typedef struct kpt_kernel_pargs {
     int64_t pt_stride, sink_stride;
     int32_t page_size, page_shift, num_pages, max_pages;
     int32_t T, splits, q_blocks, q_per_block, rows, paged;
+    int32_t stages, pad; /* the ring's depth: plan.stages or plan.stages_deep (kpt_cuda_paged) */
 } kpt_kernel_pargs;
 
-_Static_assert(sizeof(kpt_kernel_pargs) == 104, "kpt_kernel_pargs layout");
+_Static_assert(sizeof(kpt_kernel_pargs) == 112, "kpt_kernel_pargs layout");
 
 /* Validates `a` against the pattern and plan of a kernel (dtypes, head dims, strides, alignment,
  * sizes; `backend` names the backend in messages) and fills `out`; out->blockmap stays 0. */

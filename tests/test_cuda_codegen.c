@@ -313,9 +313,17 @@ static void test_plan_paged(void **state)
     assert_true(plan.cfg.wgmma);
     assert_int_equal(plan.stages, 2);
     assert_int_equal(plan.smem_bytes, 1024 + 2 * 64 * 128 + 2 * 2 * 64 * 256);
+    /* and the ring of three stages paged runs split to one CTA an SM take, within 227 KB */
+    assert_int_equal(plan.stages_deep, 3);
+    assert_int_equal(plan.deep_smem_bytes, 1024 + 2 * 64 * 128 + 3 * 2 * 64 * 256);
+    assert_true(plan.deep_smem_bytes + KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES + 1024 <=
+                232448);
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 120000, &plan, &d), KPT_OK); /* no room */
+    assert_int_equal(plan.stages_deep, 0);
     c.dqk = c.dv = 256;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
+    assert_int_equal(plan.stages_deep, 0);
     c.dqk = 128, c.dv = 64;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);

@@ -24,8 +24,9 @@ struct kpt_pargs {
     int splits, q_blocks, q_per_block; // grid x: B * q_blocks * splits; y: kv heads
     int rows;                   // q_per_block * group
     int paged;                  // 0: no page table, sequence b's keys are the cache's row b
+    int stages, pad;            // the ring's depth this launch: KPT_STAGES or plan.stages_deep
 };
-static_assert(sizeof(kpt_pargs) == 104, "kpt_pargs layout");
+static_assert(sizeof(kpt_pargs) == 112, "kpt_pargs layout");
 
 #define KPT_PG_ROWS 64 // rows of a CTA at most (and of each partial result in the workspace)
 #define KPT_PG_NAN __int_as_float(0x7fc00000)
@@ -398,6 +399,18 @@ __device__ __forceinline__ void kpt_pg_wg_pv(float (&O)[KPT_DV / 8][4],
 }
 #endif
 
+// Waits for all but the last n (0 to 2) groups of cp.async copies: n is the launch's ring depth
+// less one, uniform across the CTA.
+__device__ __forceinline__ void kpt_cp_wait_n(int n)
+{
+    if (n >= 2)
+        kpt_cp_wait<2>();
+    else if (n == 1)
+        kpt_cp_wait<1>();
+    else
+        kpt_cp_wait<0>();
+}
+
 template <int WR>
 __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
 {
@@ -413,7 +426,8 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     // the swizzled tiles start at 1024 bytes (plan_paged adds the slack)
     const u32 sQ = KPT_PG_WG ? (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u : kpt_smem_addr(kpt_smem);
     const u32 sK = sQ + KPT_PG_Q_BYTES;
-    const u32 sV = sK + KPT_STAGES * KPT_PG_K_BYTES;
+    const int ST = P.stages; // 1 to 3 (cuda_device.c, kpt_cuda_paged)
+    const u32 sV = sK + ST * KPT_PG_K_BYTES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wr = warp / WPR, wk = KPT_PG_DVSPLIT ? 0 : warp % WPR;
     const int wd = KPT_PG_DVSPLIT ? warp % WPR : 0;
@@ -579,17 +593,17 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         }
     };
 
-    // The ring: KPT_STAGES - 1 tiles in flight ahead of the one computed.
+    // The ring: ST - 1 tiles in flight ahead of the one computed.
     int jl = next_live(lo);
 #pragma unroll 1
-    for (int s = 0; s < KPT_STAGES - 1; s++) {
+    for (int s = 0; s < ST - 1; s++) {
         if (jl <= hi) {
             load(jl, s);
             jl = next_live(jl + 1);
         }
         kpt_cp_commit();
     }
-    kpt_cp_wait<KPT_STAGES - 1>(); // Q has arrived
+    kpt_cp_wait_n(ST - 1); // Q has arrived
 #if KPT_PG_WG
     if (WG) // this thread's copies, for the products' reads (async proxy)
         kpt_fence_proxy_async();
@@ -613,11 +627,11 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     int stage = 0;
     for (int j = next_live(lo); j <= hi; j = next_live(j + 1)) {
         if (jl <= hi) {
-            load(jl, (stage + KPT_STAGES - 1) % KPT_STAGES);
+            load(jl, stage == 0 ? ST - 1 : stage - 1);
             jl = next_live(jl + 1);
         }
         kpt_cp_commit();
-        kpt_cp_wait<KPT_STAGES - 1>();
+        kpt_cp_wait_n(ST - 1);
 #if KPT_PG_WG
         if (WG)
             kpt_fence_proxy_async();
@@ -709,7 +723,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             }
         }
         __syncthreads(); // the stage is refilled next
-        stage = (stage + 1) % KPT_STAGES;
+        stage = stage + 1 == ST ? 0 : stage + 1;
     }
 #undef KPT_PG_CLASS
 #undef KPT_PG_QF
