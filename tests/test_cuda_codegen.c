@@ -517,6 +517,7 @@ typedef struct job {
     bool wgmma;  /* cuda:sm_90a */
     bool backward; /* the backward kernels (kind "backward") */
     bool paged;    /* the serving kernels (kind "paged") */
+    bool tall;     /* the forward's tall variant (cfg.tall: 192-row q tiles) */
     int script; /* index into scripts, or -1 */
     kpt_status st;
     bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg, bwd_entries;
@@ -540,7 +541,8 @@ typedef struct job {
  * sm_80 and sm_90 in nothing else. A module takes 2-14 s of NVRTC; every pattern and script
  * (35 modules) took cuda_codegen from 458 to 690 s in CI. */
 #define NPAGED (NPAT + NDIM + MAX_SCRIPTS)
-static job jobs[NJOBS + MAX_SCRIPTS * 5 + NPAGED];
+#define NTALL 2 /* the tall variants of masked head-dim-64 forward kernels on sm_90a */
+static job jobs[NJOBS + MAX_SCRIPTS * 5 + NPAGED + NTALL];
 static int next_job, njobs;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -616,7 +618,7 @@ static void *worker(void *arg)
                                                      : KPT_KERNEL_FORWARD,
                                  .dtype = j->dt ? KPT_DTYPE_F16 : KPT_DTYPE_BF16,
                                  .dqk = dims[j->dim][0], .dv = dims[j->dim][1], .sm = j->sm,
-                                 .wgmma = j->wgmma};
+                                 .wgmma = j->wgmma, .tall = j->tall};
         if (j->script >= 0)
             j->st = kpt_pattern_from_lua_file(scripts[j->script], NULL, &p, &d);
         else
@@ -627,6 +629,8 @@ static void *worker(void *arg)
             j->st = kpt_plan_tiles_cuda(p, &cfg, 0, &plan, &d);
         if (!j->st && plan.cfg.wgmma != j->wgmma)
             j->st = kpt_diag_set(&d, KPT_ERR_INTERNAL, "the plan did not keep sm_90a");
+        if (!j->st && j->tall && (!plan.cfg.tall || plan.bm != 192 || plan.warps != 16))
+            j->st = kpt_diag_set(&d, KPT_ERR_INTERNAL, "no tall variant (bm %d)", plan.bm);
         if (!j->st)
             j->st = kpt_cuda_source(p, &plan, &kpt_dialect_cuda, &src, &d);
         kpt_nvrtc_output out = {0};
@@ -738,6 +742,12 @@ static void test_nvrtc_matrix(void **state)
     /* head dim 256: the sm_80 kernels in two column parts, also on sm_90 */
     jobs[n++] = (job){.pat = 1, .dim = 4, .sm = 90, .backward = true, .script = -1};
     jobs[n++] = (job){.pat = (int)NPAT - 1, .dt = 1, .dim = 4, .sm = 80, .backward = true,
+                      .script = -1};
+    /* the tall variants (192-row q tiles on three consumers) of masked kernels: causal in bf16,
+     * a runtime-scalar softcap with causal in f16 (the same template as the unmasked kernels'
+     * 192-row tiles, which the matrix above compiles, with the mask's code) */
+    jobs[n++] = (job){.pat = 1, .dim = 1, .sm = 90, .wgmma = true, .tall = true, .script = -1};
+    jobs[n++] = (job){.pat = 12, .dt = 1, .dim = 1, .sm = 90, .wgmma = true, .tall = true,
                       .script = -1};
     const int first_paged = n;
     static const int paged_pats[] = {0, 1, 8, 12, 13}; /* no mask, mask, aux, score, all */
