@@ -72,30 +72,25 @@ static int dq_tiles(const kpt_pattern *p, const kpt_kernel_plan *pl, size_t aux_
     return aux_staging || p->num_aux || pl->has_blockmap ? 1 : 2;
 }
 
-/* The work of a score modification per score: its nodes that depend on s, q or k (a per-head
- * slope is computed once a tile), erf counting as the dozen instructions it expands to. */
+/* The work of a score modification per score: the nodes of its cone that depend on s, q or k (a
+ * per-head slope is computed once a tile), erf counting as the dozen instructions it expands to. */
 static uint32_t score_cost(const kpt_pattern *p)
 {
     const kpt_ir_graph *g = &p->g;
     uint16_t *deps = malloc(g->count * sizeof(*deps));
-    uint8_t *seen = calloc(g->count, 1);
+    uint8_t *live = malloc(g->count);
     uint32_t cost = 0;
-    if (!deps || !seen) {
+    if (!deps || !live) {
         cost = UINT32_MAX; /* out of memory: no variant */
     } else {
         kpt_ir_deps(g, deps);
-        seen[p->score] = 1;
-        for (kpt_ir_ref r = p->score; r > 0; r--) { /* operands precede their users */
-            const kpt_ir_node *nd = kpt_ir_node_get(g, r);
-            if (!seen[r] || !(deps[r] & (KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K)))
-                continue;
-            cost += nd->op == KPT_IR_ERF ? 12 : 1;
-            for (int a = 0; a < nd->nargs; a++)
-                seen[nd->arg[a]] = 1;
-        }
+        kpt_ir_mark_live(g, &p->score, 1, live);
+        for (kpt_ir_ref r = 1; r < g->count; r++)
+            if (live[r] && (deps[r] & (KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K)))
+                cost += kpt_ir_node_get(g, r)->op == KPT_IR_ERF ? 12 : 1;
     }
     free(deps);
-    free(seen);
+    free(live);
     return cost;
 }
 
