@@ -317,6 +317,23 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
     return launch_blockmap(k, &a, stream, diag);
 }
 
+/* A kernel's memo of a yes or no for the last call's lengths and scalars (grid_memo, tall_memo):
+ * kpt_forward_key with the answer in bit 0, 0 when none yet. A cache, not part of the kernel's
+ * meaning, so updated through a const kernel. memo_find: whether the slot holds the answer for
+ * key (in *answer); memo_keep stores it and returns it. */
+static bool memo_find(const _Atomic uint64_t *slot, uint64_t key, bool *answer)
+{
+    const uint64_t memo = atomic_load_explicit((_Atomic uint64_t *)slot, memory_order_relaxed);
+    *answer = memo & 1;
+    return (memo | 1) == (key | 1);
+}
+
+static bool memo_keep(const _Atomic uint64_t *slot, uint64_t key, bool answer)
+{
+    atomic_store_explicit((_Atomic uint64_t *)slot, (key & ~1ull) | answer, memory_order_relaxed);
+    return answer;
+}
+
 /* The sm_90a forward's CTAs (runtime/forward_grid.h). Where the kv length alone does not make
  * the items short, the mask's live ranges decide, memoised per kernel for the last lengths and
  * scalars (a relaxed atomic: two threads at worst both compute it). */
@@ -327,16 +344,12 @@ static unsigned forward_ctas(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
     if (!short_items && k->plan.has_mask && !k->plan.mask_loads && items > k->dev->sm_count) {
         const kpt_pattern *p = k->pattern;
         const uint64_t key = kpt_forward_key(a->Sq, a->Skv, a->Hq, a->scalars, p->num_scalars);
-        /* a cache, not part of the kernel's meaning: updated through a const kernel */
-        _Atomic uint64_t *slot = (_Atomic uint64_t *)&k->grid_memo;
-        const uint64_t memo = atomic_load_explicit(slot, memory_order_relaxed);
-        if ((memo | 1) == (key | 1)) {
-            short_items = memo & 1;
-        } else {
+        if (!memo_find(&k->grid_memo, key, &short_items)) {
             kpt_ir_value scalars[KPT_MAX_SCALARS] = {{0}};
             kpt_forward_scalars(p, a->scalars, scalars);
-            short_items = kpt_forward_items_short(p, &k->plan, a->Sq, a->Skv, a->Hq, scalars);
-            atomic_store_explicit(slot, (key & ~1ull) | short_items, memory_order_relaxed);
+            short_items = memo_keep(&k->grid_memo, key,
+                                    kpt_forward_items_short(p, &k->plan, a->Sq, a->Skv, a->Hq,
+                                                            scalars));
         }
     }
     return (unsigned)kpt_forward_ctas(items, k->dev->sm_count, short_items);
@@ -347,8 +360,7 @@ void kpt_cuda_kernel_pair(kpt_cuda_kernel *k, const kpt_cuda_kernel *tall)
     atomic_store_explicit(&k->tall, tall, memory_order_release);
 }
 
-/* Whether a call (its arguments packed for k) takes k's tall variant, memoised as forward_ctas
- * memoises its choice. */
+/* Whether a call (its arguments packed for k) takes k's tall variant, memoised as the grid. */
 static bool take_tall(const kpt_cuda_kernel *k, const kpt_cuda_kernel *tall,
                       const kpt_kernel_args *a)
 {
@@ -357,16 +369,14 @@ static bool take_tall(const kpt_cuda_kernel *k, const kpt_cuda_kernel *tall,
         return forced;
     const kpt_pattern *p = k->pattern;
     const uint64_t key = kpt_forward_key(a->Sq, a->Skv, a->Hq, a->scalars, p->num_scalars);
-    _Atomic uint64_t *slot = (_Atomic uint64_t *)&k->tall_memo; /* a cache, as grid_memo */
-    const uint64_t memo = atomic_load_explicit(slot, memory_order_relaxed);
-    if ((memo | 1) == (key | 1))
-        return memo & 1;
+    bool pays;
+    if (memo_find(&k->tall_memo, key, &pays))
+        return pays;
     kpt_ir_value scalars[KPT_MAX_SCALARS] = {{0}};
     kpt_forward_scalars(p, a->scalars, scalars);
-    const bool pays = kpt_forward_tall_pays(p, &k->plan, &tall->plan, a->Sq, a->Skv, a->Hq,
-                                            scalars);
-    atomic_store_explicit(slot, (key & ~1ull) | pays, memory_order_relaxed);
-    return pays;
+    return memo_keep(&k->tall_memo, key,
+                     kpt_forward_tall_pays(p, &k->plan, &tall->plan, a->Sq, a->Skv, a->Hq,
+                                           scalars));
 }
 
 kpt_status kpt_cuda_attention(const kpt_cuda_kernel *k, const kpt_attention_args *args,
