@@ -36,9 +36,7 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "#define KPT_HAS_MASK %d\n#define KPT_HAS_SCORE %d\n", pl->has_mask,
                   pl->has_score);
     kpt_sb_printf(sb, "#define KPT_HAS_BLOCKMAP %d\n", pl->has_blockmap);
-    /* the sm_90a backward's map orders kv tiles too (kpt_kv_order_row) */
-    kpt_sb_printf(sb, "#define KPT_KV_ORDER %d\n", pl->has_blockmap && pl->cfg.wgmma &&
-                                                      pl->cfg.kind == KPT_KERNEL_BACKWARD);
+    kpt_sb_printf(sb, "#define KPT_KV_ORDER %d\n", kpt_plan_kv_order(pl));
     kpt_sb_printf(sb, "#define KPT_MASK_ROLLED %d\n", pl->mask_rolled);
     kpt_sb_printf(sb, "#define KPT_MASK_AUX %d\n#define KPT_MASK_BITS %d\n", pl->mask_loads,
                   pl->mask_bits);

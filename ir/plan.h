@@ -93,4 +93,11 @@ typedef struct kpt_kernel_plan {
                              shared memory of either fits beside it) */
 } kpt_kernel_plan;
 
+/* Whether the block map ends with a kv tile order, a row of n_kt tiles per map row (the sm_90a
+ * backward's kpt_kv_order_row): codegen's KPT_KV_ORDER and the map's size ask this one question. */
+static inline bool kpt_plan_kv_order(const kpt_kernel_plan *pl)
+{
+    return pl->has_blockmap && pl->cfg.wgmma && pl->cfg.kind == KPT_KERNEL_BACKWARD;
+}
+
 #endif

@@ -136,22 +136,39 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
                                   diag);
 }
 
-/* Whether the serving combine is launched as a programmatic dependent of the attention kernel
- * (sm_90 kernels on sm_90 devices, a driver with cuLaunchKernelEx, KPT_CUDA_PDL not "0" when
- * the kernel is loaded): its CTAs are then scheduled while the attention's last CTAs run, and
- * wait in the kernel (griddepcontrol.wait) for its results, so the launch gap between the two
- * kernels goes. */
-static bool combine_pdl(const kpt_cuda_kernel *k)
+/* Whether a kernel's second launch goes as a programmatic dependent of its first (sm_90
+ * kernels on sm_90 devices, a driver with cuLaunchKernelEx, KPT_CUDA_PDL not "0" when the
+ * kernel is loaded): the serving combine after the attention, the backward's dQ (or its
+ * conversion) after kpt_bwd_dkdv. Its CTAs are then scheduled while the first kernel's last
+ * CTAs run; where it reads that kernel's results it waits for them in the kernel (kpt_grid_wait,
+ * templates/cuda/common.cu), so the launch gap between the two goes, and a deterministic
+ * backward's kpt_bwd_dq, which needs nothing of kpt_bwd_dkdv, fills the SMs its last CTAs
+ * leave idle. */
+static bool want_pdl(const kpt_cuda_kernel *k)
 {
     const char *e = getenv("KPT_CUDA_PDL");
     return k->dev->sm >= 90 && k->plan.cfg.sm >= 90 && k->dev->cu->LaunchKernelEx &&
            !(e && !strcmp(e, "0"));
 }
 
+/* Launches f after the stream's last kernel, as its programmatic dependent where k->pdl. */
+static CUresult launch_dependent(const kpt_cuda_kernel *k, CUfunction f, const unsigned grid[3],
+                                 unsigned threads, unsigned smem, CUstream stream, void **params)
+{
+    const kpt_cu_api *cu = k->dev->cu;
+    if (!k->pdl)
+        return cu->LaunchKernel(f, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params,
+                                NULL);
+    kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1};
+    kpt_cu_launch_config cfg = {.grid = {grid[0], grid[1], grid[2]}, .block = {threads, 1, 1},
+                                .shared_bytes = smem, .stream = stream, .attrs = &attr,
+                                .num_attrs = 1};
+    return cu->LaunchKernelEx(&cfg, f, params, NULL);
+}
+
 static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
 {
     static const char *const names[] = KPT_CUDA_PAGED_ENTRIES;
-    k->combine_pdl = combine_pdl(k);
     /* launches take plan.smem_bytes, or deep_smem_bytes for the deeper ring */
     const size_t smem = k->plan.deep_smem_bytes > k->plan.smem_bytes ? k->plan.deep_smem_bytes
                                                                       : k->plan.smem_bytes;
@@ -179,6 +196,7 @@ kpt_status kpt_cuda_kernel_load(const kpt_cuda_device *dev, const kpt_pattern *p
     k->dev = dev;
     k->pattern = p;
     k->plan = *plan;
+    k->pdl = want_pdl(k);
     const kpt_cu_api *cu = dev->cu;
     double t0 = kpt_now_ms();
     CUresult r = cu->ModuleLoadData(&k->module, cubin);
@@ -485,14 +503,19 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     KPT_CU_TRY(diag, cu->LaunchKernel(dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
                                       (unsigned)a->B, big_threads, 1, 1, smem, stream, params,
                                       NULL));
+    /* dQ's conversion waits for kpt_bwd_dkdv's sums in the kernel; kpt_bwd_dq reads nothing of
+     * it and runs beside its last CTAs (launch_dependent) */
     if (g->dqacc)
-        KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq_store, (unsigned)((a->Sq + 7) / 8),
-                                          (unsigned)a->Hq, (unsigned)a->B, 256, 1, 1, 0, stream,
-                                          params, NULL));
+        KPT_CU_TRY(diag, launch_dependent(k, k->bwd_dq_store,
+                                          (const unsigned[3]){(unsigned)((a->Sq + 7) / 8),
+                                                              (unsigned)a->Hq, (unsigned)a->B},
+                                          256, 0, stream, params));
     else
-        KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dq, (unsigned)a->n_qt, (unsigned)a->Hq,
-                                          (unsigned)a->B, big_threads, 1, 1,
-                                          (unsigned)k->plan.dq_smem_bytes, stream, params, NULL));
+        KPT_CU_TRY(diag, launch_dependent(k, k->bwd_dq,
+                                          (const unsigned[3]){(unsigned)a->n_qt, (unsigned)a->Hq,
+                                                              (unsigned)a->B},
+                                          big_threads, (unsigned)k->plan.dq_smem_bytes, stream,
+                                          params));
     if (g->dsinks) /* after delta; reads lse and delta only */
         KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_dsinks, (unsigned)a->Hq, 1, 1, 256, 1, 1, 0,
                                           stream, params, NULL));
@@ -587,14 +610,8 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
 static CUresult launch_combine(const kpt_cuda_kernel *k, unsigned grid_x, unsigned grid_y,
                                CUstream stream, void **params)
 {
-    const kpt_cu_api *cu = k->dev->cu;
-    if (!k->combine_pdl)
-        return cu->LaunchKernel(k->paged_combine, grid_x, grid_y, 1, 128, 1, 1, 0, stream, params,
-                                NULL);
-    kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1};
-    kpt_cu_launch_config cfg = {.grid = {grid_x, grid_y, 1}, .block = {128, 1, 1},
-                                .stream = stream, .attrs = &attr, .num_attrs = 1};
-    return cu->LaunchKernelEx(&cfg, k->paged_combine, params, NULL);
+    return launch_dependent(k, k->paged_combine, (const unsigned[3]){grid_x, grid_y, 1}, 128, 0,
+                            stream, params);
 }
 
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,

@@ -40,7 +40,9 @@ typedef struct kpt_cuda_kernel {
     CUfunction bwd_dkdv_aux; /* plan.aux_grads: kpt_bwd_dkdv with the aux gradients' terms */
     CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
-    bool combine_pdl; /* the combine is a programmatic dependent launch (cuda_device.c) */
+    /* the serving combine and the backward's dQ are programmatic dependent launches
+     * (cuda_device.c, want_pdl) */
+    bool pdl;
     double codegen_ms, nvrtc_ms, load_ms;
     char ptxas_info[512]; /* ptxas's figures for the attention kernel */
     /* sm_90a forward: whether the last call's lengths and scalars gave short work items

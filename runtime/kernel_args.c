@@ -221,7 +221,7 @@ size_t kpt_kernel_args_map_bytes(const kpt_kernel_plan *pl, const kpt_kernel_arg
     }
     /* the sm_90a backward's kv tile order last: n_kt int32 per map row, 16-byte aligned
      * (kpt_kv_order_row) */
-    if (pl->cfg.wgmma && pl->cfg.kind == KPT_KERNEL_BACKWARD)
+    if (kpt_plan_kv_order(pl))
         bytes = ((bytes + 15) & ~(size_t)15) + 4 * (size_t)a->n_kt * rows;
     return bytes;
 }

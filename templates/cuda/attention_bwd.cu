@@ -725,6 +725,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     float2 *s_aux = (float2 *)(s_x + (KPT_BWD_PARTS > 1 ? KPT_WARPS * 32 * KPT_BWD_XH : 0));
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    kpt_grid_launch(); // kpt_bwd_dq may be scheduled (runtime/cuda_device.c, launch_dependent)
     const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int k0 = kt * KPT_BN;
     // this warp's keys in the tile, and its part (a constant 0 with one part)
@@ -859,6 +860,7 @@ extern "C" __global__ void __launch_bounds__(KPT_THREADS) kpt_bwd_dq(const kpt_a
     float *s_x = (float *)(kpt_smem + KPT_BWD_ROWS * 2) + 2 * KPT_STAGES * KPT_BM; // as dkdv's
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    kpt_grid_end_after(); // launched as a dependent of kpt_bwd_dkdv, of which it reads nothing
     const int qt = A.n_qt - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / A.group;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;

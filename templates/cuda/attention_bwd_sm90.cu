@@ -398,6 +398,9 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
 #endif
     const u32 bar = kpt_smem_addr(s_bar);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    // the next kernel (dQ, or its conversion) may be scheduled: its CTAs take SMs as this
+    // grid's last CTAs leave them (runtime/cuda_device.c, launch_dependent)
+    kpt_grid_launch();
     const int hk = blockIdx.y, b = blockIdx.z, kt = kpt_bwd_kv_tile(A, b, hk);
     if (tid == 0) {
         kpt_mbar_init(bar + 8 * KPT_BB_KV, 1);
@@ -597,6 +600,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     const u32 bar = kpt_smem_addr(s_bar);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    kpt_grid_end_after(); // launched as a dependent of kpt_bwd_dkdv, of which it reads nothing
     const int qt = A.n_qt - 1 - (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BM, A.Sq) - 1;
@@ -698,6 +702,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
 // dq = scale * the default mode's f32 accumulator, to the dtype: a warp a row.
 extern "C" __global__ void __launch_bounds__(256) kpt_bwd_dq_store(const kpt_args A, const kpt_gargs G)
 {
+    kpt_grid_wait(); // kpt_bwd_dkdv's sums, when launched as its dependent
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int q = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
     if (q >= A.Sq) return;

@@ -83,6 +83,33 @@ __device__ __forceinline__ int kpt_wave_max(int v)
 
 // ---- PTX wrappers ----------------------------------------------------------------------------
 
+// Programmatic dependent launch (sm_90; runtime/cuda_device.c, launch_dependent): a kernel lets
+// the stream's next kernel, launched as its programmatic dependent, be scheduled once all of its
+// own CTAs have started (kpt_grid_launch); that kernel waits for its completion and memory
+// (kpt_grid_wait) before it reads anything the first wrote. Both are no-ops in a plain launch.
+__device__ __forceinline__ void kpt_grid_launch()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kpt_grid_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// A dependent that reads nothing of the kernel before it (the deterministic backward's
+// kpt_bwd_dq after kpt_bwd_dkdv) still ends after it, so that the stream's later work finds both
+// done: the first thread of its last CTA waits for it. That CTA is scheduled last, when the
+// kernel before has as good as finished.
+__device__ __forceinline__ void kpt_grid_end_after()
+{
+    if (threadIdx.x == 0 && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 &&
+        blockIdx.z == gridDim.z - 1)
+        kpt_grid_wait();
+}
+
 __device__ __forceinline__ u32 kpt_smem_addr(const void *p)
 {
     u32 r;

@@ -349,23 +349,6 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
 // an SM).
 #define KPT_PG_DVSPLIT (KPT_DV > 128)
 
-// Programmatic dependent launch (sm_90; runtime/cuda_device.c, combine_pdl): the attention
-// kernel lets the combine's CTAs be scheduled as soon as all of its own have started, and the
-// combine waits for its completion (and its memory) before reading the partial results. Both
-// are no-ops for a plain launch.
-__device__ __forceinline__ void kpt_pg_grid_launch()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void kpt_pg_grid_wait()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 #if KPT_PG_WG
 // The products of one 64-key tile by the CTA's warpgroup (64 rows; a warp's 16 rows in the
 // mma.sync accumulator layout, as the other kernels' fragments): S = Q K^T with both from the
@@ -432,7 +415,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     const int wr = warp / WPR, wk = KPT_PG_DVSPLIT ? 0 : warp % WPR;
     const int wd = KPT_PG_DVSPLIT ? warp % WPR : 0;
 
-    kpt_pg_grid_launch();
+    kpt_grid_launch(); // the combine may be scheduled (common.cu)
     const kpt_pg_work w = kpt_pg_work_of(Ag, P, (int)blockIdx.x, (int)blockIdx.y, P.splits);
     kpt_pg_overflow(Ag, P, w);
     if (w.n_tok == 0) return; // a block past the sequence's queries: the combine skips it too
@@ -858,7 +841,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
         x = kpt_pg_row_of(A, P, w, r);
         live = x.t >= 0;
     }
-    kpt_pg_grid_wait(); // the attention kernel's partial results, when launched as its dependent
+    kpt_grid_wait(); // the attention kernel's partial results, when launched as its dependent
     const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
     const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
     // this warp's first KPT_PG_PF splits' partial O (its lanes' first columns), loaded with the
