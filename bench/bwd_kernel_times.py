@@ -34,8 +34,10 @@ def inputs(name, S, D, dtype_name):
 
 
 def kernel_times(fn, flush, reps):
-    """Per call: the sum of the GPU kernels' durations (us), and each kernel's (by name)."""
-    totals, each = [], {}
+    """Per call: the sum of the GPU kernels' durations (us), each kernel's (by name, memsets
+    included) and the span from the first one's start to the last one's end (the sum plus the
+    gaps between them)."""
+    totals, each, spans = [], {}, []
     for _ in range(reps):
         flush.zero_()
         torch.cuda.synchronize()
@@ -44,9 +46,11 @@ def kernel_times(fn, flush, reps):
             torch.cuda.synchronize()
         ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         totals.append(sum(e.time_range.end - e.time_range.start for e in ev))
+        spans.append(max(e.time_range.end for e in ev) - min(e.time_range.start for e in ev))
         for e in ev:
             each.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
-    return statistics.median(totals), {n: statistics.median(t) for n, t in each.items()}
+    return (statistics.median(totals), {n: statistics.median(t) for n, t in each.items()},
+            statistics.median(spans))
 
 
 def parse_cases(text):
@@ -102,10 +106,10 @@ def main():
                 run()
                 run()
                 torch.cuda.synchronize()
-                total, each = kernel_times(run, flush, args.reps)
+                total, each, span = kernel_times(run, flush, args.reps)
                 kernels = " ".join(f"{n.split('(')[0][:16]} {t:.0f}" for n, t in each.items())
                 parts.append(f"{'det.' if det else 'default'} {total:8.1f} us "
-                             f"{flops / total / 1e6:4.0f} TF/s ({kernels})")
+                             f"{flops / total / 1e6:4.0f} TF/s, span {span:.1f} us ({kernels})")
             print(f"{name:14s} S={S:6d} | " + " | ".join(parts), flush=True)
 
 

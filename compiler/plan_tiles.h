@@ -73,6 +73,9 @@ int64_t kpt_glsl_combine_loop_iterations(const kpt_kernel_plan *pl, int splits);
  * so they run plan.warps + 4 warps. */
 #define KPT_BWD_STEP_ROWS 64
 #define KPT_BWD_PRODUCER_WARPS 4
+/* kpt_bwd_prep and kpt_bwd_dq_store (templates/cuda/attention_bwd*.cu): query rows a CTA of 256
+ * threads, eight lanes a row */
+#define KPT_BWD_PREP_ROWS 32
 
 /* The HIP kernel (templates/hip/attention.hip) for cfg->gfx: 4 wavefronts of 16 query rows,
  * kv tiles of 64 keys (32 for head dims over 128) in LDS; f16 or bf16; the CUDA head dims. */

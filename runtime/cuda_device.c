@@ -492,11 +492,13 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     void *params[] = {a, g, &tma};
     const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
     const unsigned big_threads = threads + (wg ? KPT_BWD_PRODUCER_WARPS * 32 : 0);
-    if (ws->bytes > ws->zero_from)
-        KPT_CU_TRY(diag, cu->MemsetD8Async(base + ws->zero_from, 0, ws->bytes - ws->zero_from,
-                                           stream));
-    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, (unsigned)((a->Sq + 7) / 8), (unsigned)a->Hq,
-                                      (unsigned)a->B, 256, 1, 1, 0, stream, params, NULL));
+    /* kpt_bwd_prep zeroes dq's sums (the rows it reads O and dO for); a memset the rest */
+    const size_t zero_from = ws->dqacc ? ws->dqacc_end : ws->zero_from;
+    if (ws->bytes > zero_from)
+        KPT_CU_TRY(diag, cu->MemsetD8Async(base + zero_from, 0, ws->bytes - zero_from, stream));
+    const unsigned prep_x = (unsigned)((a->Sq + KPT_BWD_PREP_ROWS - 1) / KPT_BWD_PREP_ROWS);
+    KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, prep_x, (unsigned)a->Hq, (unsigned)a->B, 256, 1,
+                                      1, 0, stream, params, NULL));
     /* the kernel without the aux gradients' terms unless the call asks for some the score has
      * (the rest are zeros): those terms made the main path spill */
     CUfunction dkdv = g->daux_on && k->plan.aux_grads ? k->bwd_dkdv_aux : k->bwd_dkdv;
@@ -507,8 +509,8 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
      * it and runs beside its last CTAs (launch_dependent) */
     if (g->dqacc)
         KPT_CU_TRY(diag, launch_dependent(k, k->bwd_dq_store,
-                                          (const unsigned[3]){(unsigned)((a->Sq + 7) / 8),
-                                                              (unsigned)a->Hq, (unsigned)a->B},
+                                          (const unsigned[3]){prep_x, (unsigned)a->Hq,
+                                                              (unsigned)a->B},
                                           256, 0, stream, params));
     else
         KPT_CU_TRY(diag, launch_dependent(k, k->bwd_dq,

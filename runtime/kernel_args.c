@@ -295,6 +295,7 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
     ws->zero_from = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * sizeof(float));
     ws->bytes = kpt_kernel_args_bwd_workspace(pl, pa, g->deterministic);
     ws->dqacc = ws->bytes > ws->zero_from ? ws->zero_from : 0;
+    ws->dqacc_end = ws->bytes;
     if ((st = plan_daux(p, &gb, backend, ws, diag)))
         return st;
     memset(out, 0, sizeof(*out));
