@@ -533,7 +533,7 @@ typedef struct job {
     bool mma, ldmatrix, cp_async, cubin, wgmma_ptx, tma, setmaxnreg, bwd_entries;
     bool serialized; /* ptxas serialised the warpgroup MMAs (its "Potential Performance Loss") */
     bool waits_added; /* ptxas added a wait for them before a read of their results */
-    bool paged_entries, pdl; /* serving: its four entry points; griddepcontrol in both kernels */
+    bool paged_entries, pdl; /* serving: its four entry points; griddepcontrol (serving, backward) */
     bool proxy_fence;        /* fence.proxy.async: generic writes published to wgmma's reads */
     bool o_tma, tma_store;   /* forward: plan.o_tma; O staged by stmatrix and stored by TMA */
     int r4_ex2;              /* serving: exponentials in the 64-row kernel's PTX */
@@ -803,6 +803,11 @@ static void test_nvrtc_matrix(void **state)
                      j->backward ? " backward" : j->paged ? " paged" : "", j->msg);
         if (j->backward) {
             assert_true(j->bwd_entries);
+            /* on sm_90 kpt_bwd_dkdv lets its dependent launch start and dQ's kernel waits for
+             * it (runtime/cuda_device.c, launch_dependent); no griddepcontrol on sm_80 */
+            if (j->pdl != (j->sm >= 90))
+                fail_msg("%s backward sm_%d%s: griddepcontrol %s", what, j->sm,
+                         j->wgmma ? "a" : "", j->pdl ? "on sm_80" : "missing");
             /* scores with aux gradients: a second dK/dV kernel with their terms (the atomic
              * sums of kpt_bwd_aux), the first without them; none for the others */
             if (j->aux_grads != (j->dkdv_atomics[1] >= 0) ||
