@@ -264,6 +264,30 @@ static void test_plan_backward(void **state)
     assert_false(kpt_kernel_bwd_atomic_dq(&plan, true));
     assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, true), 2560);
     assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, false), 2560 + 307200);
+    /* a packed call's layout: dq's sums right after delta, which kpt_bwd_prep zeroes up to their
+     * end (runtime/cuda_device.c memsets only what follows); none in the deterministic mode */
+    const int64_t rows4[] = {2, 3, 100, 128}, rows3[] = {2, 3, 100};
+    kpt_attention_args args = {0};
+    kpt_attention_grads grads = {0};
+    kpt_tensor *bf[] = {&args.q, &args.k, &args.v, &args.o, &grads.dout, &grads.dq, &grads.dk,
+                        &grads.dv};
+    for (int i = 0; i < 8; i++) /* never read: the pack checks shapes, strides and alignment */
+        *bf[i] = kpt_tensor_contiguous((void *)(uintptr_t)(0x100000 * (i + 1)), KPT_DTYPE_BF16, 4,
+                                       rows4);
+    args.lse = kpt_tensor_contiguous((void *)(uintptr_t)0x900000, KPT_DTYPE_F32, 3, rows3);
+    for (int det = 0; det < 2; det++) {
+        grads.deterministic = det;
+        kpt_kernel_args pa;
+        kpt_kernel_gargs ga;
+        kpt_bwd_workspace ws;
+        assert_int_equal(kpt_kernel_bwd_pack(p, &plan, "CUDA", &args, &grads, &pa, &ga, &ws, &d),
+                         KPT_OK);
+        assert_int_equal(ws.zero_from, 2560);
+        assert_int_equal(ws.dqacc, det ? 0 : 2560);
+        assert_int_equal(ws.bytes, det ? 2560 : 2560 + 307200);
+        if (!det)
+            assert_int_equal(ws.dqacc_end, ws.bytes);
+    }
     kpt_kernel_config c80 = c128;
     c80.sm = 80, c80.wgmma = false;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c80, 0, &plan, &d), KPT_OK);
