@@ -492,10 +492,10 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     void *params[] = {a, g, &tma};
     const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
     const unsigned big_threads = threads + (wg ? KPT_BWD_PRODUCER_WARPS * 32 : 0);
-    /* kpt_bwd_prep zeroes dq's sums (the rows it reads O and dO for); a memset the rest */
-    const size_t zero_from = ws->dqacc ? ws->dqacc_end : ws->zero_from;
-    if (ws->bytes > zero_from)
-        KPT_CU_TRY(diag, cu->MemsetD8Async(base + zero_from, 0, ws->bytes - zero_from, stream));
+    /* the aux gradients' sums (kpt_bwd_prep zeroes dq's, the rows it reads O and dO for) */
+    if (ws->bytes > ws->zero_from)
+        KPT_CU_TRY(diag, cu->MemsetD8Async(base + ws->zero_from, 0, ws->bytes - ws->zero_from,
+                                           stream));
     const unsigned prep_x = (unsigned)((a->Sq + KPT_BWD_PREP_ROWS - 1) / KPT_BWD_PREP_ROWS);
     KPT_CU_TRY(diag, cu->LaunchKernel(k->bwd_prep, prep_x, (unsigned)a->Hq, (unsigned)a->B, 256, 1,
                                       1, 0, stream, params, NULL));
@@ -609,13 +609,6 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
                                   k->plan.cfg.dv, out, diag);
 }
 
-static CUresult launch_combine(const kpt_cuda_kernel *k, unsigned grid_x, unsigned grid_y,
-                               CUstream stream, void **params)
-{
-    return launch_dependent(k, k->paged_combine, (const unsigned[3]){grid_x, grid_y, 1}, 128, 0,
-                            stream, params);
-}
-
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                           const kpt_paged_args *args, CUdeviceptr workspace,
                           CUstream stream, kpt_diag *diag)
@@ -680,7 +673,9 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                                   (unsigned)(k->plan.warps * 32), 1, 1, (unsigned)smem, stream,
                                   params, NULL);
     if (!r && plan->splits > 1)
-        r = launch_combine(k, (unsigned)combine_ctas, (unsigned)a.Hkv, stream, params);
+        r = launch_dependent(k, k->paged_combine,
+                             (const unsigned[3]){(unsigned)combine_ctas, (unsigned)a.Hkv, 1}, 128,
+                             0, stream, params);
     if (tmp)
         cu->MemFreeAsync(tmp, stream);
     if (r)

@@ -291,11 +291,12 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
         (st = kpt_kernel_check_rows(&g->dv, "dv", dt, pl->cfg.dv, diag)))
         return st;
     memset(ws, 0, sizeof(*ws));
-    /* delta, then dq's sums where they are atomic (zeroed with what follows) */
-    ws->zero_from = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * sizeof(float));
+    /* delta, then dq's sums where they are atomic (kpt_bwd_prep zeroes them as it writes
+     * delta), then what the launch zeroes: the aux gradients' accumulators and flags */
+    const size_t delta = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * sizeof(float));
     ws->bytes = kpt_kernel_args_bwd_workspace(pl, pa, g->deterministic);
-    ws->dqacc = ws->bytes > ws->zero_from ? ws->zero_from : 0;
-    ws->dqacc_end = ws->bytes;
+    ws->dqacc = ws->bytes > delta ? delta : 0;
+    ws->zero_from = ws->bytes;
     if ((st = plan_daux(p, &gb, backend, ws, diag)))
         return st;
     memset(out, 0, sizeof(*out));

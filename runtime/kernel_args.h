@@ -123,13 +123,12 @@ static inline int64_t kpt_kernel_daux_count(const kpt_kernel_daux_out *o)
 /* The backward's workspace, at offsets from its start (each 256-byte aligned): delta (f32
  * [B, Hq, Sq]), dq's f32 accumulator where the plan sums dq with atomics (sm_90a, not
  * deterministic: [B, Hq, Sq, Dqk]), then for each aux gradient wanted its accumulators (16 bytes
- * an element) and flags (4 bytes an element). The launch zeroes [zero_from, bytes) first (on
- * CUDA kpt_bwd_prep zeroes dq's accumulator as it goes, a memset the rest). */
+ * an element) and flags (4 bytes an element). The launch zeroes [zero_from, bytes) first;
+ * kpt_bwd_prep zeroes dq's accumulator as it goes. */
 typedef struct kpt_bwd_workspace {
     size_t bytes;                              /* the whole */
-    size_t zero_from;                          /* the accumulators and flags: [zero_from, bytes) */
+    size_t zero_from;                          /* the aux accumulators and flags: to bytes */
     size_t dqacc;                              /* dq's accumulator, or 0: none */
-    size_t dqacc_end;                          /* where it ends (kpt_bwd_prep zeroes it) */
     size_t acc[KPT_MAX_AUX], flag[KPT_MAX_AUX]; /* by aux slot; acc 0: no gradient wanted */
     kpt_kernel_daux_out out[KPT_MAX_AUX];      /* by aux slot; acc and flag set at launch */
 } kpt_bwd_workspace;
