@@ -505,8 +505,8 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     KPT_CU_TRY(diag, cu->LaunchKernel(dkdv, (unsigned)a->n_kt, (unsigned)a->Hkv,
                                       (unsigned)a->B, big_threads, 1, 1, smem, stream, params,
                                       NULL));
-    /* dQ's conversion waits for kpt_bwd_dkdv's sums in the kernel; kpt_bwd_dq reads nothing of
-     * it and runs beside its last CTAs (launch_dependent) */
+    /* dQ's conversion waits for each kv head's kpt_bwd_dkdv CTAs in the kernel (G.dqdone);
+     * kpt_bwd_dq reads nothing of it; both run beside its last CTAs (launch_dependent) */
     if (g->dqacc)
         KPT_CU_TRY(diag, launch_dependent(k, k->bwd_dq_store,
                                           (const unsigned[3]){prep_x, (unsigned)a->Hq,
@@ -566,6 +566,7 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
     const CUdeviceptr base = workspace ? workspace : tmp_ws;
     ga.delta = base;
     ga.dqacc = ws.dqacc ? base + ws.dqacc : 0;
+    ga.dqdone = ws.dqdone ? base + ws.dqdone : 0;
     for (int i = 0; i < KPT_MAX_AUX; i++)
         if (ws.acc[i]) {
             ga.dacc[i] = base + ws.acc[i];

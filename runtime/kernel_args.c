@@ -291,11 +291,13 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
         (st = kpt_kernel_check_rows(&g->dv, "dv", dt, pl->cfg.dv, diag)))
         return st;
     memset(ws, 0, sizeof(*ws));
-    /* delta, then dq's sums where they are atomic (kpt_bwd_prep zeroes them as it writes
-     * delta), then what the launch zeroes: the aux gradients' accumulators and flags */
-    const size_t delta = align256((size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq * sizeof(float));
+    /* delta, then dq's sums and counts where they are atomic (kpt_bwd_prep zeroes them as it
+     * writes delta), then what the launch zeroes: the aux gradients' accumulators and flags */
+    const size_t rows = (size_t)pa->B * (size_t)pa->Hq * (size_t)pa->Sq;
+    const size_t delta = align256(rows * sizeof(float));
     ws->bytes = kpt_kernel_args_bwd_workspace(pl, pa, g->deterministic);
     ws->dqacc = ws->bytes > delta ? delta : 0;
+    ws->dqdone = ws->dqacc ? delta + align256(rows * (size_t)pl->cfg.dqk * sizeof(float)) : 0;
     ws->zero_from = ws->bytes;
     if ((st = plan_daux(p, &gb, backend, ws, diag)))
         return st;
@@ -329,6 +331,9 @@ size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_plan *plan, const kpt_kern
                                      bool deterministic)
 {
     size_t rows = (size_t)a->B * (size_t)a->Hq * (size_t)a->Sq;
-    size_t dq = kpt_kernel_bwd_atomic_dq(plan, deterministic) ? (size_t)plan->cfg.dqk : 0;
-    return align256(rows * sizeof(float)) + align256(rows * dq * sizeof(float));
+    size_t delta = align256(rows * sizeof(float));
+    if (!kpt_kernel_bwd_atomic_dq(plan, deterministic))
+        return delta;
+    size_t counts = (size_t)a->B * (size_t)a->Hkv * sizeof(uint32_t);
+    return delta + align256(rows * (size_t)plan->cfg.dqk * sizeof(float)) + align256(counts);
 }

@@ -50,9 +50,10 @@ typedef struct kpt_kernel_gargs {
     uint64_t dsinks; /* f32 [Hq], or 0 */
     int64_t dsinks_stride;
     uint64_t dqacc; /* sm_90a, not deterministic: f32 [B, Hq, Sq, Dqk], zeroed first; or 0 */
+    uint64_t dqdone; /* with dqacc: u32 [B, Hkv], kpt_bwd_dkdv's warpgroups done, zeroed first */
 } kpt_kernel_gargs;
 
-_Static_assert(sizeof(kpt_kernel_gargs) == 456, "kpt_kernel_gargs layout");
+_Static_assert(sizeof(kpt_kernel_gargs) == 464, "kpt_kernel_gargs layout");
 
 /* A 16-bit tensor of the kernel's dtype `want` whose last dimension (of size d, the head dim) is
  * contiguous, whose other strides are multiples of 8 elements and whose data is 16-byte
@@ -122,13 +123,15 @@ static inline int64_t kpt_kernel_daux_count(const kpt_kernel_daux_out *o)
 
 /* The backward's workspace, at offsets from its start (each 256-byte aligned): delta (f32
  * [B, Hq, Sq]), dq's f32 accumulator where the plan sums dq with atomics (sm_90a, not
- * deterministic: [B, Hq, Sq, Dqk]), then for each aux gradient wanted its accumulators (16 bytes
- * an element) and flags (4 bytes an element). The launch zeroes [zero_from, bytes) first;
- * kpt_bwd_prep zeroes dq's accumulator as it goes. */
+ * deterministic: [B, Hq, Sq, Dqk]) and then its counts of finished kpt_bwd_dkdv warpgroups (u32
+ * [B, Hkv]), then for each aux gradient wanted its accumulators (16 bytes an element) and flags
+ * (4 bytes an element). The launch zeroes [zero_from, bytes) first; kpt_bwd_prep zeroes dq's
+ * accumulator and counts as it goes. */
 typedef struct kpt_bwd_workspace {
     size_t bytes;                              /* the whole */
     size_t zero_from;                          /* the aux accumulators and flags: to bytes */
     size_t dqacc;                              /* dq's accumulator, or 0: none */
+    size_t dqdone;                             /* with dqacc: its counts */
     size_t acc[KPT_MAX_AUX], flag[KPT_MAX_AUX]; /* by aux slot; acc 0: no gradient wanted */
     kpt_kernel_daux_out out[KPT_MAX_AUX];      /* by aux slot; acc and flag set at launch */
 } kpt_bwd_workspace;
@@ -146,8 +149,8 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *plan
 /* Whether a backward of this plan sums dq with atomics (sm_90a unless deterministic). */
 bool kpt_kernel_bwd_atomic_dq(const kpt_kernel_plan *plan, bool deterministic);
 
-/* The workspace of a packed call without aux gradients: delta, and dq's accumulator where the
- * plan sums dq with atomics (kpt_kernel_bwd_atomic_dq). */
+/* The workspace of a packed call without aux gradients: delta, and dq's accumulator and counts
+ * where the plan sums dq with atomics (kpt_kernel_bwd_atomic_dq). */
 size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_plan *plan, const kpt_kernel_args *a,
                                      bool deterministic);
 

@@ -255,17 +255,18 @@ static void test_plan_backward(void **state)
     assert_int_equal(kpt_plan_tiles_cuda(p, &c256_64, 0, &plan, &d), KPT_OK);
     assert_int_equal(plan.warps, 8);
 
-    /* workspace: delta (4 bytes a row), then dq's sums (4 bytes an element) where atomic */
+    /* workspace: delta (4 bytes a row), then dq's sums (4 bytes an element) and counts (4 bytes
+     * a kv head) where atomic */
     kpt_kernel_config c128 = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
                               .dv = 128, .sm = 90, .wgmma = true};
     assert_int_equal(kpt_plan_tiles_cuda(p, &c128, 0, &plan, &d), KPT_OK);
-    kpt_kernel_args a = {.B = 2, .Hq = 3, .Sq = 100};
+    kpt_kernel_args a = {.B = 2, .Hq = 3, .Hkv = 3, .Sq = 100};
     assert_true(kpt_kernel_bwd_atomic_dq(&plan, false));
     assert_false(kpt_kernel_bwd_atomic_dq(&plan, true));
     assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, true), 2560);
-    assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, false), 2560 + 307200);
-    /* a packed call's layout: dq's sums right after delta, which kpt_bwd_prep zeroes up to their
-     * end (runtime/cuda_device.c memsets only what follows); none in the deterministic mode */
+    assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &a, false), 2560 + 307200 + 256);
+    /* a packed call's layout: dq's sums right after delta, then their counts, which kpt_bwd_prep
+     * zeroes (runtime/cuda_device.c memsets only what follows); none in the deterministic mode */
     const int64_t rows4[] = {2, 3, 100, 128}, rows3[] = {2, 3, 100};
     kpt_attention_args args = {0};
     kpt_attention_grads grads = {0};
@@ -283,7 +284,8 @@ static void test_plan_backward(void **state)
         assert_int_equal(kpt_kernel_bwd_pack(p, &plan, "CUDA", &args, &grads, &pa, &ga, &ws, &d),
                          KPT_OK);
         assert_int_equal(ws.dqacc, det ? 0 : 2560);
-        assert_int_equal(ws.bytes, det ? 2560 : 2560 + 307200);
+        assert_int_equal(ws.dqdone, det ? 0 : 2560 + 307200);
+        assert_int_equal(ws.bytes, det ? 2560 : 2560 + 307200 + 256);
         assert_int_equal(ws.zero_from, ws.bytes); /* no aux gradients: nothing for a memset */
     }
     kpt_kernel_config c80 = c128;

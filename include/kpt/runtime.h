@@ -190,7 +190,8 @@ KPT_API kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_ar
  * Workspace: `workspace` is device memory of at least kpt_kernel_backward_workspace() bytes
  * (256-byte aligned) for the same args and grads (grads->deterministic included): scratch for
  * dO . O per row (4 bytes a query row), dq's f32 sums where they are atomic (4 bytes an element
- * of dq) and, per aux gradient wanted, 20 bytes an element of its aux tensor. With it (and a
+ * of dq, and 4 bytes a kv head) and, per aux gradient wanted, 20 bytes an element of its aux
+ * tensor. With it (and a
  * block map where the pattern needs one) the launch does no allocation and no host
  * synchronisation, so it can be captured in a CUDA graph. NULL: a temporary one is allocated
  * on the stream (stream-ordered). `grads` NULL in kpt_kernel_backward_workspace: the size

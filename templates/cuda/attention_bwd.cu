@@ -32,8 +32,9 @@ struct kpt_gargs {
     u64 dsinks;              // f32 [Hq]: the sinks' gradient, or 0
     i64 dsinks_stride;
     u64 dqacc;               // sm_90a, not deterministic: f32 [B, Hq, Sq, Dqk], zeroed; or 0
+    u64 dqdone;              // with dqacc: u32 [B, Hkv], kpt_bwd_dkdv's warpgroups done, zeroed
 };
-static_assert(sizeof(kpt_gargs) == 456, "kpt_gargs layout");
+static_assert(sizeof(kpt_gargs) == 464, "kpt_gargs layout");
 
 #define KPT_INF __int_as_float(0x7f800000u)
 
@@ -260,7 +261,7 @@ __device__ __forceinline__ float kpt_x2f(u16 x)
 // kpt_bwd_prep: delta[b, h, q] = dO . O per row, eight lanes a row (KPT_PREP_ROWS rows a CTA,
 // from codegen), each lane 16 bytes of O and dO at a time; and where the default mode sums dQ
 // atomically (G.dqacc, sm_90a) the row's f32 sums zeroed, which a memset did in a pass of its
-// own before. With a warp a row and 4-byte loads it read O and dO at 2.4 TB/s (H100, 16k rows x
+// own before, and each kv head's count of finished kpt_bwd_dkdv warpgroups (G.dqdone). With a warp a row and 4-byte loads it read O and dO at 2.4 TB/s (H100, 16k rows x
 // 16 heads, D = 128: 56 us, and 42 for the memset). O, dO and dq rows are 16-byte aligned
 // (kpt_kernel_check_rows).
 extern "C" __global__ void __launch_bounds__(256) kpt_bwd_prep(const kpt_args A, const kpt_gargs G)
@@ -290,6 +291,8 @@ extern "C" __global__ void __launch_bounds__(256) kpt_bwd_prep(const kpt_args A,
         float4 *acc = (float4 *)((float *)G.dqacc + (((i64)b * A.Hq + h) * A.Sq + q) * KPT_DQK);
 #pragma unroll
         for (int c = sub; c < KPT_DQK / 4; c += 8) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (q == 0 && sub == 0 && h % A.group == 0) // the kv head's count (kpt_bwd_dq_store)
+            ((u32 *)G.dqdone)[(i64)b * A.Hkv + h / A.group] = 0;
     }
 }
 

@@ -533,6 +533,10 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         kpt_tma_store_tile<KPT_BN, KPT_DV>(&T.dv, wV, k0 + c * 64, hk * T.hdv, b * T.bdv);
         kpt_bulk_commit();
         kpt_bulk_wait<0, false>(); // before the CTA's shared memory goes
+        // and this warpgroup's dQ reductions, its earlier bulk groups, are complete: counted for
+        // kpt_bwd_dq_store, which converts a kv head's rows once all its warpgroups are
+        if (G.dqacc)
+            kpt_count_done((u32 *)G.dqdone + (i64)b * A.Hkv + hk);
     }
 }
 
@@ -701,12 +705,20 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
 
 // dq = scale * the default mode's f32 accumulator, to the dtype: eight lanes a row (as
 // kpt_bwd_prep), 32 bytes of sums read and 16 of dq written a lane at a time; with a warp a row
-// and 8-byte reads it ran at 2.6 TB/s (77 us at 16k rows x 16 heads, D = 128, H100).
+// and 8-byte reads it ran at 2.6 TB/s (77 us at 16k rows x 16 heads, D = 128, H100). Launched as
+// a dependent of kpt_bwd_dkdv, its CTAs start on the SMs that kernel's last CTAs leave idle; a
+// CTA waits for its kv head's kpt_bwd_dkdv CTAs only (both warpgroups of each of its n_kt kv
+// tiles counted in G.dqdone), not for the whole grid, so the rows of the heads done early are
+// converted while the last CTAs still run.
 extern "C" __global__ void __launch_bounds__(256) kpt_bwd_dq_store(const kpt_args A, const kpt_gargs G)
 {
-    kpt_grid_wait(); // kpt_bwd_dkdv's sums, when launched as its dependent
     const int sub = threadIdx.x & 7, q = blockIdx.x * KPT_PREP_ROWS + (threadIdx.x >> 3);
     const int h = blockIdx.y, b = blockIdx.z;
+    if (threadIdx.x == 0)
+        kpt_count_wait((const u32 *)G.dqdone + (i64)b * A.Hkv + h / A.group, 2u * (u32)A.n_kt);
+    __syncthreads();
+    // the stream's later kernels find kpt_bwd_dkdv done (its CTAs may be past their count only)
+    kpt_grid_end_after();
     if (q >= A.Sq) return;
     const float4 *acc =
         (const float4 *)((const float *)G.dqacc + (((i64)b * A.Hq + h) * A.Sq + q) * KPT_DQK);

@@ -314,6 +314,27 @@ template <int N, bool READ> __device__ __forceinline__ void kpt_bulk_wait()
     else
         asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// A count in global memory that other CTAs wait for: kpt_count_done adds one once this thread's
+// bulk groups are complete (kpt_bulk_wait<0, false>): the proxy fence orders the TMA's writes
+// (the async proxy's) before the release, so a CTA that acquires the count reads them.
+__device__ __forceinline__ void kpt_count_done(u32 *count)
+{
+    asm volatile("fence.proxy.async.global;\n"
+                 "red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count)
+                 : "memory");
+}
+// Spins (one thread) until the count reaches `need`.
+__device__ __forceinline__ void kpt_count_wait(const u32 *count, u32 need)
+{
+    for (;;) {
+        u32 v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(count) : "memory");
+        if (v >= need)
+            break;
+        __nanosleep(256);
+    }
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 __device__ __forceinline__ void kpt_bar_sync(int id, int n)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");

@@ -221,8 +221,8 @@ static void run(kpt_context *ctx, const kpt_pattern *p, int det)
         goto done;
     /* 4 bytes a query row, then 20 an aux element for each of the 3 gradients, 256-aligned */
     size_t ws_want = (((size_t)B * HQ * S * 4 + 255) & ~(size_t)255) + 3 * 512;
-    if (!det && !strcmp(kpt_context_target(ctx), "cuda:sm_90a")) /* + dq's f32 sums */
-        ws_want += ((size_t)B * HQ * S * D * 4 + 255) & ~(size_t)255;
+    if (!det && !strcmp(kpt_context_target(ctx), "cuda:sm_90a")) /* + dq's sums and counts */
+        ws_want += (((size_t)B * HQ * S * D * 4 + 255) & ~(size_t)255) + 256;
     CHECK(ws_bytes == ws_want, "workspace %zu bytes, expected %zu", ws_bytes, ws_want);
     ws = upload(ctx, NULL, ws_bytes);
     /* direct launch: temporary workspace and map */
