@@ -532,14 +532,14 @@ static bool is_wgmma_dim(int dim)
 }
 #define F16_DIM 3 /* the entry of dims[] compiled in f16 too: {128, 128} */
 
-/* Whether the forward matrix compiles pattern p in dtype dt (0 bf16, 1 f16) at dims[dim]: see
- * test_nvrtc_matrix. */
-static bool crossed(size_t p, int dt, size_t dim)
+/* Whether the forward matrix compiles pattern p in dtype dt (0 bf16, 1 f16) at dims[dim] on
+ * sm_90a (wgmma) or else sm_80: see test_nvrtc_matrix. */
+static bool crossed(size_t p, int dt, size_t dim, bool wgmma)
 {
     bool rich = p <= 1 || p == NPAT - 1; /* full, causal, document+causal+softcap(30) */
     if (dt)
         return dim == F16_DIM && (rich || p == 12);
-    return dim == 1 || dim == 3 || rich;
+    return rich || dim == (wgmma ? 3u : 1u);
 }
 #define NJOBS (NPAT * 2 * NDIM * 2 + NPAT * 2 * NWGMMA_DIMS + 2 * NPAT + 5)
 
@@ -592,6 +592,16 @@ static long spills(const char *log)
         total += strtol(n, NULL, 10);
     }
     return total;
+}
+
+/* Whether the script has a score mod. */
+static bool has_score(const char *script)
+{
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    bool yes = kpt_pattern_from_lua_file(script, NULL, &p, &d) == KPT_OK && p->score != 0;
+    kpt_pattern_destroy(&p);
+    return yes;
 }
 
 /* Whether the script's score has aux gradients (float aux loads). */
@@ -726,11 +736,12 @@ static void test_nvrtc_matrix(void **state)
     }
     /* Patterns and head dims are crossed sparsely: a pattern's mask and score code is the same
      * at every head dim, and a head dim's tiles the same under every pattern, so every pattern
-     * is compiled at head dims 64 and 128 and every head dim under full, causal and
-     * document+causal+softcap (aux loads, a mask, a score mod, a runtime scalar); f16 differs
-     * from bf16 in nothing but the conversion helpers KPT_BF16 selects, so it is compiled at
-     * D = 128 under those and softcap($c)+causal. The whole cross product took cuda_codegen to
-     * 16 of CI's 15 minutes; on the device, tests/gpu compiles and runs what it checks. */
+     * is compiled at head dim 64 on sm_80 and 128 on sm_90a, and every head dim under full,
+     * causal and document+causal+softcap (aux loads, a mask, a score mod, a runtime scalar) on
+     * both; f16 differs from bf16 in nothing but the conversion helpers KPT_BF16 selects, so it
+     * is compiled at D = 128 under those and softcap($c)+causal. The whole cross product took
+     * cuda_codegen to 16 of CI's 15 minutes; on the device, tests/gpu compiles and runs what it
+     * checks. */
     /* sm_90 (mma.sync on Hopper) compiles the sm_80 kernel's very source for another ptxas
      * target: it runs every pattern at the head dims sm_90a leaves to it, and full and causal
      * elsewhere (reached only with the target "cuda:sm_90" or KPT_CUDA_WGMMA=0) */
@@ -739,13 +750,13 @@ static void test_nvrtc_matrix(void **state)
         for (int dt = 0; dt < 2; dt++)
             for (size_t dim = 0; dim < NDIM; dim++)
                 for (int a = 0; a < 2; a++)
-                    if (crossed(p, dt, dim) && (!a || p <= 1 || !is_wgmma_dim((int)dim)))
+                    if (crossed(p, dt, dim, false) && (!a || p <= 1 || !is_wgmma_dim((int)dim)))
                         jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = (int)dim,
                                           .sm = a ? 90 : 80, .script = -1};
     for (size_t p = 0; p < NPAT; p++)
         for (int dt = 0; dt < 2; dt++)
             for (size_t dim = 0; dim < NWGMMA_DIMS; dim++)
-                if (crossed(p, dt, (size_t)wgmma_dims[dim]))
+                if (crossed(p, dt, (size_t)wgmma_dims[dim], true))
                     jobs[n++] = (job){.pat = (int)p, .dt = dt, .dim = wgmma_dims[dim], .sm = 90,
                                       .wgmma = true, .script = -1};
     /* the scripts at D = 64 on sm_80 and at D = 128 on sm_90a: a script's mask and score code
@@ -755,14 +766,19 @@ static void test_nvrtc_matrix(void **state)
         for (int a = 0; a < 2; a++)
             jobs[n++] = (job){.dim = script_dims[a], .sm = a ? 90 : 80, .wgmma = a == 1,
                               .script = sc};
-    /* the backward kernels: every pattern and script at D = 64 in bf16 (sm_80; sm_90 devices
-     * run the same code), and one at D = 128 in f16 */
-    for (size_t p = 0; p < NPAT; p++)
-        jobs[n++] = (job){.pat = (int)p, .dim = 1, .sm = 80, .backward = true, .script = -1};
+    /* the backward kernels on sm_80 (sm_90 devices run the same code past head dim 128): at D =
+     * 64 in bf16 the patterns of bwd_pats (no mask, masks, windows and a runtime scalar, aux
+     * loads, score mods; the sm_90a jobs below compile every pattern, whose mask and score code
+     * is the same), one at D = 128 in f16, and the scripts with a score mod (its derivative) or
+     * a mask past KPT_MASK_UNROLL_MAX_NODES (a rolled loop here) */
+    static const int bwd_pats[] = {0, 1, 4, 8, 9, 12, 13};
+    for (size_t i = 0; i < sizeof(bwd_pats) / sizeof(bwd_pats[0]); i++)
+        jobs[n++] = (job){.pat = bwd_pats[i], .dim = 1, .sm = 80, .backward = true, .script = -1};
     jobs[n++] = (job){.pat = (int)NPAT - 1, .dt = 1, .dim = F16_DIM, .sm = 80, .backward = true,
                       .script = -1};
     for (int sc = 0; sc < nscripts; sc++)
-        jobs[n++] = (job){.dim = 1, .sm = 80, .backward = true, .script = sc};
+        if (has_score(scripts[sc]) || strstr(scripts[sc], "/natten_morton.lua"))
+            jobs[n++] = (job){.dim = 1, .sm = 80, .backward = true, .script = sc};
     /* the sm_90a backward kernels (head dims 64 and 128): every pattern at D = 128 in bf16, one
      * in f16 at D = 64, one at Dqk != Dv */
     for (size_t p = 0; p < NPAT; p++)
@@ -787,14 +803,16 @@ static void test_nvrtc_matrix(void **state)
     jobs[n++] = (job){.pat = 12, .dt = 1, .dim = 1, .sm = 90, .wgmma = true, .tall = true,
                       .script = -1};
     const int first_paged = n;
-    /* no mask, a mask, a score, all of them with aux loads (document+causal+softcap: document
-     * alone, a module of 20-30 s of NVRTC, added nothing it does not have) */
-    static const int paged_pats[] = {0, 1, 12, 13};
+    /* no mask, a mask, a score (mask and score with aux loads: document+causal+softcap on sm_90a
+     * below, and graphormer_edges's here; on the mma.sync kernel it was the slowest module of
+     * the matrix, 40 s of NVRTC) */
+    static const int paged_pats[] = {0, 1, 12};
     for (size_t p = 0; p < sizeof(paged_pats) / sizeof(paged_pats[0]); p++)
         jobs[n++] = (job){.pat = paged_pats[p], .dim = 3, .sm = 90, .paged = true, .script = -1};
-    for (size_t dim = 0; dim < NDIM; dim++)
-        if (dim != 3)
-            jobs[n++] = (job){.pat = 1, .dim = (int)dim, .sm = 90, .paged = true, .script = -1};
+    /* head dims 32, 256 and Dqk != Dv (64 and 96 take the tiles of 32 and 128) */
+    static const int paged_dims[] = {0, 4, 5};
+    for (size_t i = 0; i < sizeof(paged_dims) / sizeof(paged_dims[0]); i++)
+        jobs[n++] = (job){.pat = 1, .dim = paged_dims[i], .sm = 90, .paged = true, .script = -1};
     jobs[n++] = (job){.pat = 1, .dt = 1, .dim = 3, .sm = 80, .paged = true, .script = -1};
     /* sm_90a (head dims 64 and 128): swizzled tiles, the 64-row kernel's products a warpgroup's */
     jobs[n++] = (job){.pat = 13, .dim = 3, .sm = 90, .wgmma = true, .paged = true, .script = -1};
