@@ -14,6 +14,7 @@
 #include "runtime/paged_args.h"
 #include "runtime/cuda_device.h"
 #include "runtime/cuda_tma.h"
+#include "runtime/backward_grid.h"
 #include "runtime/forward_grid.h"
 
 bool kpt_cuda_wgmma_enabled(int device_sm, int target_sm)
@@ -535,6 +536,23 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     return KPT_OK;
 }
 
+/* Whether a default-mode call (its arguments packed for k) sums dQ in kpt_bwd_dkdv, memoised as
+ * the forward's grid; if not, kpt_bwd_dq computes it as in the deterministic mode. */
+static bool dq_sums(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
+{
+    const kpt_pattern *p = k->pattern;
+    const uint64_t key =
+        kpt_backward_key(a->Sq, a->Skv, a->Hq, a->Hkv, a->B, a->scalars, p->num_scalars);
+    bool sums;
+    if (memo_find(&k->dq_memo, key, &sums))
+        return sums;
+    kpt_ir_value scalars[KPT_MAX_SCALARS] = {{0}};
+    kpt_forward_scalars(p, a->scalars, scalars);
+    return memo_keep(&k->dq_memo, key,
+                     kpt_backward_dq_sums(p, &k->plan, a->Sq, a->Skv, a->Hq, a->Hkv, a->B,
+                                          k->dev->sm_count, scalars));
+}
+
 kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_attention_args *args,
                                        const kpt_attention_grads *g, CUdeviceptr map,
                                        CUdeviceptr workspace, size_t workspace_bytes,
@@ -565,8 +583,10 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
         KPT_CU_TRY(diag, cu->MemAllocAsync(&tmp_ws, ws.bytes, stream));
     const CUdeviceptr base = workspace ? workspace : tmp_ws;
     ga.delta = base;
-    ga.dqacc = ws.dqacc ? base + ws.dqacc : 0;
-    ga.dqdone = ws.dqdone ? base + ws.dqdone : 0;
+    /* the workspace keeps room for dQ's sums either way (its size does not depend on this) */
+    const bool sums = ws.dqacc && dq_sums(k, &a);
+    ga.dqacc = sums ? base + ws.dqacc : 0;
+    ga.dqdone = sums ? base + ws.dqdone : 0;
     for (int i = 0; i < KPT_MAX_AUX; i++)
         if (ws.acc[i]) {
             ga.dacc[i] = base + ws.acc[i];

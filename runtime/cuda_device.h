@@ -53,6 +53,9 @@ typedef struct kpt_cuda_kernel {
      * took it (as grid_memo) */
     _Atomic(const struct kpt_cuda_kernel *) tall;
     _Atomic uint64_t tall_memo;
+    /* sm_90a backward: whether the last call's shape had the default mode sum dQ in
+     * kpt_bwd_dkdv (runtime/backward_grid.h), as grid_memo */
+    _Atomic uint64_t dq_memo;
 } kpt_cuda_kernel;
 
 /* Whether kernels for a device of compute capability `device_sm` compiled for `target_sm` use

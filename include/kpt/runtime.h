@@ -183,8 +183,9 @@ KPT_API kpt_status kpt_kernel_launch(const kpt_kernel *k, const kpt_attention_ar
  * gradients in 128-bit fixed point with 2^-64 resolution, whose integer sums do not depend on
  * their order). dq too, except on CUDA's sm_90a kernels unless grads->deterministic is set:
  * there dq is summed with f32 atomic reductions by default (faster; the order of the additions,
- * and so the last bits, vary run to run); with grads->deterministic, by one CTA per q tile in
- * a fixed order. An aux gradient element is rounded to f32 once, at the end; one whose terms
+ * and so the last bits, vary run to run), but for calls whose dK/dV grid would leave SMs idle
+ * (causal masks over few kv heads), which take the fixed-order kernel; with
+ * grads->deterministic always by that kernel, one CTA per q tile in a fixed order. An aux gradient element is rounded to f32 once, at the end; one whose terms
  * include a NaN, or an infinite or >= 2^62 one, is NaN or +-inf.
  *
  * Workspace: `workspace` is device memory of at least kpt_kernel_backward_workspace() bytes
