@@ -89,11 +89,14 @@ bool kpt_backward_dq_sums(const kpt_pattern *p, const kpt_kernel_plan *pl, int64
                           int64_t skv, int64_t hq, int64_t hkv, int64_t batch, int64_t sms,
                           const kpt_ir_value *scalars)
 {
-    const char *e = getenv("KPT_CUDA_DQ_SUMS");
-    if (e && (!strcmp(e, "0") || !strcmp(e, "1")))
-        return *e == '1';
     return kpt_backward_busy_pct(p, pl, sq, skv, hq, hkv, batch, sms, scalars) >=
            KPT_BWD_DQ_SUMS_MIN_PCT;
+}
+
+int kpt_backward_dq_sums_forced(void)
+{
+    const char *e = getenv("KPT_CUDA_DQ_SUMS");
+    return e && (!strcmp(e, "0") || !strcmp(e, "1")) ? *e - '0' : -1;
 }
 
 uint64_t kpt_backward_key(int64_t sq, int64_t skv, int64_t hq, int64_t hkv, int64_t batch,

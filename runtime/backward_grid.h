@@ -32,11 +32,15 @@ int kpt_backward_busy_pct(const kpt_pattern *p, const kpt_kernel_plan *pl, int64
                           int64_t skv, int64_t hq, int64_t hkv, int64_t batch, int64_t sms,
                           const kpt_ir_value *scalars);
 
-/* Whether the default mode sums dQ in kpt_bwd_dkdv for this call (the rule above).
- * KPT_CUDA_DQ_SUMS in the environment forces it, for comparisons and tests: 1 yes, 0 no. */
+/* Whether the default mode sums dQ in kpt_bwd_dkdv for this call (the rule above). Costs a
+ * simulation of the grid: callers memoise it (kpt_backward_key). */
 bool kpt_backward_dq_sums(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
                           int64_t skv, int64_t hq, int64_t hkv, int64_t batch, int64_t sms,
                           const kpt_ir_value *scalars);
+
+/* KPT_CUDA_DQ_SUMS in the environment, which forces the choice for comparisons and tests: 1 the
+ * sums in kpt_bwd_dkdv, 0 kpt_bwd_dq; -1 when unset or neither: the rule. */
+int kpt_backward_dq_sums_forced(void);
 
 /* A key for memoising kpt_backward_dq_sums per kernel: a hash of the lengths, heads, batch and
  * scalar bits, never 0. */

@@ -540,6 +540,9 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
  * the forward's grid; if not, kpt_bwd_dq computes it as in the deterministic mode. */
 static bool dq_sums(const kpt_cuda_kernel *k, const kpt_kernel_args *a)
 {
+    const int forced = kpt_backward_dq_sums_forced();
+    if (forced >= 0)
+        return forced;
     const kpt_pattern *p = k->pattern;
     const uint64_t key =
         kpt_backward_key(a->Sq, a->Skv, a->Hq, a->Hkv, a->B, a->scalars, p->num_scalars);

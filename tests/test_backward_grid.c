@@ -51,13 +51,18 @@ static void test_choice(void **state)
                                    .dqk = 128, .dv = 128, .sm = 90, .wgmma = true};
     kpt_kernel_plan pl;
     assert_int_equal(kpt_plan_tiles_cuda(p, &cfg, 232448, &pl, &d), KPT_OK);
-    unsetenv("KPT_CUDA_DQ_SUMS");
     assert_true(kpt_backward_dq_sums(p, &pl, 4096, 4096, 16, 16, 4, 132, NULL));
     assert_false(kpt_backward_dq_sums(p, &pl, 4096, 4096, 16, 2, 4, 132, NULL));
+    /* fewer CTAs than SMs: kpt_bwd_dq's CTAs fill the rest */
+    assert_false(kpt_backward_dq_sums(p, &pl, 1000, 1000, 4, 2, 2, 132, NULL));
+    unsetenv("KPT_CUDA_DQ_SUMS");
+    assert_int_equal(kpt_backward_dq_sums_forced(), -1);
     setenv("KPT_CUDA_DQ_SUMS", "1", 1);
-    assert_true(kpt_backward_dq_sums(p, &pl, 4096, 4096, 16, 2, 4, 132, NULL));
+    assert_int_equal(kpt_backward_dq_sums_forced(), 1);
     setenv("KPT_CUDA_DQ_SUMS", "0", 1);
-    assert_false(kpt_backward_dq_sums(p, &pl, 4096, 4096, 16, 16, 4, 132, NULL));
+    assert_int_equal(kpt_backward_dq_sums_forced(), 0);
+    setenv("KPT_CUDA_DQ_SUMS", "2", 1);
+    assert_int_equal(kpt_backward_dq_sums_forced(), -1);
     unsetenv("KPT_CUDA_DQ_SUMS");
     /* degenerate shapes count as balanced */
     assert_int_equal(kpt_backward_busy_pct(p, &pl, 0, 4096, 16, 16, 4, 132, NULL), 100);

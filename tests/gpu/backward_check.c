@@ -374,6 +374,11 @@ int main(void)
         kpt_context_destroy(&ctx);
         return 77;
     }
+    /* the default mode both ways: dq summed in kpt_bwd_dkdv (forced: at these sizes, fewer
+     * CTAs than SMs, the runtime takes kpt_bwd_dq) and as the runtime chooses */
+    setenv("KPT_CUDA_DQ_SUMS", "1", 1);
+    run(ctx, p, 0);
+    unsetenv("KPT_CUDA_DQ_SUMS");
     run(ctx, p, 0);
     run(ctx, p, 1);
     kpt_pattern_destroy(&p);

@@ -38,6 +38,16 @@ for pat in causal document+causal alibi+causal; do
     check "$pat" --shape 1,2,2,17,17,64 --layout bshd
     check "$pat" --shape 1,8,2,4133,4133,128
 done
+# the default mode's dq summed in kpt_bwd_dkdv (sm_90a) where the runtime would take kpt_bwd_dq
+# (runtime/backward_grid.h: at these sizes the grid has fewer CTAs than SMs)
+export KPT_CUDA_DQ_SUMS=1
+for pat in full causal document+causal 'alibi+softcap(20)' 'sliding_window($w=64)+alibi'; do
+    check "$pat" --shape 2,4,2,1000,1000,64
+    check "$pat" --shape 1,4,4,777,1000,128 --dtype f16
+done
+check tests/gpu/learned_params.lua --shape 1,8,2,1000,1000,128
+check tests/mask_bits.lua --shape 1,4,2,777,1000,128
+unset KPT_CUDA_DQ_SUMS
 # the sm_90a kv tile order under a block map (kpt_bwd_kv_tile): 2 x 16 x 33 = 1056 CTAs, the
 # rows in the grid's last wave by decreasing work, the others in order
 check document --shape 2,16,16,4133,4133,64
