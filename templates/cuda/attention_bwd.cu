@@ -261,9 +261,9 @@ __device__ __forceinline__ float kpt_x2f(u16 x)
 // kpt_bwd_prep: delta[b, h, q] = dO . O per row, eight lanes a row (KPT_PREP_ROWS rows a CTA,
 // from codegen), each lane 16 bytes of O and dO at a time; and where the default mode sums dQ
 // atomically (G.dqacc, sm_90a) the row's f32 sums zeroed, which a memset did in a pass of its
-// own before, and each kv head's count of finished kpt_bwd_dkdv warpgroups (G.dqdone). With a warp a row and 4-byte loads it read O and dO at 2.4 TB/s (H100, 16k rows x
-// 16 heads, D = 128: 56 us, and 42 for the memset). O, dO and dq rows are 16-byte aligned
-// (kpt_kernel_check_rows).
+// own before, and each kv head's count of finished kpt_bwd_dkdv warpgroups (G.dqdone). With a
+// warp a row and 4-byte loads it read O and dO at 2.4 TB/s (H100, 16k rows x 16 heads, D = 128:
+// 56 us, and 42 for the memset). O, dO and dq rows are 16-byte aligned (kpt_kernel_check_rows).
 extern "C" __global__ void __launch_bounds__(256) kpt_bwd_prep(const kpt_args A, const kpt_gargs G)
 {
     const int sub = threadIdx.x & 7, q = blockIdx.x * KPT_PREP_ROWS + (threadIdx.x >> 3);
