@@ -83,6 +83,8 @@ def make_case(name, B, S, H, dev="cuda"):
         return Case(name, "causal", mask_mod=causal, sdpa="causal", hq=H, hkv=H)
     if name == "gqa_causal":
         return Case(name, "causal", mask_mod=causal, sdpa="causal", hq=32, hkv=8)
+    if name == "gqa8_causal":  # eight query heads a kv head (not in the default lists)
+        return Case(name, "causal", mask_mod=causal, sdpa="causal", hq=32, hkv=4)
     if name == "sliding_window":
         W = 1024
         return Case(name, f"sliding_window({W})", mask_mod=lambda b, h, q, k: (q >= k) & (q - k < W),
