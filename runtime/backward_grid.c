@@ -5,9 +5,10 @@
 #include "compiler/analyze_mask.h"
 #include "runtime/backward_grid.h"
 
-/* Past this many CTAs the grid is taken as balanced (many waves even out; the estimate's cost
- * stays under a millisecond). */
-#define MAX_SIMULATED_CTAS (1 << 17)
+/* Past this many waves of CTAs the grid is taken as balanced: no CTA's work is then more than
+ * about an eighth of an SM's share (for a causal mask the first kv tile's CTA has twice the mean
+ * work), and the estimate stays at tens of microseconds for calls whose shapes change. */
+#define MAX_SIMULATED_WAVES 16
 
 /* The live q tiles of each kv tile (live[kt], n_kt of them), from each q tile's live kv range;
  * every pair where there is no mask or the analysis fails. */
@@ -61,8 +62,8 @@ int kpt_backward_busy_pct(const kpt_pattern *p, const kpt_kernel_plan *pl, int64
     const int64_t rows = batch * hkv, group = hkv > 0 ? hq / hkv : 0;
     /* a mask that reads aux data (a block map's) is balanced as far as the host can tell: its
      * live tiles are known only on the device */
-    if (n_qt <= 0 || n_kt <= 0 || rows <= 0 || sms <= 0 || rows * n_kt > MAX_SIMULATED_CTAS ||
-        pl->mask_loads)
+    if (n_qt <= 0 || n_kt <= 0 || rows <= 0 || sms <= 0 ||
+        rows * n_kt > MAX_SIMULATED_WAVES * sms || pl->mask_loads)
         return 100;
     int64_t *live = malloc((size_t)(n_kt + 1 + sms) * sizeof(*live));
     if (!live)

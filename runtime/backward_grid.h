@@ -27,7 +27,7 @@
  * heads, then batch rows) each going to the SM that frees first, a CTA's work its group's heads
  * times its live q tiles (from the mask analysis's live kv range of each q tile, for the call's
  * lengths and runtime scalars) plus one step for its fixed costs. 100 where the mask reads aux
- * data (the host cannot see its block map) or the grid passes 2^17 CTAs. */
+ * data (the host cannot see its block map) or the grid has more than 16 waves of CTAs. */
 int kpt_backward_busy_pct(const kpt_pattern *p, const kpt_kernel_plan *pl, int64_t sq,
                           int64_t skv, int64_t hq, int64_t hkv, int64_t batch, int64_t sms,
                           const kpt_ir_value *scalars);

@@ -37,6 +37,8 @@ static void test_busy(void **state)
     /* a window: alike but at the ends, fewer and shorter CTAs at short lengths */
     assert_in_range(busy("sliding_window(512)", 1024, 16, 2), 71, 75);
     assert_in_range(busy("sliding_window(512)", 4096, 16, 2), 89, 93);
+    /* many waves of CTAs even out, and are not simulated (16 x 132 CTAs and more) */
+    assert_int_equal(busy("causal", 1024, 32, 32), 100);
     /* a mask that reads aux data: its block map is the device's, taken as balanced */
     assert_int_equal(busy("document+causal", 4096, 16, 2), 100);
 }
