@@ -809,7 +809,8 @@ static void test_nvrtc_matrix(void **state)
     static const int paged_pats[] = {0, 1, 12};
     for (size_t p = 0; p < sizeof(paged_pats) / sizeof(paged_pats[0]); p++)
         jobs[n++] = (job){.pat = paged_pats[p], .dim = 3, .sm = 90, .paged = true, .script = -1};
-    /* head dims 32, 256 and Dqk != Dv (64 and 96 take the tiles of 32 and 128) */
+    /* head dims 32, 256 and Dqk != Dv (64 and 96 have the same 64-key tiles as 32 and 128; the
+     * head dim is a loop bound) */
     static const int paged_dims[] = {0, 4, 5};
     for (size_t i = 0; i < sizeof(paged_dims) / sizeof(paged_dims[0]); i++)
         jobs[n++] = (job){.pat = 1, .dim = paged_dims[i], .sm = 90, .paged = true, .script = -1};
