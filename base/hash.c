@@ -26,6 +26,16 @@ kpt_key kpt_key_of(const kpt_key_part *parts, int n)
     return key;
 }
 
+uint64_t kpt_key_words(const int64_t *words, int n, const uint32_t *bits, int nbits)
+{
+    const kpt_key_part parts[2] = {{words, (size_t)n * sizeof(*words)},
+                                   {bits, (size_t)nbits * sizeof(*bits)}};
+    const kpt_key k = kpt_key_of(parts, 2);
+    uint64_t h;
+    memcpy(&h, k.b, sizeof(h));
+    return h >> 1 ? h : 2;
+}
+
 void kpt_key_hex(const kpt_key *key, char out[33])
 {
     static const char hex[] = "0123456789abcdef";

@@ -24,6 +24,11 @@ kpt_key kpt_key_of(const kpt_key_part *parts, int n);
 void kpt_key_hex(const kpt_key *key, char out[33]);
 int kpt_key_equal(const kpt_key *a, const kpt_key *b);
 
+/* A 64-bit key of n integer words and nbits 32-bit words, for the runtime's memos of a choice
+ * per call shape (runtime/cuda_device.c): kpt_key_of over both, never 0 or 1 (a memo keeps its
+ * answer in bit 0, and 0 is an empty memo). Not stable across endianness: in-process only. */
+uint64_t kpt_key_words(const int64_t *words, int n, const uint32_t *bits, int nbits);
+
 /* 64-bit XXH3 of a buffer: the checksum of cache entries and bundles. */
 uint64_t kpt_checksum(const void *data, size_t size);
 

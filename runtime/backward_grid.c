@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "compiler/analyze_mask.h"
 #include "runtime/backward_grid.h"
 
@@ -103,12 +104,6 @@ int kpt_backward_dq_sums_forced(void)
 uint64_t kpt_backward_key(int64_t sq, int64_t skv, int64_t hq, int64_t hkv, int64_t batch,
                           const uint32_t *bits, int n)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the words */
-    const uint64_t words[5] = {(uint64_t)sq, (uint64_t)skv, (uint64_t)hq, (uint64_t)hkv,
-                               (uint64_t)batch};
-    for (int i = 0; i < 5 + n; i++) {
-        h ^= i < 5 ? words[i] : bits[i - 5];
-        h *= 0x100000001b3ull;
-    }
-    return h ? h : 1;
+    const int64_t words[5] = {sq, skv, hq, hkv, batch};
+    return kpt_key_words(words, 5, bits, n);
 }

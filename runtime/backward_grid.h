@@ -42,8 +42,8 @@ bool kpt_backward_dq_sums(const kpt_pattern *p, const kpt_kernel_plan *pl, int64
  * sums in kpt_bwd_dkdv, 0 kpt_bwd_dq; -1 when unset or neither: the rule. */
 int kpt_backward_dq_sums_forced(void);
 
-/* A key for memoising kpt_backward_dq_sums per kernel: a hash of the lengths, heads, batch and
- * scalar bits, never 0. */
+/* A key for memoising kpt_backward_dq_sums per kernel: kpt_key_words of the lengths, heads,
+ * batch and scalar bits. */
 uint64_t kpt_backward_key(int64_t sq, int64_t skv, int64_t hq, int64_t hkv, int64_t batch,
                           const uint32_t *bits, int n);
 

@@ -336,8 +336,9 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
     return launch_blockmap(k, &a, stream, diag);
 }
 
-/* A kernel's memo of a yes or no for the last call's lengths and scalars (grid_memo, tall_memo):
- * kpt_forward_key with the answer in bit 0, 0 when none yet. A cache, not part of the kernel's
+/* A kernel's memo of a yes or no for the last call's lengths and scalars (grid_memo, tall_memo,
+ * dq_memo): its key (kpt_forward_key, kpt_backward_key) with the answer in bit 0, 0 when none
+ * yet. A cache, not part of the kernel's
  * meaning, so updated through a const kernel. memo_find: whether the slot holds the answer for
  * key (in *answer); memo_keep stores it and returns it. */
 static bool memo_find(const _Atomic uint64_t *slot, uint64_t key, bool *answer)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "compiler/analyze_mask.h"
 #include "runtime/forward_grid.h"
 
@@ -124,13 +125,8 @@ void kpt_forward_scalars(const kpt_pattern *p, const uint32_t *bits, kpt_ir_valu
 
 uint64_t kpt_forward_key(int64_t sq, int64_t skv, int64_t hq, const uint32_t *bits, int n)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the words */
-    const uint64_t words[3] = {(uint64_t)sq, (uint64_t)skv, (uint64_t)hq};
-    for (int i = 0; i < 3 + n; i++) {
-        h ^= i < 3 ? words[i] : bits[i - 3];
-        h *= 0x100000001b3ull;
-    }
-    return h ? h : 1;
+    const int64_t words[3] = {sq, skv, hq};
+    return kpt_key_words(words, 3, bits, n);
 }
 
 int64_t kpt_forward_ctas(int64_t items, int64_t sms, bool short_items)

@@ -37,8 +37,8 @@ bool kpt_forward_items_short(const kpt_pattern *p, const kpt_kernel_plan *pl, in
 /* The runtime scalars of a kernel argument block as the analysis takes them. */
 void kpt_forward_scalars(const kpt_pattern *p, const uint32_t *bits, kpt_ir_value *out);
 
-/* A key for memoising kpt_forward_items_short per kernel: a hash of the lengths, heads and
- * scalar bits, never 0. */
+/* A key for memoising kpt_forward_items_short per kernel: kpt_key_words of the lengths, heads
+ * and scalar bits. */
 uint64_t kpt_forward_key(int64_t sq, int64_t skv, int64_t hq, const uint32_t *bits, int n);
 
 /* The tall variant of a plan (plan.tall_variant: 192-row q tiles, three consumer warpgroups)
