@@ -142,9 +142,9 @@ static kpt_status load_backward(kpt_cuda_kernel *k, kpt_diag *diag)
  * kernel is loaded): the serving combine after the attention, the backward's dQ (or its
  * conversion) after kpt_bwd_dkdv. Its CTAs are then scheduled while the first kernel's last
  * CTAs run; where it reads that kernel's results it waits for them in the kernel (kpt_grid_wait,
- * templates/cuda/common.cu), so the launch gap between the two goes, and a deterministic
- * backward's kpt_bwd_dq, which needs nothing of kpt_bwd_dkdv, fills the SMs its last CTAs
- * leave idle. */
+ * templates/cuda/common.cu, or per kv head: kpt_count_wait in hopper.cu), so the launch gap
+ * between the two goes, and kpt_bwd_dq, which needs nothing of kpt_bwd_dkdv, fills the SMs its
+ * last CTAs leave idle. */
 static bool want_pdl(const kpt_cuda_kernel *k)
 {
     const char *e = getenv("KPT_CUDA_PDL");
@@ -338,9 +338,8 @@ kpt_status kpt_cuda_blockmap_build(const kpt_cuda_kernel *k, const kpt_attention
 
 /* A kernel's memo of a yes or no for the last call's lengths and scalars (grid_memo, tall_memo,
  * dq_memo): its key (kpt_forward_key, kpt_backward_key) with the answer in bit 0, 0 when none
- * yet. A cache, not part of the kernel's
- * meaning, so updated through a const kernel. memo_find: whether the slot holds the answer for
- * key (in *answer); memo_keep stores it and returns it. */
+ * yet. A cache, not part of the kernel's meaning, so updated through a const kernel. memo_find:
+ * whether the slot holds the answer for key (in *answer); memo_keep stores it and returns it. */
 static bool memo_find(const _Atomic uint64_t *slot, uint64_t key, bool *answer)
 {
     const uint64_t memo = atomic_load_explicit((_Atomic uint64_t *)slot, memory_order_relaxed);
@@ -494,7 +493,7 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
     void *params[] = {a, g, &tma};
     const unsigned threads = (unsigned)(k->plan.warps * 32), smem = (unsigned)k->plan.smem_bytes;
     const unsigned big_threads = threads + (wg ? KPT_BWD_PRODUCER_WARPS * 32 : 0);
-    /* the aux gradients' sums (kpt_bwd_prep zeroes dq's, the rows it reads O and dO for) */
+    /* the aux gradients' sums (kpt_bwd_prep zeroes dq's sums and counts as it reads O and dO) */
     if (ws->bytes > ws->zero_from)
         KPT_CU_TRY(diag, cu->MemsetD8Async(base + ws->zero_from, 0, ws->bytes - ws->zero_from,
                                            stream));
