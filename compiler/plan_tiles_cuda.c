@@ -107,19 +107,36 @@ static bool tall_offered(const kpt_pattern *p, const kpt_kernel_plan *pl, int dm
            (!pl->has_score || score_cost(p) <= KPT_TALL_SCORE_MAX_COST);
 }
 
+/* The sm_90a kpt_bwd_dkdv's shared memory but for its alignment: K and V, the stages of Q and dO
+ * and their row vectors (LSE and delta), and where it sums dQ two dS^T tiles and the
+ * warpgroups' f32 dQ tiles (64 columns each); aux gradients' staging. row: the bytes of a Q and
+ * a dO row. */
+static size_t bwd_dkdv_smem(const kpt_kernel_plan *pl, size_t row, size_t aux)
+{
+    size_t steps = (size_t)pl->stages * KPT_BWD_STEP_ROWS;
+    size_t dq = pl->dq_tiles ? 2 * (size_t)pl->bn * KPT_BWD_STEP_ROWS * 2 +
+                                   2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * pl->dq_tiles
+                             : 0;
+    return (size_t)pl->bn * row + steps * row + steps * 2 * sizeof(float) + dq + aux;
+}
+
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
                                 int smem_limit, kpt_kernel_plan *out, kpt_diag *diag)
 {
     const bool wide = cfg->dqk > 128 || cfg->dv > 128; /* two column parts (above) */
     kpt_kernel_plan pl = {0};
     pl.cfg = *cfg;
-    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 && !wide && cfg->dqk % 64 == 0 &&
-                   cfg->dv % 64 == 0;
+    /* past 128 the sm_90a kernels split columns too (templates/cuda/attention_bwd_sm90.cu,
+     * KPT_BWD_SPLIT): each warpgroup's half of dK's, dV's and dQ's columns a whole wgmma of 64
+     * or 128 */
+    pl.cfg.wgmma = cfg->wgmma && cfg->sm == 90 &&
+                   (wide ? cfg->dqk % 128 == 0 && cfg->dv % 128 == 0
+                         : cfg->dqk % 64 == 0 && cfg->dv % 64 == 0);
     /* Two warpgroups a CTA rather than one (64 x 64 tiles, two CTAs an SM): H100, bf16,
      * D = 128, 16k, full 352 against 311 TFLOP/s, causal 359 against 318. */
     pl.warps = pl.cfg.wgmma || wide ? 8 : 4;
     pl.mt = 1;
-    pl.bm = pl.cfg.wgmma ? 128 : 64;
+    pl.bm = pl.cfg.wgmma && !wide ? 128 : 64;
     pl.bn = pl.bm;
     pl.stages = pl.cfg.wgmma ? 2 : 1;
     kpt_status st = kpt_plan_mask(p, &pl, diag);
@@ -135,16 +152,18 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         /* Partial tiles read keep bits, in two layouts: kpt_bwd_dkdv's (keys as rows; a kv
          * tile's partial tiles take consecutive slots, in the order its producer walks them)
          * and the deterministic mode's kpt_bwd_dq's (queries as rows, as the forward's). */
+        /* (not past head dim 128: the bits' layouts are those of 128 x 128 tiles) */
         uint32_t nodes;
-        pl.mask_bits = mask_bits(p, &pl, &nodes);
+        pl.mask_bits = !wide && mask_bits(p, &pl, &nodes);
         pl.has_blockmap = pl.has_blockmap || pl.mask_bits;
-        /* kpt_bwd_dkdv: K and V, the stages of Q and dO and their row vectors (LSE and
-         * delta), two dS^T tiles, the warpgroups' f32 dQ tiles (64 columns each) */
-        size_t steps = (size_t)pl.stages * KPT_BWD_STEP_ROWS;
-        pl.dq_tiles = dq_tiles(p, &pl, aux);
-        size_t dkdv = (size_t)pl.bn * row + steps * row + steps * 2 * sizeof(float) +
-                      2 * (size_t)pl.bn * KPT_BWD_STEP_ROWS * 2 +
-                      2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * pl.dq_tiles + aux;
+        /* past 128 kpt_bwd_dkdv never sums dQ (a 64 x 256 f32 staging tile a warpgroup does not
+         * fit beside its two stages): both modes run kpt_bwd_dq */
+        pl.dq_tiles = wide ? 0 : dq_tiles(p, &pl, aux);
+        size_t dkdv = bwd_dkdv_smem(&pl, row, aux);
+        if (wide && 1024 + dkdv + KPT_BWD_STATIC_SMEM > 227 * 1024) { /* with aux staging */
+            pl.stages = 1;
+            dkdv = bwd_dkdv_smem(&pl, row, aux);
+        }
         size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
         pl.dq_smem_bytes = 1024 + dq; /* + the 1024-byte alignment */
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv);

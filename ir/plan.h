@@ -68,7 +68,8 @@ typedef struct kpt_kernel_plan {
      * them by kv tile (kpt_bwd_dkdv's), then by q tile (kpt_bwd_dq's). */
     bool mask_bits;
     /* backward, sm_90a: the f32 dQ staging tiles a consumer warpgroup of kpt_bwd_dkdv takes in
-     * turn (1 or 2) */
+     * turn (1 or 2); 0 past head dim 128, where kpt_bwd_dkdv does not sum dQ and both modes
+     * run kpt_bwd_dq */
     int dq_tiles;
     /* backward: the score has aux gradients, and the module holds a second dK/dV kernel with
      * their terms (KPT_CUDA_BWD_DKDV_AUX_ENTRY), launched for calls that ask for any */

@@ -324,7 +324,8 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *pl,
 
 bool kpt_kernel_bwd_atomic_dq(const kpt_kernel_plan *plan, bool deterministic)
 {
-    return plan->cfg.kind == KPT_KERNEL_BACKWARD && plan->cfg.wgmma && !deterministic;
+    return plan->cfg.kind == KPT_KERNEL_BACKWARD && plan->cfg.wgmma && plan->dq_tiles > 0 &&
+           !deterministic;
 }
 
 size_t kpt_kernel_args_bwd_workspace(const kpt_kernel_plan *plan, const kpt_kernel_args *a,

@@ -146,7 +146,8 @@ kpt_status kpt_kernel_bwd_pack(const kpt_pattern *p, const kpt_kernel_plan *plan
                                const kpt_attention_grads *g, kpt_kernel_args *pa,
                                kpt_kernel_gargs *out, kpt_bwd_workspace *ws, kpt_diag *diag);
 
-/* Whether a backward of this plan sums dq with atomics (sm_90a unless deterministic). */
+/* Whether a backward of this plan sums dq with atomics (sm_90a up to head dim 128 unless
+ * deterministic). */
 bool kpt_kernel_bwd_atomic_dq(const kpt_kernel_plan *plan, bool deterministic);
 
 /* The workspace of a packed call without aux gradients: delta, and dq's accumulator and counts

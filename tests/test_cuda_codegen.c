@@ -170,7 +170,7 @@ static char scripts[MAX_SCRIPTS][512];
 static int nscripts;
 
 /* The backward's plans: the sm_90a kernels at head dims 64 and 128 (two warpgroups, 128 x 128
- * tiles, within 227 KB), the sm_80 ones elsewhere; dq's atomic sums in the workspace only for
+ * tiles, within 227 KB) and past 128 (64 x 64 tiles, split columns), the sm_80 ones elsewhere; dq's atomic sums in the workspace only for
  * the former and only when determinism is not asked for. */
 static void test_plan_backward(void **state)
 {
@@ -221,6 +221,11 @@ static void test_plan_backward(void **state)
             assert_int_equal(plan.dq_tiles, 1);
             assert_true(plan.aux_grads);
             with_aux++;
+            c.dqk = c.dv = 256; /* split columns: one stage beside the aux staging */
+            assert_int_equal(kpt_plan_tiles_cuda(sp, &c, 0, &plan, &d), KPT_OK);
+            assert_true(plan.cfg.wgmma);
+            assert_int_equal(plan.stages, 1);
+            assert_true(plan.smem_bytes + 256 <= 227 * 1024);
         }
         kpt_pattern_destroy(&sp);
     }
@@ -236,6 +241,7 @@ static void test_plan_backward(void **state)
      * (sm_86/89: 99 KB) */
     kpt_kernel_config c256 = c96;
     c256.dqk = c256.dv = 256;
+    c256.wgmma = false; /* (sm_90a's own below) */
     const int pair = 2 * 64 * 264 * 2, xchg = 8 * 32 * 16 * 4, rows = 2 * 64 * 4;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c256, 0, &plan, &d), KPT_OK); /* sm_90: 227 KB */
     assert_false(plan.cfg.wgmma);
@@ -254,6 +260,30 @@ static void test_plan_backward(void **state)
     c256_64.dv = 64;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c256_64, 0, &plan, &d), KPT_OK);
     assert_int_equal(plan.warps, 8);
+    /* sm_90a past head dim 128: 64 x 64 tiles, the consumers split the gradients' columns
+     * (halves of 64 or 128), two stages, no keep bits, no dQ sums (both modes run kpt_bwd_dq,
+     * the workspace is delta's); Dv = 64 has halves of 32 and keeps the sm_80 kernels */
+    kpt_pattern *bits = NULL; /* keep bits at head dim 128 (it reads aux data) */
+    assert_int_equal(kpt_pattern_parse("document+causal", &bits, &d), KPT_OK);
+    const int split[][2] = {{256, 256}, {256, 128}, {128, 256}};
+    for (int i = 0; i < 3; i++) {
+        kpt_kernel_config c = c96;
+        c.dqk = split[i][0], c.dv = split[i][1];
+        assert_int_equal(kpt_plan_tiles_cuda(bits, &c, 0, &plan, &d), KPT_OK);
+        assert_true(plan.cfg.wgmma);
+        assert_int_equal(plan.warps, 8);
+        assert_int_equal(plan.bm, 64);
+        assert_int_equal(plan.bn, 64);
+        assert_int_equal(plan.stages, 2);
+        assert_int_equal(plan.dq_tiles, 0);
+        assert_false(plan.mask_bits);
+        assert_true(plan.smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
+        assert_false(kpt_kernel_bwd_atomic_dq(&plan, false));
+    }
+    kpt_pattern_destroy(&bits);
+    c256_64.wgmma = true;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c256_64, 0, &plan, &d), KPT_OK);
+    assert_false(plan.cfg.wgmma);
 
     /* workspace: delta (4 bytes a row), then dq's sums (4 bytes an element) and counts (4 bytes
      * a kv head) where atomic */
@@ -792,7 +822,10 @@ static void test_nvrtc_matrix(void **state)
     for (int sc = 0; sc < nscripts; sc++)
         if (has_aux_grads(scripts[sc]))
             jobs[n++] = (job){.dim = 3, .sm = 90, .wgmma = true, .backward = true, .script = sc};
-    /* head dim 256: the sm_80 kernels in two column parts, also on sm_90 */
+    /* head dim 256: on sm_90a split columns (aux loads, a mask, a score mod), the sm_80 kernels
+     * in two column parts elsewhere (and on sm_90 with KPT_CUDA_WGMMA=0) */
+    jobs[n++] = (job){.pat = (int)NPAT - 1, .dim = 4, .sm = 90, .wgmma = true, .backward = true,
+                      .script = -1};
     jobs[n++] = (job){.pat = 1, .dim = 4, .sm = 90, .backward = true, .script = -1};
     jobs[n++] = (job){.pat = (int)NPAT - 1, .dt = 1, .dim = 4, .sm = 80, .backward = true,
                       .script = -1};

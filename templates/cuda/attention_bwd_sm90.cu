@@ -32,6 +32,27 @@
 // step, keys of a kpt_bwd_dq step, the rows of the TMA boxes of Q, dO and the dQ accumulator.
 static_assert(KPT_BWD_SUB == 64, "a step is one wgmma of 64 rows");
 
+// Past head dim 128 (KPT_BWD_SPLIT) a warpgroup's 64 rows of dK and dV (or dQ) would take all its
+// registers, so the plan's tiles are 64 x 64 and both consumer warpgroups take the CTA's same 64
+// rows, warpgroup c the columns c * KPT_BWD_CK .. of dK (dQ) and c * KPT_BWD_CV .. of dV: their
+// registers are those of head dim 128. Each computes the whole S^T and dP^T (a third more
+// products than the columns' share), and kpt_bwd_dkdv does not sum dQ (plan.dq_tiles = 0).
+#define KPT_BWD_SPLIT (KPT_DQK > 128 || KPT_DV > 128)
+#define KPT_BWD_CK (KPT_BWD_SPLIT ? KPT_DQK / 2 : KPT_DQK) // dK's (dQ's) columns a warpgroup
+#define KPT_BWD_CV (KPT_BWD_SPLIT ? KPT_DV / 2 : KPT_DV)   // dV's
+#define KPT_BWD_WROWS (KPT_BWD_SPLIT ? 0 : 64) // consumer c's rows start at c * this
+static_assert(KPT_BM == KPT_BN && KPT_BN == (KPT_BWD_SPLIT ? 64 : 128), "the plan's tiles");
+static_assert(KPT_BWD_CK % 64 == 0 && KPT_BWD_CV % 64 == 0 && KPT_BWD_CK <= 128 &&
+              KPT_BWD_CV <= 128, "a warpgroup's columns: one wgmma of N = 64 or 128");
+static_assert(!KPT_BWD_SPLIT || KPT_BWD_DQ_TILES == 0, "no dQ sums with split columns");
+
+// The byte offset of warpgroup c's first column block (of `cols` columns a warpgroup) in a
+// swizzled tile of `rows` rows: 0 unless the columns are split.
+__device__ __forceinline__ u32 kpt_bwd_cols(int c, int cols, int rows)
+{
+    return KPT_BWD_SPLIT ? (u32)(c * (cols / 64) * rows * 128) : 0u;
+}
+
 // Descriptors of k step kk (16 elements of the reduced dimension) of an operand in a swizzled
 // tile of ROWS rows at t: K-major (the reduced dimension along the rows' 128-byte lines), or
 // MN-major (the reduced dimension down the rows; the leading byte offset steps over 64-column
@@ -234,6 +255,7 @@ static_assert(sizeof(kpt_bwd_tma) == 960, "kpt_bwd_tma layout");
 // thread after it. (The threads adding their products with red.global.add.v2.f32 instead spent
 // ~15 % of their time on it, the reductions waiting for the memory pipeline: H100, bf16,
 // D = 128, 16k, full.)
+#if KPT_BWD_DQ_TILES
 __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int h, int q0,
                                                u32 tDS, u32 sK, u32 sDQ, int c, int cw, int lane,
                                                u32 tile)
@@ -280,10 +302,13 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
         kpt_bulk_commit();
     }
 }
+#endif
 
 #define KPT_BWD_QB (KPT_BWD_SUB * KPT_DQK * 2) // a stage: Q rows, then dO rows
 #define KPT_BWD_STAGE (KPT_BWD_QB + KPT_BWD_SUB * KPT_DV * 2)
 #define KPT_BWD_DS (KPT_BN * KPT_BWD_SUB * 2) // a dS^T tile of the default mode's dQ (two)
+// the bytes of both dS^T tiles and of the warpgroups' dQ staging tiles (none without dQ sums)
+#define KPT_BWD_DQ_SMEM (KPT_BWD_DQ_TILES ? 2 * KPT_BWD_DS + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB : 0)
 
 // The CTA of both kernels: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
 // the runtime launches the plan's warps and KPT_BWD_PRODUCER_WARPS (codegen, from
@@ -392,7 +417,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the default mode's dQ, two
     const u32 sDQ = sDS + 2 * KPT_BWD_DS;            // the warpgroups' dQ tiles (by parity)
     // per stage: lse, delta
-    float *s_rv = (float *)(kpt_smem_kv + (sDQ + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB - s0));
+    float *s_rv = (float *)(kpt_smem_kv + (sDS + KPT_BWD_DQ_SMEM - s0));
 #if KPT_AUX_GRADS
     float2 *s_aux = (float2 *)(s_rv + KPT_STAGES * 2 * KPT_BWD_SUB); // kpt_bwd_aux's staging
 #endif
@@ -424,11 +449,14 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     // instructions fewer here, 40 in kpt_bwd_dq; H100 full 16k 475-496 -> 494-503 TFLOP/s)
     const int cw = __shfl_sync(0xffffffffu, warp - 4, 0), c = cw >> 2;
     const int k0 = kt * KPT_BN;
-    const int krow = k0 + c * 64 + (cw & 3) * 16; // this warp's first key
-    const u32 wK = sK + c * 64 * 128, wV = sV + c * 64 * 128; // this warpgroup's keys
-    float dK[KPT_DQK / 8][4], dV[KPT_DV / 8][4];
-    kpt_zero<KPT_DQK>(dK);
-    kpt_zero<KPT_DV>(dV);
+    const int krow = k0 + c * KPT_BWD_WROWS + (cw & 3) * 16; // this warp's first key
+    // this warpgroup's keys, and its columns of Q and dO in a stage
+    const u32 wK = sK + c * KPT_BWD_WROWS * 128, wV = sV + c * KPT_BWD_WROWS * 128;
+    const u32 cQ = kpt_bwd_cols(c, KPT_BWD_CK, KPT_BWD_SUB);
+    const u32 cO = kpt_bwd_cols(c, KPT_BWD_CV, KPT_BWD_SUB);
+    float dK[KPT_BWD_CK / 8][4], dV[KPT_BWD_CV / 8][4];
+    kpt_zero<KPT_BWD_CK>(dK);
+    kpt_zero<KPT_BWD_CV>(dV);
     kpt_uniform U;
     int uh = -1;
 #if KPT_AUX_GRADS
@@ -471,7 +499,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         u32 F[4][4];
         kpt_frags<KPT_BWD_SUB>(F, S);
         kpt_wgmma_fence();
-        kpt_bwd_rs<KPT_DV, KPT_BWD_SUB>(dV, F, tO);
+        kpt_bwd_rs<KPT_BWD_CV, KPT_BWD_SUB>(dV, F, tO + cO);
         kpt_wgmma_commit();
         // With a score mod, P becomes P d s'/d s now: kept apart until dS, D's 32 registers beside
         // dK, dV, P, dP and P's fragments made softcap's consumers spill. (Aux gradients need P
@@ -482,7 +510,9 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&dP[0][0]);
 #if KPT_AUX_GRADS
-        if (AUXG && G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
+        // (with split columns both warpgroups have every pair of the step: the first adds them)
+        if (AUXG && G.daux_on && (!KPT_BWD_SPLIT || c == 0)) {
+            // S^T once more: the scores are gone, and kept they cost registers
             float X[8][4];
             kpt_wgmma_fence();
             kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB>(X, wK, tQ);
@@ -498,16 +528,20 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         u32 E[4][4];
         kpt_frags<KPT_BWD_SUB>(E, S);
         kpt_wgmma_fence();
-        kpt_bwd_rs<KPT_DQK, KPT_BWD_SUB>(dK, E, tQ);
+        kpt_bwd_rs<KPT_BWD_CK, KPT_BWD_SUB>(dK, E, tQ + cQ);
         kpt_wgmma_commit();
+#if KPT_BWD_DQ_TILES
         if (G.dqacc) {
             const u32 tDS = sDS + (i & 1) * KPT_BWD_DS;
             kpt_bwd_put_ds(tDS, E, c * 64 + (cw & 3) * 16, lane);
             kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane, i % KPT_BWD_DQ_TILES);
         }
+#else
+        (void)sDQ;
+#endif
         kpt_wgmma_wait<0>(); // the stage is read: hand it back
-        kpt_wgmma_regs<KPT_DQK / 2>(&dK[0][0]);
-        kpt_wgmma_regs<KPT_DV / 2>(&dV[0][0]);
+        kpt_wgmma_regs<KPT_BWD_CK / 2>(&dK[0][0]);
+        kpt_wgmma_regs<KPT_BWD_CV / 2>(&dV[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BB_E(st));
     }
     // (The last dQ tile's reduction may still be reading its staging tile: nothing writes the dQ
@@ -524,13 +558,18 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     // first thread stores them by TMA (rows past Skv lie outside the maps and are not written).
     // Stored from registers, a thread's 4-byte pieces made warp stores of 8 rows' 16 bytes, as
     // the forward's O did (architecture.md).
-    kpt_stage_rows<KPT_DQK, KPT_BN>(dK, wK, (cw & 3) * 16, A.scale, A.scale, lane);
-    kpt_stage_rows<KPT_DV, KPT_BN>(dV, wV, (cw & 3) * 16, 1.0f, 1.0f, lane);
+    // (With split columns, each warpgroup its columns of the CTA's 64 rows.)
+    const u32 oK = wK + kpt_bwd_cols(c, KPT_BWD_CK, KPT_BN);
+    const u32 oV = wV + kpt_bwd_cols(c, KPT_BWD_CV, KPT_BN);
+    kpt_stage_rows<KPT_BWD_CK, KPT_BN>(dK, oK, (cw & 3) * 16, A.scale, A.scale, lane);
+    kpt_stage_rows<KPT_BWD_CV, KPT_BN>(dV, oV, (cw & 3) * 16, 1.0f, 1.0f, lane);
     kpt_fence_proxy_async();
     kpt_bar_sync(2 + c, 128);
     if ((cw & 3) == 0 && lane == 0) {
-        kpt_tma_store_tile<KPT_BN, KPT_DQK>(&T.dk, wK, k0 + c * 64, hk * T.hdk, b * T.bdk);
-        kpt_tma_store_tile<KPT_BN, KPT_DV>(&T.dv, wV, k0 + c * 64, hk * T.hdv, b * T.bdv);
+        const int r = k0 + c * KPT_BWD_WROWS, kc = KPT_BWD_SPLIT ? c * KPT_BWD_CK : 0,
+                  vc = KPT_BWD_SPLIT ? c * KPT_BWD_CV : 0;
+        kpt_tma_store_tile<KPT_BN, KPT_BWD_CK>(&T.dk, oK, r, hk * T.hdk, b * T.bdk, kc);
+        kpt_tma_store_tile<KPT_BN, KPT_BWD_CV>(&T.dv, oV, r, hk * T.hdv, b * T.bdv, vc);
         kpt_bulk_commit();
         kpt_bulk_wait<0, false>(); // before the CTA's shared memory goes
         // and this warpgroup's dQ reductions, its earlier bulk groups, are complete: counted for
@@ -636,8 +675,10 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     kpt_regs_inc<KPT_BWD_CONSUMER_REGS>();
 
     const int cw = __shfl_sync(0xffffffffu, warp - 4, 0), c = cw >> 2; // as in kpt_bwd_dkdv
-    const int row0 = q0 + c * 64 + (cw & 3) * 16; // this warp's first query
-    const u32 wQ = sQ + c * 64 * 128, wO = sO + c * 64 * 128; // this warpgroup's queries
+    const int row0 = q0 + c * KPT_BWD_WROWS + (cw & 3) * 16; // this warp's first query
+    // this warpgroup's queries, and its columns of K in a stage
+    const u32 wQ = sQ + c * KPT_BWD_WROWS * 128, wO = sO + c * KPT_BWD_WROWS * 128;
+    const u32 cK = kpt_bwd_cols(c, KPT_BWD_CK, KPT_BN);
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
     float lse[2], del[2];
@@ -647,8 +688,8 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
         lse[r] = kpt_lse2(A, b, h, qi);
         del[r] = kpt_delta(A, G, b, h, qi);
     }
-    float dQ[KPT_DQK / 8][4];
-    kpt_zero<KPT_DQK>(dQ);
+    float dQ[KPT_BWD_CK / 8][4];
+    kpt_zero<KPT_BWD_CK>(dQ);
     const bool rows_out = row0 - (cw & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
     // the slot of the next partial tile's keep bits (the q tile's partial tiles have consecutive
     // slots), or -1
@@ -685,22 +726,24 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
                                               lane);
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&dP[0][0]);
-            kpt_wgmma_regs<KPT_DQK / 2>(&dQ[0][0]);
+            kpt_wgmma_regs<KPT_BWD_CK / 2>(&dQ[0][0]);
             kpt_bwd_ds<KPT_BWD_SUB, false>(S, dP, D, nullptr, del, lane);
             // dQ += dS K: K's keys are the reduced dimension, down the rows
             u32 F[4][4];
             kpt_frags<KPT_BWD_SUB>(F, S);
             kpt_wgmma_fence();
-            kpt_bwd_rs<KPT_DQK, KPT_BN>(dQ, F, hK);
+            kpt_bwd_rs<KPT_BWD_CK, KPT_BN>(dQ, F, hK + cK);
             kpt_wgmma_commit();
         }
         kpt_wgmma_wait<0>(); // the stage is read: hand it back
-        kpt_wgmma_regs<KPT_DQK / 2>(&dQ[0][0]);
+        kpt_wgmma_regs<KPT_BWD_CK / 2>(&dQ[0][0]);
         kpt_mbar_arrive(bar + 8 * KPT_BQ_E(i & 1));
         j = jn;
     }
-    kpt_store_acc<KPT_DQK>(dQ, (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1], G.dqs[2],
-                           row0, A.Sq, A.scale, lane);
+    kpt_store_acc<KPT_BWD_CK>(dQ,
+                              (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1] +
+                                  (KPT_BWD_SPLIT ? c * KPT_BWD_CK : 0),
+                              G.dqs[2], row0, A.Sq, A.scale, lane);
 }
 
 // dq = scale * the default mode's f32 accumulator, to the dtype: eight lanes a row (as

@@ -260,16 +260,16 @@ __device__ __forceinline__ void kpt_tma_store(const void *map, u32 src, int d0, 
                  : "memory");
 }
 // A tile of ROWS rows x D columns at src (per 64 columns a block of ROWS x 128 bytes, as
-// kpt_tma_tile loads one) written to the tensor from row `row` on: D / 64 boxes of the map's rows
-// (fewer than ROWS where the backward's 64-row boxes of dK and dV leave its 128-row tiles), in
-// this thread's current bulk group.
+// kpt_tma_tile loads one) written to the tensor from row `row` and column col0 on: D / 64 boxes
+// of the map's rows (fewer than ROWS where the backward's 64-row boxes of dK and dV leave its
+// 128-row tiles), in this thread's current bulk group.
 template <int ROWS, int D>
 __device__ __forceinline__ void kpt_tma_store_tile(const void *map, u32 src, int row, int hc,
-                                                   int bc)
+                                                   int bc, int col0 = 0)
 {
 #pragma unroll
     for (int c = 0; c < D / 64; c++)
-        kpt_tma_store(map, src + c * ROWS * 128, c * 64, row, hc, bc);
+        kpt_tma_store(map, src + c * ROWS * 128, col0 + c * 64, row, hc, bc);
 }
 // Four 8x8 matrices of 16-bit elements into shared memory, each register holding this lane's
 // pair of a row in the mma accumulator layout; lane i gives the address of row i % 8 of matrix

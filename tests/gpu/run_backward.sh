@@ -54,7 +54,9 @@ check document --shape 2,16,16,4133,4133,64
 for s in examples/patterns/*.lua; do
     check "$s" --shape 2,4,2,300,300,64
 done
-# head dim 256 (and Dqk != Dv past 128): the sm_80 kernels in two column parts, on every device
+# head dim 256 (and Dqk != Dv past 128): on sm_90a the warpgroup-MMA kernels with split columns
+# (64 x 64 tiles; Dv = 64 keeps the sm_80 kernels), elsewhere and with KPT_CUDA_WGMMA=0 the sm_80
+# kernels in two column parts
 for pat in causal document+causal 'alibi+softcap(20)' 'sliding_window(100)'; do
     check "$pat" --shape 1,4,2,777,1000,256
 done
@@ -63,6 +65,13 @@ check causal --shape 1,4,2,300,333,256,128
 check alibi+causal --shape 1,4,2,300,333,128,256
 check full --shape 1,2,1,130,200,256,64
 check causal --shape 1,2,2,17,17,256 --layout bshd
+check causal --shape 1,8,2,4133,4133,256
+check tests/mask_bits.lua --shape 1,4,2,777,1000,256
+export KPT_CUDA_WGMMA=0
+for pat in causal document+causal; do
+    check "$pat" --shape 1,4,2,777,1000,256
+done
+unset KPT_CUDA_WGMMA
 # keep bits (sm_90a): both of the backward's layouts, with 64 map rows whose shares of slots run
 # out (tests/mask_bits.lua: the last kv tiles and q tiles evaluate their masks instead)
 check tests/mask_bits.lua --shape 4,16,16,1500,1531,64
@@ -87,7 +96,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
                 --backend cuda "$pat" --shape 1,2,1,130,200,64 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat"; tail -20 "$OUT/san_$tool.log"; }
         done
-        for pat in document+causal tests/gpu/learned_params.lua; do # two column parts
+        for pat in document+causal tests/gpu/learned_params.lua; do # split columns
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
                 --backend cuda "$pat" --shape 1,2,1,130,200,256 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat (D 256)"; tail -20 "$OUT/san_$tool.log"; }
