@@ -107,17 +107,22 @@ static bool tall_offered(const kpt_pattern *p, const kpt_kernel_plan *pl, int dm
            (!pl->has_score || score_cost(p) <= KPT_TALL_SCORE_MAX_COST);
 }
 
+/* A 64 x 64 tile of 16-bit P^T, dS^T or dS that the sm_90a backward's two consumer warpgroups
+ * exchange past head dim 128 (templates/cuda/attention_bwd_sm90.cu, KPT_BWD_SPLIT) */
+#define KPT_BWD_SPLIT_TILE (64 * 64 * 2)
+
 /* The sm_90a kpt_bwd_dkdv's shared memory but for its alignment: K and V, the stages of Q and dO
  * and their row vectors (LSE and delta), and where it sums dQ two dS^T tiles and the
- * warpgroups' f32 dQ tiles (64 columns each); aux gradients' staging. row: the bytes of a Q and
- * a dO row. */
-static size_t bwd_dkdv_smem(const kpt_kernel_plan *pl, size_t row, size_t aux)
+ * warpgroups' f32 dQ tiles (64 columns each), past head dim 128 two pairs of P^T and dS^T
+ * tiles; aux gradients' staging. row: the bytes of a Q and a dO row. */
+static size_t bwd_dkdv_smem(const kpt_kernel_plan *pl, bool wide, size_t row, size_t aux)
 {
     size_t steps = (size_t)pl->stages * KPT_BWD_STEP_ROWS;
-    size_t dq = pl->dq_tiles ? 2 * (size_t)pl->bn * KPT_BWD_STEP_ROWS * 2 +
-                                   2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * pl->dq_tiles
-                             : 0;
-    return (size_t)pl->bn * row + steps * row + steps * 2 * sizeof(float) + dq + aux;
+    size_t x = pl->dq_tiles ? 2 * (size_t)pl->bn * KPT_BWD_STEP_ROWS * 2 +
+                                  2 * (size_t)KPT_BWD_STEP_ROWS * 64 * sizeof(float) * pl->dq_tiles
+               : wide ? 4 * KPT_BWD_SPLIT_TILE
+                      : 0;
+    return (size_t)pl->bn * row + steps * row + steps * 2 * sizeof(float) + x + aux;
 }
 
 static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *cfg,
@@ -159,12 +164,15 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         /* past 128 kpt_bwd_dkdv never sums dQ (a 64 x 256 f32 staging tile a warpgroup does not
          * fit beside its two stages): both modes run kpt_bwd_dq */
         pl.dq_tiles = wide ? 0 : dq_tiles(p, &pl, aux);
-        size_t dkdv = bwd_dkdv_smem(&pl, row, aux);
-        if (wide && 1024 + dkdv + KPT_BWD_STATIC_SMEM > 227 * 1024) { /* with aux staging */
+        size_t dkdv = bwd_dkdv_smem(&pl, wide, row, aux);
+        /* (its static shared memory: mbarriers and step records, under 256 bytes) */
+        if (wide && 1024 + dkdv + 256 > 227 * 1024) { /* with aux staging */
             pl.stages = 1;
-            dkdv = bwd_dkdv_smem(&pl, row, aux);
+            dkdv = bwd_dkdv_smem(&pl, wide, row, aux);
         }
-        size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row;
+        /* kpt_bwd_dq: Q and dO, two stages of K and V, past 128 two dS tiles */
+        size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row +
+                    (wide ? 2 * KPT_BWD_SPLIT_TILE : 0);
         pl.dq_smem_bytes = 1024 + dq; /* + the 1024-byte alignment */
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv);
         *out = pl;

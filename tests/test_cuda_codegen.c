@@ -277,7 +277,8 @@ static void test_plan_backward(void **state)
         assert_int_equal(plan.stages, 2);
         assert_int_equal(plan.dq_tiles, 0);
         assert_false(plan.mask_bits);
-        assert_true(plan.smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
+        assert_true(plan.smem_bytes + 256 <= 227 * 1024); /* kpt_bwd_dkdv's mbarriers, ... */
+        assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
         assert_false(kpt_kernel_bwd_atomic_dq(&plan, false));
     }
     kpt_pattern_destroy(&bits);

@@ -35,8 +35,11 @@ static_assert(KPT_BWD_SUB == 64, "a step is one wgmma of 64 rows");
 // Past head dim 128 (KPT_BWD_SPLIT) a warpgroup's 64 rows of dK and dV (or dQ) would take all its
 // registers, so the plan's tiles are 64 x 64 and both consumer warpgroups take the CTA's same 64
 // rows, warpgroup c the columns c * KPT_BWD_CK .. of dK (dQ) and c * KPT_BWD_CV .. of dV: their
-// registers are those of head dim 128. Each computes the whole S^T and dP^T (a third more
-// products than the columns' share), and kpt_bwd_dkdv does not sum dQ (plan.dq_tiles = 0).
+// registers are those of head dim 128. The products that need every column share their rows
+// instead: in kpt_bwd_dkdv warpgroup c computes S^T and dP^T for the step's queries c * 32 ..
+// + 31 and, through shared memory, both take the whole P^T and dS^T (kpt_bwd_split_step); in
+// kpt_bwd_dq, S and dP for a tile's keys c * 32 .. + 31, the whole dS taken the same way
+// (kpt_bwd_split_dq). kpt_bwd_dkdv does not sum dQ (plan.dq_tiles = 0).
 #define KPT_BWD_SPLIT (KPT_DQK > 128 || KPT_DV > 128)
 #define KPT_BWD_CK (KPT_BWD_SPLIT ? KPT_DQK / 2 : KPT_DQK) // dK's (dQ's) columns a warpgroup
 #define KPT_BWD_CV (KPT_BWD_SPLIT ? KPT_DV / 2 : KPT_DV)   // dV's
@@ -89,6 +92,33 @@ __device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[
             kpt_wgmma_rs_n64(&C[0][0], F[kk], kpt_desc_mn<RB>(b, kk), 1);
     }
 }
+
+#if KPT_BWD_SPLIT
+// C (64 x 32) = A (64 rows at a, in a tile of RA rows) B^T (32 rows at b, in a tile of RB rows),
+// both K-major over KD columns. Issued, not committed.
+template <int KD, int RA, int RB>
+__device__ __forceinline__ void kpt_bwd_ss32(float (&C)[4][4], u32 a, u32 b)
+{
+#pragma unroll
+    for (int kk = 0; kk < KD / 16; kk++)
+        kpt_wgmma_ss_n32(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
+}
+
+// C (64 x N) += A (the 64 x 64 tile at a, K-major: P^T, dS^T or dS from kpt_bwd_put_frags)
+// B (64 rows at b, MN-major, in a tile of RB rows). Issued, not committed.
+template <int N, int RB>
+__device__ __forceinline__ void kpt_bwd_ts(float (&C)[N / 8][4], u32 a, u32 b)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        if (N == 128)
+            kpt_wgmma_ss_n128<0, 1>(&C[0][0], kpt_desc_k<64>(a, kk), kpt_desc_mn<RB>(b, kk), 1);
+        else
+            kpt_wgmma_ss_n64<0, 1>(&C[0][0], kpt_desc_k<64>(a, kk), kpt_desc_mn<RB>(b, kk), 1);
+    }
+}
+#define KPT_BWD_PT (64 * 64 * 2) // a 64 x 64 tile of P^T, dS^T or dS (16-bit)
+#endif
 
 // ---- dK, dV (and dQ by bulk reductions) --------------------------------------------------------
 //
@@ -216,15 +246,18 @@ __device__ __forceinline__ u32 kpt_bwd_tile_keep(const kpt_args &A, const kpt_un
     return partial ? kpt_bwd_keep<KPT_BWD_SUB, KR>(A, U, b, h, row0, col0, lane) : ~0u;
 }
 
-// This warp's 16 x 64 block of dS^T (A fragments, rows r0 on in the CTA's tile) into the swizzled
-// [KPT_BN keys][64 queries] tile at t.
-__device__ __forceinline__ void kpt_bwd_put_ds(u32 t, const u32 (&E)[4][4], int r0, int lane)
+// This warp's 16 x N block of A fragments (rows r0 on, columns c0 on: dS^T or P^T) into a swizzled
+// tile of 64 columns at t (16-bit elements, rows of 128 bytes), the operand layout of wgmma.
+template <int N>
+__device__ __forceinline__ void kpt_bwd_put_frags(u32 t, const u32 (&E)[N / 16][4], int r0, int c0,
+                                                  int lane)
 {
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++)
+    for (int kk = 0; kk < N / 16; kk++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int r = r0 + (lane >> 2) + (i & 1) * 8, q = kk * 16 + (i >> 1) * 8 + (lane & 3) * 2;
+            const int r = r0 + (lane >> 2) + (i & 1) * 8;
+            const int q = c0 + kk * 16 + (i >> 1) * 8 + (lane & 3) * 2;
             const u32 a = t + (u32)(r * 128 + (((q >> 3) ^ (r & 7)) << 4) + (q & 7) * 2);
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(E[kk][i]) : "memory");
         }
@@ -307,8 +340,13 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
 #define KPT_BWD_QB (KPT_BWD_SUB * KPT_DQK * 2) // a stage: Q rows, then dO rows
 #define KPT_BWD_STAGE (KPT_BWD_QB + KPT_BWD_SUB * KPT_DV * 2)
 #define KPT_BWD_DS (KPT_BN * KPT_BWD_SUB * 2) // a dS^T tile of the default mode's dQ (two)
-// the bytes of both dS^T tiles and of the warpgroups' dQ staging tiles (none without dQ sums)
-#define KPT_BWD_DQ_SMEM (KPT_BWD_DQ_TILES ? 2 * KPT_BWD_DS + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB : 0)
+// after the stages: both dS^T tiles and the warpgroups' dQ staging tiles where dQ is summed; with
+// split columns, two pairs of P^T and dS^T tiles (by step parity); else nothing
+#if KPT_BWD_SPLIT
+#define KPT_BWD_X_SMEM (4 * KPT_BWD_PT)
+#else
+#define KPT_BWD_X_SMEM (KPT_BWD_DQ_TILES ? 2 * KPT_BWD_DS + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB : 0)
+#endif
 
 // The CTA of both kernels: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
 // the runtime launches the plan's warps and KPT_BWD_PRODUCER_WARPS (codegen, from
@@ -375,6 +413,68 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
     }
 }
 
+#if KPT_BWD_SPLIT
+// A kpt_bwd_dkdv step with split columns (KPT_BWD_SPLIT), warpgroup c: S^T and dP^T of the CTA's
+// 64 keys against the step's queries q0 + c * 32 .. + 31, then P^T and dS^T into the pair of
+// tiles at tP (P^T, then dS^T), a barrier of both warpgroups, and dV += P^T dO, dK += dS^T Q over
+// all 64 queries for this warpgroup's columns. Leaves the products in flight. Both warpgroups
+// are at most a step apart (the barrier), and each waits for its products before the next step,
+// so tiles taken by step parity are free when written.
+template <bool AUXG>
+__device__ __forceinline__ void kpt_bwd_split_step(
+    const kpt_args &A, const kpt_uniform &U, const kpt_gargs &G, int b, int h, int krow, int q0,
+    bool partial, u32 sK, u32 sV, u32 tQ, u32 tO, const float *lse, const float *del, u32 tP,
+    int c, int cw, int lane, float (&dK)[KPT_BWD_CK / 8][4], float (&dV)[KPT_BWD_CV / 8][4],
+    float2 *s_aux)
+{
+    const int qc = q0 + c * 32; // this warpgroup's queries
+    float S[4][4], dP[4][4];
+    kpt_wgmma_fence();
+    kpt_bwd_ss32<KPT_DQK, KPT_BN, KPT_BWD_SUB>(S, sK, tQ + c * 32 * 128);
+    kpt_wgmma_commit();
+    kpt_bwd_ss32<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, sV, tO + c * 32 * 128);
+    kpt_wgmma_commit();
+    const u32 keep = partial ? kpt_bwd_keep<32, true>(A, U, b, h, krow, qc, lane) : ~0u;
+    kpt_wgmma_wait<1>();
+    kpt_wgmma_regs<16>(&S[0][0]);
+    float D[4][4]; // d s'/d s (with a score mod)
+    kpt_bwd_probs<32, true>(A, U, b, h, krow, qc, keep, S, D, lse + c * 32, nullptr, lane);
+    u32 F[2][4];
+    kpt_frags<32>(F, S);
+    kpt_bwd_put_frags<32>(tP, F, (cw & 3) * 16, c * 32, lane);
+    constexpr bool fold = KPT_HAS_SCORE && !AUXG;
+    if (fold)
+        kpt_bwd_fold<32>(S, D);
+    kpt_wgmma_wait<0>();
+    kpt_wgmma_regs<16>(&dP[0][0]);
+#if KPT_AUX_GRADS
+    if (AUXG && G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
+        float X[4][4];
+        kpt_wgmma_fence();
+        kpt_bwd_ss32<KPT_DQK, KPT_BN, KPT_BWD_SUB>(X, sK, tQ + c * 32 * 128);
+        kpt_wgmma_commit();
+        kpt_wgmma_wait<0>();
+        kpt_wgmma_regs<16>(&X[0][0]);
+        kpt_bwd_aux<32>(A, U, G, b, h, krow, qc, X, S, dP, del + c * 32,
+                        s_aux + cw * KPT_AUX_CHUNK * 32, kpt_daux_table(s_aux), lane);
+    }
+#else
+    (void)G, (void)s_aux;
+#endif
+    kpt_bwd_ds<32, true, KPT_HAS_SCORE && !fold>(S, dP, D, del + c * 32, nullptr, lane);
+    u32 E[2][4];
+    kpt_frags<32>(E, S);
+    kpt_bwd_put_frags<32>(tP + KPT_BWD_PT, E, (cw & 3) * 16, c * 32, lane);
+    kpt_fence_proxy_async();
+    kpt_bar_sync(1, KPT_THREADS); // both halves of P^T and dS^T are in
+    kpt_wgmma_fence();
+    kpt_bwd_ts<KPT_BWD_CV, KPT_BWD_SUB>(dV, tP, tO + kpt_bwd_cols(c, KPT_BWD_CV, KPT_BWD_SUB));
+    kpt_bwd_ts<KPT_BWD_CK, KPT_BWD_SUB>(dK, tP + KPT_BWD_PT,
+                                        tQ + kpt_bwd_cols(c, KPT_BWD_CK, KPT_BWD_SUB));
+    kpt_wgmma_commit();
+}
+#endif
+
 // The kv tile of this CTA of kpt_bwd_dkdv. In order: neighbouring CTAs walk mostly the same q
 // tiles at the same time, so their Q and dO come from L2. But then the grid's last CTAs may be
 // heavy (a long document's) and leave the SMs idle as they finish; so with a block map the rows
@@ -417,7 +517,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     const u32 sDS = sQ + KPT_STAGES * KPT_BWD_STAGE; // dS^T for the default mode's dQ, two
     const u32 sDQ = sDS + 2 * KPT_BWD_DS;            // the warpgroups' dQ tiles (by parity)
     // per stage: lse, delta
-    float *s_rv = (float *)(kpt_smem_kv + (sDS + KPT_BWD_DQ_SMEM - s0));
+    float *s_rv = (float *)(kpt_smem_kv + (sDS + KPT_BWD_X_SMEM - s0));
 #if KPT_AUX_GRADS
     float2 *s_aux = (float2 *)(s_rv + KPT_STAGES * 2 * KPT_BWD_SUB); // kpt_bwd_aux's staging
 #endif
@@ -480,7 +580,18 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         const u32 tQ = sQ + st * KPT_BWD_STAGE, tO = tQ + KPT_BWD_QB;
         const float *lse = s_rv + st * 2 * KPT_BWD_SUB, *del = lse + KPT_BWD_SUB;
         const int h = s.x, q0 = s.y * KPT_BM + s.z * KPT_BWD_SUB;
-
+#if KPT_BWD_SPLIT
+        kpt_bwd_split_step<AUXG>(A, U, G, b, h, krow, q0,
+                                 s.w != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq, sK,
+                                 sV, tQ, tO, lse, del, sDS + (i & 1) * 2 * KPT_BWD_PT, c, cw,
+                                 lane, dK, dV,
+#if KPT_AUX_GRADS
+                                 s_aux);
+#else
+                                 nullptr);
+#endif
+        (void)sDQ, (void)cQ, (void)cO;
+#else
         // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys against the step's queries.
         float S[8][4], dP[8][4];
         kpt_wgmma_fence();
@@ -510,9 +621,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&dP[0][0]);
 #if KPT_AUX_GRADS
-        // (with split columns both warpgroups have every pair of the step: the first adds them)
-        if (AUXG && G.daux_on && (!KPT_BWD_SPLIT || c == 0)) {
-            // S^T once more: the scores are gone, and kept they cost registers
+        if (AUXG && G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
             float X[8][4];
             kpt_wgmma_fence();
             kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB>(X, wK, tQ);
@@ -533,12 +642,13 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
 #if KPT_BWD_DQ_TILES
         if (G.dqacc) {
             const u32 tDS = sDS + (i & 1) * KPT_BWD_DS;
-            kpt_bwd_put_ds(tDS, E, c * 64 + (cw & 3) * 16, lane);
+            kpt_bwd_put_frags<64>(tDS, E, c * 64 + (cw & 3) * 16, 0, lane);
             kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane, i % KPT_BWD_DQ_TILES);
         }
 #else
         (void)sDQ;
 #endif
+#endif // KPT_BWD_SPLIT
         kpt_wgmma_wait<0>(); // the stage is read: hand it back
         kpt_wgmma_regs<KPT_BWD_CK / 2>(&dK[0][0]);
         kpt_wgmma_regs<KPT_BWD_CV / 2>(&dV[0][0]);
@@ -629,9 +739,47 @@ __device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt
     }
 }
 
+#if KPT_BWD_SPLIT
+// 64 keys (k0 on, at hK and hV) of a kpt_bwd_dq CTA with split columns, warpgroup c: S and dP of
+// the CTA's 64 queries against keys k0 + c * 32 .. + 31, dS into the tile at tS, a barrier of
+// both warpgroups, and dQ += dS K over all 64 keys for this warpgroup's columns. Leaves the
+// product in flight (tiles taken by parity are free when written, as kpt_bwd_split_step's).
+__device__ __forceinline__ void kpt_bwd_split_dq(const kpt_args &A, const kpt_uniform &U, int b,
+                                                 int h, int row0, int k0, bool partial, u32 sQ,
+                                                 u32 sO, u32 hK, u32 hV, const float (&lse)[2],
+                                                 const float (&del)[2], u32 tS, int c, int cw,
+                                                 int lane, float (&dQ)[KPT_BWD_CK / 8][4])
+{
+    const int kc = k0 + c * 32; // this warpgroup's keys
+    float S[4][4], dP[4][4];
+    kpt_wgmma_fence();
+    kpt_bwd_ss32<KPT_DQK, KPT_BM, KPT_BN>(S, sQ, hK + c * 32 * 128);
+    kpt_wgmma_commit();
+    kpt_bwd_ss32<KPT_DV, KPT_BM, KPT_BN>(dP, sO, hV + c * 32 * 128);
+    kpt_wgmma_commit();
+    const u32 keep = partial ? kpt_bwd_keep<32, false>(A, U, b, h, row0, kc, lane) : ~0u;
+    kpt_wgmma_wait<1>();
+    kpt_wgmma_regs<16>(&S[0][0]);
+    float D[4][4]; // d s'/d s (with a score mod)
+    kpt_bwd_probs<32, false>(A, U, b, h, row0, kc, keep, S, D, nullptr, lse, lane);
+    kpt_wgmma_wait<0>();
+    kpt_wgmma_regs<16>(&dP[0][0]);
+    kpt_wgmma_regs<KPT_BWD_CK / 2>(&dQ[0][0]);
+    kpt_bwd_ds<32, false>(S, dP, D, nullptr, del, lane);
+    u32 E[2][4];
+    kpt_frags<32>(E, S);
+    kpt_bwd_put_frags<32>(tS, E, (cw & 3) * 16, c * 32, lane);
+    kpt_fence_proxy_async();
+    kpt_bar_sync(1, KPT_THREADS); // both halves of dS are in
+    kpt_wgmma_fence();
+    kpt_bwd_ts<KPT_BWD_CK, KPT_BN>(dQ, tS, hK + kpt_bwd_cols(c, KPT_BWD_CK, KPT_BN));
+    kpt_wgmma_commit();
+}
+#endif
+
 // One CTA per (128-query tile, head, batch row), as kpt_bwd_dkdv a producer warpgroup (one
 // thread of it issues the TMA copies) and two consumer warpgroups, c = 0 and 1, of queries
-// c * 64 .. + 63, which never wait for each other.
+// c * 64 .. + 63, which never wait for each other (with split columns: kpt_bwd_split_dq).
 extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
 kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
 {
@@ -709,6 +857,12 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             if (!(halves >> half & 1))
                 continue; // no kept pair in these 64 keys
             const u32 hK = tK + half * KPT_BWD_SUB * 128, hV = tV + half * KPT_BWD_SUB * 128;
+            const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
+#if KPT_BWD_SPLIT
+            (void)wO, (void)ts;
+            kpt_bwd_split_dq(A, U, b, h, row0, k0, partial, sQ, sO, hK, hV, lse, del,
+                             sK + 2 * KPT_BWD_KSTAGE + (i & 1) * KPT_BWD_PT, c, cw, lane, dQ);
+#else
             // S = Q K^T and dP = dO V^T: this warpgroup's 64 queries against 64 keys
             float S[8][4], dP[8][4];
             kpt_wgmma_fence();
@@ -716,7 +870,6 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_wgmma_commit();
             kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN>(dP, wO, hV);
             kpt_wgmma_commit();
-            const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
             const u32 keep =
                 kpt_bwd_tile_keep<false>(A, U, b, h, row0, k0, half, ts, partial, lane);
             kpt_wgmma_wait<1>();
@@ -734,6 +887,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_wgmma_fence();
             kpt_bwd_rs<KPT_BWD_CK, KPT_BN>(dQ, F, hK + cK);
             kpt_wgmma_commit();
+#endif
         }
         kpt_wgmma_wait<0>(); // the stage is read: hand it back
         kpt_wgmma_regs<KPT_BWD_CK / 2>(&dQ[0][0]);

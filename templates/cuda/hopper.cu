@@ -10,8 +10,9 @@
 #define KPT_WG_T "f16"
 #endif
 
-// Operands of the warpgroup products: D, N / 2 floats (N = 64, 128 or 256), in operands %0 on;
+// Operands of the warpgroup products: D, N / 2 floats (N = 32, 64, 128 or 256), in operands %0 on;
 // KPT_ACC* name them in the asm text, KPT_D* bind them.
+#define KPT_ACC16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define KPT_ACC32                                                                                  \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -38,13 +39,15 @@
 // D (64 x 128, f32) += A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major)^T;
 // scale_d = 0 ignores D's old value. One asm statement per k step: issuing the k steps of S from
 // one statement (as P V does) compiles ~5 % faster but ran 2-5 % slower (H100: full, alibi).
+// TA, TB = 1: A or B is MN-major instead (as kpt_wgmma_ss_n64's).
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void kpt_wgmma_ss_n128(float *d, u64 da, u64 db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC64
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
                  : KPT_D64
-                 : "l"(da), "l"(db), "r"(scale_d));
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 // The same with B 16 x 64: S of 64-key tiles (head dim 256). TA, TB = 1: A or B is MN-major
@@ -57,6 +60,17 @@ __device__ __forceinline__ void kpt_wgmma_ss_n64(float *d, u64 da, u64 db, int s
                  "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
                  : KPT_D32
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+// The same with B 16 x 32 (K-major): the backward's S^T and dP^T where the two consumer
+// warpgroups split a step's 64 queries (head dims past 128).
+__device__ __forceinline__ void kpt_wgmma_ss_n32(float *d, u64 da, u64 db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." KPT_WG_T "." KPT_WG_T " " KPT_ACC16
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : KPT_D8(0), KPT_D8(8)
+                 : "l"(da), "l"(db), "r"(scale_d));
 }
 
 // D (64 x 64, f32) += A (64 x 16, registers, the mma.sync A-fragment layout per warp) *
