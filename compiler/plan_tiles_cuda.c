@@ -55,7 +55,9 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * kpt_bwd_dq keeps Q and dO of its 128 queries and streams 128-key tiles of K and V through two
  * stages, the same way. Each launch takes its own dynamic shared memory (plan.smem_bytes,
  * plan.dq_smem_bytes): kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for
- * kpt_bwd_dq's static tile classes. */
+ * kpt_bwd_dq's static tile classes. Past head dim 128 on sm_90a (Dqk and Dv multiples of 128):
+ * 64 x 64 tiles, both warpgroups on the same 64 rows, each half of the gradients' columns
+ * (KPT_BWD_SPLIT there), no keep bits and no dQ sums (dq_tiles 0). */
 #define KPT_BWD_AUX_CHUNK 8 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
 #define KPT_BWD_DAUX_TAB 16960 /* sizeof(kpt_daux_tab) there: a CTA's sums of small aux gradients */
 /* the sm_80 backward kernels' static shared memory, at most (kpt_bwd_dq's tile classes: 2064

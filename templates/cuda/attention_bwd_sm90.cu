@@ -5,9 +5,10 @@
 // In the deterministic mode the same split as on sm_80, and so the same guarantee: no float
 // atomics, every sum in a fixed order, bitwise reproducible results; by default dq is summed by
 // TMA bulk reductions inside kpt_bwd_dkdv instead (below) and kpt_bwd_dq does not run. Tiles are
-// 128 x 128 (the plan's bm and bn: tile classes and block maps use them). A CTA is a producer
-// warpgroup and two consumer warpgroups of 64 rows (KPT_BWD_THREADS = 384; setmaxnreg gives the
-// consumers 240 registers), and every product is a wgmma of 64 rows:
+// 128 x 128 (the plan's bm and bn: tile classes and block maps use them; 64 x 64 with split
+// columns past head dim 128, KPT_BWD_SPLIT below, which this overview does not describe). A
+// CTA is a producer warpgroup and two consumer warpgroups of 64 rows (KPT_BWD_THREADS = 384;
+// setmaxnreg gives the consumers 240 registers), and every product is a wgmma of 64 rows:
 //   kpt_bwd_dkdv  one CTA per (128-key tile, kv head, batch row); consumer c owns keys
 //                 c * 64 .. + 63, dK and dV in registers, K and V resident in shared memory. A
 //                 producer warp walks the live 128-query tiles of the group's heads in halves
