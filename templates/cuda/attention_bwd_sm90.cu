@@ -416,10 +416,11 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
 
 #if KPT_BWD_SPLIT
 // A kpt_bwd_dkdv step with split columns (KPT_BWD_SPLIT), warpgroup c: S^T and dP^T of the CTA's
-// 64 keys against the step's queries q0 + c * 32 .. + 31, then P^T and dS^T into the pair of
-// tiles at tP (P^T, then dS^T), a barrier of both warpgroups, and dV += P^T dO, dK += dS^T Q over
-// all 64 queries for this warpgroup's columns. Leaves the products in flight. Both warpgroups
-// are at most a step apart (the barrier), and each waits for its products before the next step,
+// 64 keys against the step's queries q0 + c * 32 .. + 31; its half of P^T into the tile at tP
+// and, after a barrier of both warpgroups, dV += P^T dO over all 64 queries for this
+// warpgroup's columns, issued before dS is computed; then its half of dS^T into the tile after
+// and, after a second barrier, dK += dS^T Q. Leaves the products in flight. Both warpgroups are
+// at most a step apart (the barriers), and each waits for its products before the next step,
 // so tiles taken by step parity are free when written.
 template <bool AUXG>
 __device__ __forceinline__ void kpt_bwd_split_step(
@@ -443,10 +444,15 @@ __device__ __forceinline__ void kpt_bwd_split_step(
     u32 F[2][4];
     kpt_frags<32>(F, S);
     kpt_bwd_put_frags<32>(tP, F, (cw & 3) * 16, c * 32, lane);
+    kpt_fence_proxy_async();
+    kpt_bar_sync(1, KPT_THREADS); // both halves of P^T are in
+    kpt_wgmma_fence();
+    kpt_bwd_ts<KPT_BWD_CV, KPT_BWD_SUB>(dV, tP, tO + kpt_bwd_cols(c, KPT_BWD_CV, KPT_BWD_SUB));
+    kpt_wgmma_commit();
     constexpr bool fold = KPT_HAS_SCORE && !AUXG;
     if (fold)
         kpt_bwd_fold<32>(S, D);
-    kpt_wgmma_wait<0>();
+    kpt_wgmma_wait<1>();
     kpt_wgmma_regs<16>(&dP[0][0]);
 #if KPT_AUX_GRADS
     if (AUXG && G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
@@ -467,9 +473,8 @@ __device__ __forceinline__ void kpt_bwd_split_step(
     kpt_frags<32>(E, S);
     kpt_bwd_put_frags<32>(tP + KPT_BWD_PT, E, (cw & 3) * 16, c * 32, lane);
     kpt_fence_proxy_async();
-    kpt_bar_sync(1, KPT_THREADS); // both halves of P^T and dS^T are in
+    kpt_bar_sync(1, KPT_THREADS); // both halves of dS^T are in
     kpt_wgmma_fence();
-    kpt_bwd_ts<KPT_BWD_CV, KPT_BWD_SUB>(dV, tP, tO + kpt_bwd_cols(c, KPT_BWD_CV, KPT_BWD_SUB));
     kpt_bwd_ts<KPT_BWD_CK, KPT_BWD_SUB>(dK, tP + KPT_BWD_PT,
                                         tQ + kpt_bwd_cols(c, KPT_BWD_CK, KPT_BWD_SUB));
     kpt_wgmma_commit();
