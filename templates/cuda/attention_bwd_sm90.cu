@@ -863,9 +863,9 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             if (!(halves >> half & 1))
                 continue; // no kept pair in these 64 keys
             const u32 hK = tK + half * KPT_BWD_SUB * 128, hV = tV + half * KPT_BWD_SUB * 128;
-            const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
 #if KPT_BWD_SPLIT
             (void)wO, (void)ts;
+            const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
             kpt_bwd_split_dq(A, U, b, h, row0, k0, partial, sQ, sO, hK, hV, lse, del,
                              sK + 2 * KPT_BWD_KSTAGE + (i & 1) * KPT_BWD_PT, c, cw, lane, dQ);
 #else
@@ -876,6 +876,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_wgmma_commit();
             kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN>(dP, wO, hV);
             kpt_wgmma_commit();
+            const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
             const u32 keep =
                 kpt_bwd_tile_keep<false>(A, U, b, h, row0, k0, half, ts, partial, lane);
             kpt_wgmma_wait<1>();
