@@ -70,14 +70,19 @@ template <int ROWS> __device__ __forceinline__ u64 kpt_desc_mn(u32 t, int kk)
     return kpt_sw128_desc(t + (u32)(kk * 16 * 128), ROWS * 128, 1024);
 }
 
-// C (64 x 64) = A (64 rows at a, in a tile of RA rows) B^T (64 rows at b, in a tile of RB rows),
-// both K-major over KD columns. Issued, not committed.
-template <int KD, int RA, int RB>
-__device__ __forceinline__ void kpt_bwd_ss(float (&C)[8][4], u32 a, u32 b)
+// C (64 x N, N = 64 or 32) = A (64 rows at a, in a tile of RA rows) B^T (N rows at b, in a tile
+// of RB rows), both K-major over KD columns. Issued, not committed.
+template <int KD, int RA, int RB, int N = 64>
+__device__ __forceinline__ void kpt_bwd_ss(float (&C)[N / 8][4], u32 a, u32 b)
 {
+    static_assert(N == 64 || N == 32, "m64n64k16 or m64n32k16");
 #pragma unroll
-    for (int kk = 0; kk < KD / 16; kk++)
-        kpt_wgmma_ss_n64(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
+    for (int kk = 0; kk < KD / 16; kk++) {
+        if (N == 64)
+            kpt_wgmma_ss_n64(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
+        else
+            kpt_wgmma_ss_n32(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
+    }
 }
 
 // C (64 x N) += F (64 x 64, registers: A fragments) B (64 rows at b, MN-major, in a tile of RB
@@ -95,16 +100,6 @@ __device__ __forceinline__ void kpt_bwd_rs(float (&C)[N / 8][4], const u32 (&F)[
 }
 
 #if KPT_BWD_SPLIT
-// C (64 x 32) = A (64 rows at a, in a tile of RA rows) B^T (32 rows at b, in a tile of RB rows),
-// both K-major over KD columns. Issued, not committed.
-template <int KD, int RA, int RB>
-__device__ __forceinline__ void kpt_bwd_ss32(float (&C)[4][4], u32 a, u32 b)
-{
-#pragma unroll
-    for (int kk = 0; kk < KD / 16; kk++)
-        kpt_wgmma_ss_n32(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
-}
-
 // C (64 x N) += A (the 64 x 64 tile at a, K-major: P^T, dS^T or dS from kpt_bwd_put_frags)
 // B (64 rows at b, MN-major, in a tile of RB rows). Issued, not committed.
 template <int N, int RB>
@@ -432,9 +427,9 @@ __device__ __forceinline__ void kpt_bwd_split_step(
     const int qc = q0 + c * 32; // this warpgroup's queries
     float S[4][4], dP[4][4];
     kpt_wgmma_fence();
-    kpt_bwd_ss32<KPT_DQK, KPT_BN, KPT_BWD_SUB>(S, sK, tQ + c * 32 * 128);
+    kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB, 32>(S, sK, tQ + c * 32 * 128);
     kpt_wgmma_commit();
-    kpt_bwd_ss32<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, sV, tO + c * 32 * 128);
+    kpt_bwd_ss<KPT_DV, KPT_BN, KPT_BWD_SUB, 32>(dP, sV, tO + c * 32 * 128);
     kpt_wgmma_commit();
     const u32 keep = partial ? kpt_bwd_keep<32, true>(A, U, b, h, krow, qc, lane) : ~0u;
     kpt_wgmma_wait<1>();
@@ -458,7 +453,7 @@ __device__ __forceinline__ void kpt_bwd_split_step(
     if (AUXG && G.daux_on) { // S^T once more: the scores are gone, and kept they cost registers
         float X[4][4];
         kpt_wgmma_fence();
-        kpt_bwd_ss32<KPT_DQK, KPT_BN, KPT_BWD_SUB>(X, sK, tQ + c * 32 * 128);
+        kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB, 32>(X, sK, tQ + c * 32 * 128);
         kpt_wgmma_commit();
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs<16>(&X[0][0]);
@@ -759,9 +754,9 @@ __device__ __forceinline__ void kpt_bwd_split_dq(const kpt_args &A, const kpt_un
     const int kc = k0 + c * 32; // this warpgroup's keys
     float S[4][4], dP[4][4];
     kpt_wgmma_fence();
-    kpt_bwd_ss32<KPT_DQK, KPT_BM, KPT_BN>(S, sQ, hK + c * 32 * 128);
+    kpt_bwd_ss<KPT_DQK, KPT_BM, KPT_BN, 32>(S, sQ, hK + c * 32 * 128);
     kpt_wgmma_commit();
-    kpt_bwd_ss32<KPT_DV, KPT_BM, KPT_BN>(dP, sO, hV + c * 32 * 128);
+    kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN, 32>(dP, sO, hV + c * 32 * 128);
     kpt_wgmma_commit();
     const u32 keep = partial ? kpt_bwd_keep<32, false>(A, U, b, h, row0, kc, lane) : ~0u;
     kpt_wgmma_wait<1>();
