@@ -67,6 +67,8 @@ check full --shape 1,2,1,130,200,256,64
 check causal --shape 1,2,2,17,17,256 --layout bshd
 check causal --shape 1,8,2,4133,4133,256
 check tests/mask_bits.lua --shape 1,4,2,777,1000,256
+check causal --shape 1,2,1,1,17,256
+check causal_bottom_right --shape 1,2,2,200,64,256
 export KPT_CUDA_WGMMA=0
 for pat in causal document+causal; do
     check "$pat" --shape 1,4,2,777,1000,256
