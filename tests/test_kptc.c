@@ -339,7 +339,13 @@ static void test_check_backward(void **state)
     if (dir)
         closedir(dir);
     assert_true(!examples || scripts >= 10);
-    result *r = run("emit", "--backward", "--emit", "cuda", "document+causal+softcap(30)", NULL);
+    /* sinks on the dense shape: their gradient too (rows with no key keep a finite LSE) */
+    result *r = run("check", "causal_bottom_right+softcap(20)", "--backward", "--sinks", "--shape",
+                    "1,4,2,50,30,32", NULL);
+    EXPECT(r, 0, out, "sinks      standard normal, one per query head");
+    EXPECT(r, 0, out, "all rows consistent");
+    EXPECT(r, 0, out, "dsinks: finite differences agree");
+    r = run("emit", "--backward", "--emit", "cuda", "document+causal+softcap(30)", NULL);
     EXPECT(r, 0, out, "kpt_bwd_dkdv");
     EXPECT(r, 0, out, "ds = ");
     r = run("emit", "--backward", "--emit", "hip", "causal", NULL);

@@ -74,6 +74,11 @@ for pat in causal document+causal; do
     check "$pat" --shape 1,4,2,777,1000,256
 done
 unset KPT_CUDA_WGMMA
+# sinks on the dense shape, their gradient (kpt_bwd_dsinks) too, at every kernel family's dims
+for shape in 2,4,2,1000,1000,64 1,8,2,777,1000,128 1,4,2,777,1000,256; do
+    check 'causal+softcap(30)' --sinks --shape $shape
+done
+check causal_bottom_right --sinks --shape 1,4,4,300,200,128 --dtype f16
 # keep bits (sm_90a): both of the backward's layouts, with 64 map rows whose shares of slots run
 # out (tests/mask_bits.lua: the last kv tiles and q tiles evaluate their masks instead)
 check tests/mask_bits.lua --shape 4,16,16,1500,1531,64

@@ -421,6 +421,9 @@ static int save_all(const check_ctx *c, const kpt_attention_args *args)
     return 0;
 }
 
+/* The dense check's host buffers: q, k, v, o, lse, and the sinks (--sinks --backward). */
+#define NBUFS 6
+
 static void free_check(check_ctx *c, void **bufs, int nbufs)
 {
     for (int i = 0; i < nbufs; i++)
@@ -509,7 +512,8 @@ int kptc_cmd_check(int argc, char **argv)
     if ((rc = parse_shape(&c)) || (rc = parse_scalars(&c)) || (rc = check_backend_dtype(&c)))
         return rc;
     kptc_paged_opts po = {0};
-    bool paged = c.o.page_size || c.o.seqlens || c.o.sinks;
+    /* --sinks alone asks for serving mode; with --backward, sinks on the dense shape */
+    bool paged = c.o.page_size || c.o.seqlens || (c.o.sinks && !c.o.backward);
     if (paged && (rc = parse_paged(&c, &po)))
         return rc;
     kpt_diag d = {0};
@@ -525,7 +529,7 @@ int kptc_cmd_check(int argc, char **argv)
         free_check(&c, NULL, 0);
         return rc;
     }
-    void *bufs[5] = {0};
+    void *bufs[NBUFS] = {0};
     if ((rc = make_aux(&c))) {
         free_check(&c, bufs, 0);
         return rc;
@@ -542,8 +546,9 @@ int kptc_cmd_check(int argc, char **argv)
     bufs[2] = random_tensor(&rng, c.dtype, c.B * c.Hkv * c.Skv * c.Dv);
     bufs[3] = malloc((size_t)(c.B * c.Hq * c.Sq * c.Dv) * sizeof(double));
     bufs[4] = malloc((size_t)(c.B * c.Hq * c.Sq) * sizeof(double));
-    if (!bufs[0] || !bufs[1] || !bufs[2] || !bufs[3] || !bufs[4]) {
-        free_check(&c, bufs, 5);
+    bufs[5] = c.o.sinks ? random_tensor(&rng, KPT_DTYPE_F32, c.Hq) : NULL;
+    if (!bufs[0] || !bufs[1] || !bufs[2] || !bufs[3] || !bufs[4] || (c.o.sinks && !bufs[5])) {
+        free_check(&c, bufs, NBUFS);
         fprintf(stderr, "kptc: out of memory\n");
         return 1;
     }
@@ -558,22 +563,24 @@ int kptc_cmd_check(int argc, char **argv)
         .aux = c.aux,
         .num_aux = c.naux,
     };
+    if (bufs[5])
+        args.sinks = kpt_tensor_contiguous(bufs[5], KPT_DTYPE_F32, 1, (int64_t[]){c.Hq});
     kpt_attn_binding bind;
     st = kpt_attn_bind(c.p, &args, &bind, &d);
     if (st) {
-        free_check(&c, bufs, 5);
+        free_check(&c, bufs, NBUFS);
         return kptc_report(&d, st);
     }
     double t0 = now();
     st = kpt_reference_attention(c.p, &args, &d);
     double t1 = now();
     if (st) {
-        free_check(&c, bufs, 5);
+        free_check(&c, bufs, NBUFS);
         return kptc_report(&d, st);
     }
     mask_stats ms;
     if (mask_stats_compute(&c, bind.scalars, bind.aux, &ms)) {
-        free_check(&c, bufs, 5);
+        free_check(&c, bufs, NBUFS);
         fprintf(stderr, "kptc: out of memory\n");
         return 1;
     }
@@ -600,9 +607,9 @@ int kptc_cmd_check(int argc, char **argv)
             if (lse[r] > lse_hi) lse_hi = lse[r];
         }
     }
-    bad += masked != ms.empty_rows;
+    bad += masked != (bufs[5] ? 0 : ms.empty_rows); /* a sink keeps every row's LSE finite */
     if (c.o.save && save_all(&c, &args)) {
-        free_check(&c, bufs, 5);
+        free_check(&c, bufs, NBUFS);
         return 1;
     }
     printf("kptc check: pattern '%s' on the cpu reference (double precision)\n", c.p->name);
@@ -611,6 +618,8 @@ int kptc_cmd_check(int argc, char **argv)
            (long long)c.Dqk, (long long)c.Dv);
     printf("  inputs     %s, layout %s, seed %llu, standard normal\n", kpt_dtype_name(c.dtype),
            c.bshd ? "bshd" : "bhsd", (unsigned long long)c.seed);
+    if (bufs[5])
+        printf("  sinks      standard normal, one per query head (f32)\n");
     for (int i = 0; i < c.p->num_scalars; i++) {
         const kpt_scalar_decl *s = &c.p->scalars[i];
         double v = s->type == KPT_IR_I32 ? bind.scalars[i].i : bind.scalars[i].f;
@@ -643,7 +652,7 @@ int kptc_cmd_check(int argc, char **argv)
         rc = kptc_check_device(c.dev, c.p, &args, c.dtype);
     if (!rc && c.o.backward && !bad && ms.agrees)
         rc = kptc_check_backward(c.dev, c.p, &args, c.dtype, c.seed);
-    free_check(&c, bufs, 5);
+    free_check(&c, bufs, NBUFS);
     if (rc)
         return rc;
     if (bad || !ms.agrees) {

@@ -20,6 +20,7 @@ typedef struct bwd_check {
     kpt_rng rng;
     void *dout;               /* dO in the input dtype, o's strides */
     double *dq, *dk, *dv;     /* the reference's gradients, q's, k's and v's strides */
+    double *dsinks;           /* the sinks' gradient ([Hq]) where the call has sinks, else NULL */
     double *daux[KPT_MAX_AUX]; /* float aux tensors' gradients, contiguous */
     kpt_aux_tensor daux_t[KPT_MAX_AUX];
     int ndaux;
@@ -77,6 +78,12 @@ static bool setup(bwd_check *c)
     }
     c->g.daux = c->daux_t;
     c->g.num_daux = c->ndaux;
+    if (r->sinks.data) {
+        const int64_t hq = r->sinks.shape[0];
+        if (!(c->dsinks = calloc((size_t)hq, sizeof(double))))
+            return false;
+        c->g.dsinks = kpt_tensor_contiguous(c->dsinks, KPT_DTYPE_F64, 1, &hq);
+    }
     return true;
 }
 
@@ -86,6 +93,7 @@ static void teardown(bwd_check *c)
     free(c->dq);
     free(c->dk);
     free(c->dv);
+    free(c->dsinks);
     for (int a = 0; a < c->ndaux; a++)
         free(c->daux[a]);
 }
@@ -179,12 +187,15 @@ static int check_fd(bwd_check *c)
     a.aux = aux;
     double *q = copy_f64(&r->q), *k = copy_f64(&r->k), *v = copy_f64(&r->v);
     double *o = malloc((size_t)elems(&r->o) * sizeof(double));
+    double *sk = r->sinks.data ? copy_f64(&r->sinks) : NULL;
     void *auxc[KPT_MAX_AUX] = {0};
-    bool ok = q && k && v && o;
+    bool ok = q && k && v && o && (sk || !r->sinks.data);
     a.q = like(&r->q, q, KPT_DTYPE_F64);
     a.k = like(&r->k, k, KPT_DTYPE_F64);
     a.v = like(&r->v, v, KPT_DTYPE_F64);
     a.o = like(&r->o, o, KPT_DTYPE_F64);
+    if (sk)
+        a.sinks = like(&r->sinks, sk, KPT_DTYPE_F64);
     a.lse.data = NULL;
     const double tol = 2e-3;
     double worst = 0;
@@ -196,6 +207,11 @@ static int check_fd(bwd_check *c)
         double e = directional(c, &a, xs[i], gs[i]->data, gs[i], &st);
         printf("  gradient   %s: finite differences agree to %.2g (tolerance %g)\n", names[i], e,
                tol);
+        worst = fmax(worst, e);
+    }
+    if (!st && sk) {
+        double e = directional(c, &a, &a.sinks, c->dsinks, &c->g.dsinks, &st);
+        printf("  gradient   dsinks: finite differences agree to %.2g (tolerance %g)\n", e, tol);
         worst = fmax(worst, e);
     }
     for (int j = 0; !st && j < c->ndaux; j++) {
@@ -213,7 +229,7 @@ static int check_fd(bwd_check *c)
                c->daux_t[j].name, e, tol);
         worst = fmax(worst, e);
     }
-    free(q), free(k), free(v), free(o);
+    free(q), free(k), free(v), free(o), free(sk);
     for (int i = 0; i < KPT_MAX_AUX; i++)
         free(auxc[i]);
     if (st) {
@@ -267,6 +283,10 @@ typedef struct dev_grads {
     kpt_tensor o;
     void *o_host;
     double *stored[KPT_MAX_AUX];
+    /* the sinks' gradient (f32 [Hq]) where the call has sinks: the first three runs' */
+    kpt_tensor ds;
+    kpt_buffer *ds_buf;
+    void *ds_out[3];
 } dev_grads;
 
 static bool dev_grads_init(bwd_check *c, dev_grads *dg)
@@ -294,6 +314,12 @@ static bool dev_grads_init(bwd_check *c, dev_grads *dg)
             (i >= 3 && !dg->stored[i - 3]))
             return false;
     }
+    if (c->dsinks) {
+        dg->ds = like(&c->g.dsinks, NULL, KPT_DTYPE_F32);
+        for (int i = 0; i < 3; i++)
+            if (!(dg->ds_out[i] = malloc(kptc_span(&dg->ds))))
+                return false;
+    }
     dg->o = like(&ref->o, NULL, c->dtype);
     return (dg->o_host = malloc(kptc_span(&dg->o))) != NULL;
 }
@@ -303,6 +329,8 @@ static void dev_grads_free(dev_grads *dg)
     for (int i = 0; i < dg->n; i++)
         free(dg->host[i]), free(dg->det[i]), free(dg->copy2[i]),
             free(i < 3 ? dg->noaux[i] : dg->stored[i - 3]);
+    for (int i = 0; i < 3; i++)
+        free(dg->ds_out[i]);
     free(dg->o_host);
 }
 
@@ -326,6 +354,11 @@ static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, 
             dg->daux[i - 3] = (kpt_aux_tensor){.name = c->daux_t[i - 3].name, .tensor = dg->t[i]};
     }
     g.dq = dg->t[0], g.dk = dg->t[1], g.dv = dg->t[2];
+    if (!st && c->dsinks) {
+        st = kptc_upload(r, &dg->ds, false, d);
+        dg->ds_buf = r->bufs[r->nbufs - 1];
+        g.dsinks = dg->ds;
+    }
     size_t ws_bytes = 0;
     g.deterministic = 1;
     if (!st)
@@ -347,6 +380,10 @@ static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, 
             memset(out[i], 0xff, n);
             st = kpt_buffer_write(dg->buf[i], 0, out[i], n, d);
         }
+        if (!st && run > 0 && run < 3 && dg->ds_buf) { /* (the upload poisoned run 0's) */
+            memset(dg->ds_out[run], 0xff, kptc_span(&dg->ds));
+            st = kpt_buffer_write(dg->ds_buf, 0, dg->ds_out[run], kptc_span(&dg->ds), d);
+        }
         g.deterministic = run == 1 || run == 2;
         g.num_daux = run == 3 ? 0 : c->ndaux;
         const bool own_ws = g.deterministic && ws;
@@ -357,6 +394,8 @@ static kpt_status run_device(bwd_check *c, kptc_device_run *r, kpt_kernel *fwd, 
             st = kpt_context_synchronize(r->ctx, d);
         for (int i = 0; i < n_out && !st; i++)
             st = kpt_buffer_read(dg->buf[i], 0, out[i], kptc_span(&dg->t[i]), d);
+        if (!st && run < 3 && dg->ds_buf)
+            st = kpt_buffer_read(dg->ds_buf, 0, dg->ds_out[run], kptc_span(&dg->ds), d);
     }
     kpt_buffer_destroy(&ws);
     return st;
@@ -399,10 +438,19 @@ static int report_device(bwd_check *c, kptc_device_run *r, const char *backend, 
         else if (c->ndaux)
             noaux_worst = worse(noaux_worst, grad_error(&dg->t[i], dg->noaux[i], want));
     }
+    double eds = 0;
+    if (dg->ds_buf) { /* the sinks' gradient, as dq's */
+        eds = grad_error(&dg->ds, dg->ds_out[0], c->dsinks);
+        worst = worse(worst, eds);
+        det_worst = worse(det_worst, grad_error(&dg->ds, dg->ds_out[1], c->dsinks));
+        same &= memcmp(dg->ds_out[1], dg->ds_out[2], kptc_span(&dg->ds)) == 0;
+    }
     kpt_stats s;
     kpt_context_get_stats(r->ctx, &s);
     printf("  %-10s %s backward on %s: max relative error dq %.3g, dk %.3g, dv %.3g", backend,
            kpt_context_target(r->ctx), kpt_context_device_name(r->ctx), e[0], e[1], e[2]);
+    if (dg->ds_buf)
+        printf(", dsinks %.3g", eds);
     for (int i = 3; i < dg->n; i++)
         printf(", d%s %.3g (with the exact delta %.3g)", c->daux_t[i - 3].name, e[i],
                exact[i - 3]);

@@ -135,6 +135,8 @@ kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, k
         st = kptc_upload(r, i == 0 ? &a->q : i == 1 ? &a->k : &a->v, true, d);
     for (int i = 0; !st && i < a->num_aux; i++)
         st = kptc_upload(r, &r->aux[i].tensor, true, d);
+    if (!st && a->sinks.data)
+        st = kptc_upload(r, &a->sinks, true, d);
     if (!st)
         st = kptc_upload(r, &a->o, false, d);
     if (!st)

@@ -169,8 +169,9 @@ typedef struct kptc_device_run {
 /* A device buffer for t (its data copied when `copy`, else poisoned with 0xff bytes, NaN in
  * every float dtype); t->data becomes the buffer's. */
 kpt_status kptc_upload(kptc_device_run *r, kpt_tensor *t, bool copy, kpt_diag *d);
-/* The forward's arguments of ref on the device: q, k, v and the aux tensors copied, o (dtype,
- * ref's strides) and lse (f32 [B, Hq, Sq]) poisoned, o and lse the last buffers made. */
+/* The forward's arguments of ref on the device: q, k, v, the aux tensors and the sinks (where
+ * ref has them) copied, o (dtype, ref's strides) and lse (f32 [B, Hq, Sq]) poisoned, o and lse
+ * the last buffers made. */
 kpt_status kptc_device_args(kptc_device_run *r, const kpt_attention_args *ref, kpt_dtype dtype,
                             kpt_attention_args *a, kpt_diag *d);
 /* A run on ctx (kptc_device_context) with the kernels of p for ref's head dims and dtype: the

@@ -67,7 +67,8 @@
     "                                shuffled; --shape gives Hq, Hkv and D\n" \
     "      --seqlens Q:KV[,Q:KV...]  serving mode: each sequence's queries and keys (default\n" \
     "                                1:1000,4:3000,0:17,16:700; page size default 16)\n" \
-    "      --sinks                   serving mode: a random sink logit per query head\n"
+    "      --sinks                   a random sink logit per query head: serving mode, or\n" \
+    "                                with --backward the dense shape (dsinks checked too)\n"
 
 #define BUNDLE_OPTIONS \
     "      -o FILE                   the bundle to write (required)\n" \
