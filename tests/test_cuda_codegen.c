@@ -280,6 +280,8 @@ static void test_plan_backward(void **state)
         assert_true(plan.smem_bytes + 256 <= 227 * 1024); /* kpt_bwd_dkdv's mbarriers, ... */
         assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
         assert_false(kpt_kernel_bwd_atomic_dq(&plan, false));
+        kpt_kernel_args wa = {.B = 2, .Hq = 3, .Hkv = 3, .Sq = 100};
+        assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &wa, false), 2560); /* delta's */
     }
     kpt_pattern_destroy(&bits);
     c256_64.wgmma = true;
