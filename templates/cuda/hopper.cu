@@ -62,8 +62,9 @@ __device__ __forceinline__ void kpt_wgmma_ss_n64(float *d, u64 da, u64 db, int s
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-// The same with B 16 x 32 (K-major): the backward's S^T and dP^T where the two consumer
-// warpgroups split a step's 64 queries (head dims past 128).
+// The same with B 16 x 32 (K-major): the backward's S^T and dP^T (S and dP) where the two
+// consumer warpgroups split a step's 64 queries (a tile's 64 keys) between them (head dims past
+// 128).
 __device__ __forceinline__ void kpt_wgmma_ss_n32(float *d, u64 da, u64 db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
