@@ -420,9 +420,9 @@ __device__ __forceinline__ void kpt_bwd_producer(const kpt_args &A, const kpt_ga
 template <bool AUXG>
 __device__ __forceinline__ void kpt_bwd_split_step(
     const kpt_args &A, const kpt_uniform &U, const kpt_gargs &G, int b, int h, int krow, int q0,
-    bool partial, u32 sK, u32 sV, u32 tQ, u32 tO, const float *lse, const float *del, u32 tP,
-    int c, int cw, int lane, float (&dK)[KPT_BWD_CK / 8][4], float (&dV)[KPT_BWD_CV / 8][4],
-    float2 *s_aux)
+    bool partial, u32 sK, u32 sV, u32 tQ, u32 tO, u32 cQ, u32 cO, const float *lse,
+    const float *del, u32 tP, int c, int cw, int lane, float (&dK)[KPT_BWD_CK / 8][4],
+    float (&dV)[KPT_BWD_CV / 8][4], float2 *s_aux)
 {
     const int qc = q0 + c * 32; // this warpgroup's queries
     float S[4][4], dP[4][4];
@@ -442,7 +442,7 @@ __device__ __forceinline__ void kpt_bwd_split_step(
     kpt_fence_proxy_async();
     kpt_bar_sync(1, KPT_THREADS); // both halves of P^T are in
     kpt_wgmma_fence();
-    kpt_bwd_ts<KPT_BWD_CV, KPT_BWD_SUB>(dV, tP, tO + kpt_bwd_cols(c, KPT_BWD_CV, KPT_BWD_SUB));
+    kpt_bwd_ts<KPT_BWD_CV, KPT_BWD_SUB>(dV, tP, tO + cO);
     kpt_wgmma_commit();
     constexpr bool fold = KPT_HAS_SCORE && !AUXG;
     if (fold)
@@ -470,8 +470,7 @@ __device__ __forceinline__ void kpt_bwd_split_step(
     kpt_fence_proxy_async();
     kpt_bar_sync(1, KPT_THREADS); // both halves of dS^T are in
     kpt_wgmma_fence();
-    kpt_bwd_ts<KPT_BWD_CK, KPT_BWD_SUB>(dK, tP + KPT_BWD_PT,
-                                        tQ + kpt_bwd_cols(c, KPT_BWD_CK, KPT_BWD_SUB));
+    kpt_bwd_ts<KPT_BWD_CK, KPT_BWD_SUB>(dK, tP + KPT_BWD_PT, tQ + cQ);
     kpt_wgmma_commit();
 }
 #endif
@@ -584,14 +583,14 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
 #if KPT_BWD_SPLIT
         kpt_bwd_split_step<AUXG>(A, U, G, b, h, krow, q0,
                                  s.w != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq, sK,
-                                 sV, tQ, tO, lse, del, sDS + (i & 1) * 2 * KPT_BWD_PT, c, cw,
-                                 lane, dK, dV,
+                                 sV, tQ, tO, cQ, cO, lse, del, sDS + (i & 1) * 2 * KPT_BWD_PT, c,
+                                 cw, lane, dK, dV,
 #if KPT_AUX_GRADS
                                  s_aux);
 #else
                                  nullptr);
 #endif
-        (void)sDQ, (void)cQ, (void)cO;
+        (void)sDQ;
 #else
         // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys against the step's queries.
         float S[8][4], dP[8][4];
@@ -747,7 +746,8 @@ __device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt
 // product in flight (tiles taken by parity are free when written, as kpt_bwd_split_step's).
 __device__ __forceinline__ void kpt_bwd_split_dq(const kpt_args &A, const kpt_uniform &U, int b,
                                                  int h, int row0, int k0, bool partial, u32 sQ,
-                                                 u32 sO, u32 hK, u32 hV, const float (&lse)[2],
+                                                 u32 sO, u32 hK, u32 hV, u32 cK,
+                                                 const float (&lse)[2],
                                                  const float (&del)[2], u32 tS, int c, int cw,
                                                  int lane, float (&dQ)[KPT_BWD_CK / 8][4])
 {
@@ -773,7 +773,7 @@ __device__ __forceinline__ void kpt_bwd_split_dq(const kpt_args &A, const kpt_un
     kpt_fence_proxy_async();
     kpt_bar_sync(1, KPT_THREADS); // both halves of dS are in
     kpt_wgmma_fence();
-    kpt_bwd_ts<KPT_BWD_CK, KPT_BN>(dQ, tS, hK + kpt_bwd_cols(c, KPT_BWD_CK, KPT_BN));
+    kpt_bwd_ts<KPT_BWD_CK, KPT_BN>(dQ, tS, hK + cK);
     kpt_wgmma_commit();
 }
 #endif
@@ -861,7 +861,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
 #if KPT_BWD_SPLIT
             (void)wO, (void)ts;
             const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
-            kpt_bwd_split_dq(A, U, b, h, row0, k0, partial, sQ, sO, hK, hV, lse, del,
+            kpt_bwd_split_dq(A, U, b, h, row0, k0, partial, sQ, sO, hK, hV, cK, lse, del,
                              sK + 2 * KPT_BWD_KSTAGE + (i & 1) * KPT_BWD_PT, c, cw, lane, dQ);
 #else
             // S = Q K^T and dP = dO V^T: this warpgroup's 64 queries against 64 keys

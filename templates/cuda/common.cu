@@ -101,8 +101,8 @@ __device__ __forceinline__ void kpt_grid_wait()
 }
 // A dependent that does not wait for the whole kernel before it (kpt_bwd_dq, which reads nothing
 // of kpt_bwd_dkdv; kpt_bwd_dq_store, which waits per kv head) still ends after it, so that the
-// stream's later work finds both done: the first thread of its last CTA waits for it. That CTA is scheduled last, when the
-// kernel before has as good as finished.
+// stream's later work finds both done: the first thread of its last CTA waits for it. That CTA
+// is scheduled last, when the kernel before has as good as finished.
 __device__ __forceinline__ void kpt_grid_end_after()
 {
     if (threadIdx.x == 0 && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 &&
