@@ -56,8 +56,11 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * stages, the same way. Each launch takes its own dynamic shared memory (plan.smem_bytes,
  * plan.dq_smem_bytes): kpt_bwd_dkdv's with aux staging (226 KB at D = 128) leaves no room for
  * kpt_bwd_dq's static tile classes. Past head dim 128 on sm_90a (Dqk and Dv multiples of 128):
- * 64 x 64 tiles, both warpgroups on the same 64 rows, each half of the gradients' columns
- * (KPT_BWD_SPLIT there), no keep bits and no dQ sums (dq_tiles 0). */
+ * 64 x 64 tiles, both warpgroups of kpt_bwd_dkdv on the same 64 rows, each half of dK's and
+ * dV's columns (KPT_BWD_SPLIT there), no keep bits and no dQ sums (dq_tiles 0); kpt_bwd_dq
+ * takes two q tiles a CTA (dq_rows 128), a warpgroup 64 queries and all of dQ's columns, with
+ * one kv tile (192 KB at 256 / 256), or, for masks with a block map, which ran slower so, one
+ * q tile split by columns as kpt_bwd_dkdv. */
 #define KPT_BWD_AUX_CHUNK 8 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
 #define KPT_BWD_DAUX_TAB 16960 /* sizeof(kpt_daux_tab) there: a CTA's sums of small aux gradients */
 /* the sm_80 backward kernels' static shared memory, at most (kpt_bwd_dq's tile classes: 2064
@@ -172,9 +175,14 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
             pl.stages = 1;
             dkdv = bwd_dkdv_smem(&pl, wide, row, aux);
         }
-        /* kpt_bwd_dq: Q and dO, two stages of K and V, past 128 two dS tiles */
-        size_t dq = (size_t)pl.bm * row + 2 * (size_t)pl.bn * row +
-                    (wide ? 2 * KPT_BWD_SPLIT_TILE : 0);
+        /* kpt_bwd_dq: Q and dO, two stages of K and V, past 128 with a block map two dS
+         * tiles; past 128 without one Q and dO of two q tiles and one tile of K and V (its
+         * parts handed back one by one) */
+        const bool wide_dq = wide && !pl.has_blockmap;
+        pl.dq_rows = wide_dq ? 2 * pl.bm : pl.bm;
+        size_t dq = wide_dq ? (size_t)pl.dq_rows * row + (size_t)pl.bn * row
+                            : (size_t)pl.bm * row + 2 * (size_t)pl.bn * row +
+                                  (wide ? 2 * KPT_BWD_SPLIT_TILE : 0);
         pl.dq_smem_bytes = 1024 + dq; /* + the 1024-byte alignment */
         pl.smem_bytes = 1024 + (dq > dkdv ? dq : dkdv);
         *out = pl;
@@ -196,6 +204,7 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     pl.stages = wide && fixed + 2 * stage + KPT_BWD_STATIC_SMEM <= limit ? 2 : 1;
     pl.smem_bytes = fixed + (size_t)pl.stages * stage;
     pl.dq_smem_bytes = pl.smem_bytes;
+    pl.dq_rows = pl.bm;
     if (smem_limit > 0 && pl.smem_bytes + KPT_BWD_STATIC_SMEM > (size_t)smem_limit)
         return kpt_diag_set(diag, KPT_ERR_UNSUPPORTED,
                             "head dims Dqk = %d, Dv = %d: the CUDA backward needs %zu bytes of "

@@ -89,6 +89,8 @@ typedef struct kpt_kernel_plan {
     int stages_deep;
     size_t deep_smem_bytes;
     size_t smem_bytes; /* dynamic shared memory of the attention kernel */
+    int dq_rows; /* backward: the queries of a kpt_bwd_dq CTA (bm; 2 bm past head dim 128 on
+                  * sm_90a, where a CTA takes two q tiles) */
     size_t dq_smem_bytes; /* backward: kpt_bwd_dq's (smem_bytes is the larger of it and
                              kpt_bwd_dkdv's; the launch of each takes its own, so the static
                              shared memory of either fits beside it) */

@@ -475,6 +475,13 @@ kpt_status kpt_cuda_backward_workspace(const kpt_cuda_kernel *k, const kpt_atten
     return st;
 }
 
+/* kpt_bwd_dq's CTAs along a head: one per plan.dq_rows queries (a q tile, or two) */
+static unsigned dq_ctas(const kpt_kernel_plan *pl, const kpt_kernel_args *a)
+{
+    const int tiles = pl->dq_rows / pl->bm;
+    return (unsigned)((a->n_qt + tiles - 1) / tiles);
+}
+
 /* The backward launches (attention_bwd.cu), in order on the stream: the accumulators zeroed,
  * delta, dK/dV (and the aux terms, and dQ's atomic sums), dQ (or its sums converted), then each
  * aux gradient out of its accumulators. */
@@ -515,8 +522,8 @@ static kpt_status launch_backward(const kpt_cuda_kernel *k, kpt_kernel_args *a,
                                           256, 0, stream, params));
     else
         KPT_CU_TRY(diag, launch_dependent(k, k->bwd_dq,
-                                          (const unsigned[3]){(unsigned)a->n_qt, (unsigned)a->Hq,
-                                                              (unsigned)a->B},
+                                          (const unsigned[3]){dq_ctas(&k->plan, a),
+                                                              (unsigned)a->Hq, (unsigned)a->B},
                                           big_threads, (unsigned)k->plan.dq_smem_bytes, stream,
                                           params));
     if (g->dsinks) /* after delta; reads lse and delta only */

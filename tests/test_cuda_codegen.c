@@ -189,6 +189,7 @@ static void test_plan_backward(void **state)
         assert_int_equal(plan.warps, 8);
         assert_int_equal(plan.bm, 128);
         assert_int_equal(plan.bn, 128);
+        assert_int_equal(plan.dq_rows, 128); /* a q tile a kpt_bwd_dq CTA */
         assert_true(plan.smem_bytes <= 227 * 1024);
         /* kpt_bwd_dq's own, with its static tile classes beside it */
         assert_true(plan.dq_smem_bytes <= plan.smem_bytes);
@@ -279,6 +280,17 @@ static void test_plan_backward(void **state)
         assert_false(plan.mask_bits);
         assert_true(plan.smem_bytes + 256 <= 227 * 1024); /* kpt_bwd_dkdv's mbarriers, ... */
         assert_true(plan.dq_smem_bytes + 2048 + 64 <= 227 * 1024); /* s_cls, s_lo, ... */
+        /* kpt_bwd_dq with a block map: a q tile a CTA, Q and dO, two stages of K and V and
+         * two dS tiles; without: two q tiles a CTA, their Q and dO and one tile of K and V */
+        const size_t row = 2 * (size_t)(c.dqk + c.dv);
+        assert_true(plan.has_blockmap);
+        assert_int_equal(plan.dq_rows, 64);
+        assert_int_equal(plan.dq_smem_bytes, 1024 + 3 * 64 * row + 2 * 64 * 64 * 2);
+        kpt_kernel_plan plain;
+        assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plain, &d), KPT_OK);
+        assert_false(plain.has_blockmap);
+        assert_int_equal(plain.dq_rows, 128);
+        assert_int_equal(plain.dq_smem_bytes, 1024 + 192 * row);
         assert_false(kpt_kernel_bwd_atomic_dq(&plan, false));
         kpt_kernel_args wa = {.B = 2, .Hq = 3, .Hkv = 3, .Sq = 100};
         assert_int_equal(kpt_kernel_args_bwd_workspace(&plan, &wa, false), 2560); /* delta's */

@@ -38,9 +38,11 @@ static_assert(KPT_BWD_SUB == 64, "a step is one wgmma of 64 rows");
 // rows, warpgroup c the columns c * KPT_BWD_CK .. of dK (dQ) and c * KPT_BWD_CV .. of dV: their
 // registers are those of head dim 128. The products that need every column share their rows
 // instead: in kpt_bwd_dkdv warpgroup c computes S^T and dP^T for the step's queries c * 32 ..
-// + 31 and, through shared memory, both take the whole P^T and dS^T (kpt_bwd_split_step); in
-// kpt_bwd_dq, S and dP for a tile's keys c * 32 .. + 31, the whole dS taken the same way
-// (kpt_bwd_split_dq). kpt_bwd_dkdv does not sum dQ (plan.dq_tiles = 0).
+// + 31 and, through shared memory, both take the whole P^T and dS^T (kpt_bwd_split_step).
+// kpt_bwd_dq instead takes two q tiles a CTA, warpgroup c the queries c * 64 .. + 63 and all of
+// dQ's columns (kpt_bwd_wide_producer's kernel), or, for masks with a block map, the CTA's 64
+// queries and its columns of dQ, with S and dP for a tile's keys c * 32 .. + 31 and the whole dS
+// taken as in kpt_bwd_dkdv (kpt_bwd_split_dq). kpt_bwd_dkdv does not sum dQ (plan.dq_tiles = 0).
 #define KPT_BWD_SPLIT (KPT_DQK > 128 || KPT_DV > 128)
 #define KPT_BWD_CK (KPT_BWD_SPLIT ? KPT_DQK / 2 : KPT_DQK) // dK's (dQ's) columns a warpgroup
 #define KPT_BWD_CV (KPT_BWD_SPLIT ? KPT_DV / 2 : KPT_DV)   // dV's
@@ -705,6 +707,13 @@ kpt_bwd_dkdv_aux(const kpt_args A, const kpt_gargs G, const __grid_constant__ kp
 
 // ---- dQ ---------------------------------------------------------------------------------------
 
+// Past head dim 128 (KPT_BWD_SPLIT) kpt_bwd_dq takes 128 queries a CTA (after the #else below),
+// except for masks with a block map, which keep the kernel of 64 queries a CTA with split columns
+// (kpt_bwd_split_dq): for them the 128-query kernel was slower (document masks, H200, bf16,
+// D = 256: kpt_bwd_dq 786 -> 927 us at 4k tokens, 2668 -> 2823 at 16k; why was not found), for
+// the others 23-33 % faster (full 16k 6215 -> 4800 us). compiler/plan_tiles_cuda.c plans either
+// (plan.dq_rows).
+#if !KPT_BWD_SPLIT || KPT_HAS_BLOCKMAP
 #define KPT_BWD_KB (KPT_BN * KPT_DQK * 2) // a stage: K rows, then V rows
 #define KPT_BWD_KSTAGE (KPT_BWD_KB + KPT_BN * KPT_DV * 2)
 
@@ -740,7 +749,8 @@ __device__ __forceinline__ void kpt_bwd_dq_producer(const kpt_args &A, const kpt
 }
 
 #if KPT_BWD_SPLIT
-// 64 keys (k0 on, at hK and hV) of a kpt_bwd_dq CTA with split columns, warpgroup c: S and dP of
+// 64 keys (k0 on, at hK and hV) of a kpt_bwd_dq CTA with split columns (masks with a block map;
+// the others take 128 queries a CTA, kpt_bwd_wide_producer's kernel), warpgroup c: S and dP of
 // the CTA's 64 queries against keys k0 + c * 32 .. + 31, dS into the tile at tS, a barrier of
 // both warpgroups, and dQ += dS K over all 64 keys for this warpgroup's columns. Leaves the
 // product in flight (tiles taken by parity are free when written, as kpt_bwd_split_step's).
@@ -901,6 +911,192 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
                                   (KPT_BWD_SPLIT ? c * KPT_BWD_CK : 0),
                               G.dqs[2], row0, A.Sq, A.scale, lane);
 }
+
+#else
+// Past head dim 128 (KPT_BWD_SPLIT) a kpt_bwd_dq CTA takes 128 queries, two of the plan's 64-row q
+// tiles, and consumer c the queries c * 64 .. + 63 with all of dQ's columns (64 x 256 f32: 128
+// registers, in two halves of Dqk / 2 columns), so S and dP are m64n64 products of its own rows
+// and dS stays in registers as dQ's A operand. (With 64 queries a CTA, each warpgroup computed S
+// and dP for half the keys and took the whole dS through shared memory: ~312 KB of shared-memory
+// traffic for each 64 x 64 pair against ~190 KB here.) Q and dO of 128 rows leave room for one
+// 64-key tile of K and V (192 KB at 256 / 256), so the tile's parts are handed back as soon as
+// they are read, each on its own mbarriers: V once dP is computed, K's two column halves once
+// their halves of dQ += dS K are. A tile's dP is issued first, so the next V (loaded since the
+// last dP) starts it while K's first half comes in.
+#define KPT_BWD_WQ (2 * KPT_BM)                 // queries of a CTA
+#define KPT_BWD_KH (KPT_DQK / 2)                // columns of a K half (and of a dQ half)
+#define KPT_BWD_QT (KPT_BWD_SUB * KPT_DQK * 2)  // a warpgroup's 64 rows of Q
+#define KPT_BWD_OT (KPT_BWD_SUB * KPT_DV * 2)   // and of dO
+static_assert(KPT_BWD_KH % 64 == 0 && KPT_BWD_KH <= 128, "a half: one wgmma of N = 64 or 128");
+
+// The mbarriers: Q and dO in; V in and handed back; each K half in and handed back.
+#define KPT_BW_QO 0
+#define KPT_BW_VF 1
+#define KPT_BW_VE 2
+#define KPT_BW_KF(x) (3 + (x))
+#define KPT_BW_KE(x) (5 + (x))
+#define KPT_BW_N 7
+
+// C (64 x 64) = A B^T over k steps K0 .. K1 - 1 of the reduced dimension (as kpt_bwd_ss; the
+// first step of all, kk = 0, starts C afresh). Issued, not committed.
+template <int K0, int K1, int RA, int RB>
+__device__ __forceinline__ void kpt_bwd_ss_part(float (&C)[8][4], u32 a, u32 b)
+{
+#pragma unroll
+    for (int kk = K0; kk < K1; kk++)
+        kpt_wgmma_ss_n64(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
+}
+
+// The producer (one thread): Q and dO of the CTA's 128 queries, then for each live kv tile its V
+// and K's two halves, each loaded once the consumers have handed back the last tile's.
+__device__ __forceinline__ void kpt_bwd_wide_producer(const kpt_args &A, const kpt_bwd_tma &T,
+                                                      const unsigned char *cls, u32 bar, u32 sQ,
+                                                      u32 sO, u32 sK, u32 sV, int b, int h,
+                                                      int qt, int lo, int hi)
+{
+    const int hk = h / A.group, q0 = qt * KPT_BM, q1 = min(q0 + KPT_BWD_WQ, A.Sq) - 1;
+    const u32 qo = bar + 8 * KPT_BW_QO;
+    kpt_mbar_expect_tx(qo, KPT_BWD_WQ * (KPT_DQK + KPT_DV) * 2);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int r = q0 + c * KPT_BWD_SUB; // rows past Sq read as zeros
+        kpt_tma_tile<KPT_BWD_SUB, KPT_DQK>(sQ + c * KPT_BWD_QT, &T.q, r, h * T.hq, b * T.bq, qo);
+        kpt_tma_tile<KPT_BWD_SUB, KPT_DV>(sO + c * KPT_BWD_OT, &T.o, r, h * T.ho, b * T.bo, qo);
+    }
+    u32 i = 0;
+    for (int j = lo; j <= hi; j = kpt_next_tile<2>(A, cls, b, h, qt, q0, q1, j, hi), i++) {
+        const int k0 = j * KPT_BN;
+        const u32 last = (i - 1) & 1; // the parity of the last tile's hand-backs
+        const u32 vf = bar + 8 * KPT_BW_VF;
+        if (i)
+            kpt_mbar_wait(bar + 8 * KPT_BW_VE, last);
+        kpt_mbar_expect_tx(vf, KPT_BN * KPT_DV * 2);
+        kpt_tma_tile<KPT_BN, KPT_DV>(sV, &T.v, k0, hk * T.hv, b * T.bv, vf);
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            const u32 kf = bar + 8 * KPT_BW_KF(x);
+            if (i)
+                kpt_mbar_wait(bar + 8 * KPT_BW_KE(x), last);
+            kpt_mbar_expect_tx(kf, KPT_BN * KPT_BWD_KH * 2);
+#pragma unroll
+            for (int cb = x * KPT_BWD_KH / 64; cb < (x + 1) * KPT_BWD_KH / 64; cb++)
+                kpt_tma_box(sK + cb * KPT_BN * 128, &T.k, cb * 64, k0, hk * T.hk, b * T.bk, kf);
+        }
+    }
+}
+
+// One CTA per (128 queries, head, batch row): a producer warpgroup and two consumer warpgroups.
+extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
+kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
+{
+    extern __shared__ __align__(16) unsigned char kpt_smem[];
+    __shared__ __align__(8) u64 s_bar[KPT_BW_N];
+    const u32 sQ = (kpt_smem_addr(kpt_smem) + 1023u) & ~1023u; // two 64-row tiles
+    const u32 sO = sQ + 2 * KPT_BWD_QT;                           // dO, the same
+    const u32 sK = sO + 2 * KPT_BWD_OT;                           // a 64-key tile of K
+    const u32 sV = sK + KPT_BN * KPT_DQK * 2;                     // and of V
+    const u32 bar = kpt_smem_addr(s_bar);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    kpt_grid_end_after(); // launched as a dependent of kpt_bwd_dkdv, of which it reads nothing
+    // the plan's q tiles qt and qt + 1, the last pair first (causal: the heaviest)
+    const int qt = 2 * ((A.n_qt + 1) / 2 - 1 - (int)blockIdx.x);
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int q0 = qt * KPT_BM, q1 = min(q0 + KPT_BWD_WQ, A.Sq) - 1;
+    if (tid == 0) {
+        for (int n = 0; n < KPT_BW_N; n++) // the hand-backs: every consumer thread arrives
+            kpt_mbar_init(bar + 8 * n, n == KPT_BW_VE || n >= KPT_BW_KE(0) ? KPT_THREADS : 1);
+        kpt_mbar_init_fence();
+    }
+    int lo = 0, hi = A.n_kt - 1;
+#if KPT_HAS_MASK
+    __shared__ int s_lo, s_hi;
+    __shared__ unsigned char s_cls[KPT_CLS_CAP];
+    kpt_live_tiles<2>(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
+#else
+    const unsigned char *s_cls = 0;
+    __syncthreads();
+#endif
+    if (warp < 4) {
+        kpt_regs_dec<KPT_BWD_PRODUCER_REGS>();
+        if (tid == 0)
+            kpt_bwd_wide_producer(A, T, s_cls, bar, sQ, sO, sK, sV, b, h, qt, lo, hi);
+        return;
+    }
+    kpt_regs_inc<KPT_BWD_CONSUMER_REGS>();
+
+    const int cw = __shfl_sync(0xffffffffu, warp - 4, 0), c = cw >> 2;
+    const int row0 = q0 + c * KPT_BWD_SUB + (cw & 3) * 16; // this warp's first query
+    const u32 wQ = sQ + c * KPT_BWD_QT, wO = sO + c * KPT_BWD_OT;
+    kpt_uniform U;
+    kpt_uniform_init(A, b, h, U);
+    float lse[2], del[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qi = row0 + (lane >> 2) + r * 8;
+        lse[r] = kpt_lse2(A, b, h, qi);
+        del[r] = kpt_delta(A, G, b, h, qi);
+    }
+    float dQ[2][KPT_BWD_KH / 8][4];
+    kpt_zero<KPT_BWD_KH>(dQ[0]);
+    kpt_zero<KPT_BWD_KH>(dQ[1]);
+    const bool rows_out = q0 + (c + 1) * KPT_BWD_SUB > A.Sq; // this warpgroup's rows pass Sq
+    kpt_mbar_wait(bar + 8 * KPT_BW_QO, 0);
+    for (int j = lo, i = 0; j <= hi; i++) {
+        const int jn = kpt_next_tile<2>(A, s_cls, b, h, qt, q0, q1, j, hi);
+        const int cls = kpt_class_of<2>(A, s_cls, b, h, qt, q0, q1, j);
+        const int k0 = j * KPT_BN;
+        const u32 par = i & 1;
+        // dP = dO V^T, then S = Q K^T as K's halves arrive: this warpgroup's 64 queries against
+        // the tile's 64 keys
+        float S[8][4], dP[8][4];
+        kpt_mbar_wait(bar + 8 * KPT_BW_VF, par);
+        kpt_wgmma_fence();
+        kpt_bwd_ss<KPT_DV, KPT_BWD_SUB, KPT_BN>(dP, wO, sV);
+        kpt_wgmma_commit();
+        // (a fence after each wait: ptxas puts one there anyway, after the wait's loop)
+        kpt_mbar_wait(bar + 8 * KPT_BW_KF(0), par);
+        kpt_wgmma_fence();
+        kpt_bwd_ss_part<0, KPT_DQK / 32, KPT_BWD_SUB, KPT_BN>(S, wQ, sK);
+        kpt_mbar_wait(bar + 8 * KPT_BW_KF(1), par);
+        kpt_wgmma_fence();
+        kpt_bwd_ss_part<KPT_DQK / 32, KPT_DQK / 16, KPT_BWD_SUB, KPT_BN>(S, wQ, sK);
+        kpt_wgmma_commit();
+        const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || rows_out;
+        const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, row0, k0, lane) : ~0u;
+        kpt_wgmma_wait<1>(); // V is read
+        kpt_wgmma_regs<32>(&dP[0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BW_VE);
+        kpt_wgmma_wait<0>();
+        kpt_wgmma_regs<32>(&S[0][0]);
+        float D[8][4]; // d s'/d s (with a score mod), folded into P at once
+        kpt_bwd_probs<KPT_BN, false>(A, U, b, h, row0, k0, keep, S, D, nullptr, lse, lane);
+#if KPT_HAS_SCORE
+        kpt_bwd_fold<KPT_BN>(S, D);
+#endif
+        kpt_bwd_ds<KPT_BN, false, false>(S, dP, D, nullptr, del, lane);
+        // dQ += dS K, half by half of K's columns (the keys are the reduced dimension, down the
+        // rows), each half handed back once its product is complete
+        u32 F[4][4];
+        kpt_frags<KPT_BN>(F, S);
+        kpt_wgmma_fence();
+        kpt_bwd_rs<KPT_BWD_KH, KPT_BN>(dQ[0], F, sK);
+        kpt_wgmma_commit();
+        kpt_bwd_rs<KPT_BWD_KH, KPT_BN>(dQ[1], F, sK + KPT_BWD_KH / 64 * KPT_BN * 128);
+        kpt_wgmma_commit();
+        kpt_wgmma_wait<1>();
+        kpt_wgmma_regs<KPT_BWD_KH / 2>(&dQ[0][0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BW_KE(0));
+        kpt_wgmma_wait<0>();
+        kpt_wgmma_regs<KPT_BWD_KH / 2>(&dQ[1][0][0]);
+        kpt_mbar_arrive(bar + 8 * KPT_BW_KE(1));
+        j = jn;
+    }
+    u16 *dq = (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1];
+    kpt_store_acc<KPT_BWD_KH>(dQ[0], dq, G.dqs[2], row0, A.Sq, A.scale, lane);
+    kpt_store_acc<KPT_BWD_KH>(dQ[1], dq + KPT_BWD_KH, G.dqs[2], row0, A.Sq, A.scale, lane);
+}
+#endif
 
 // dq = scale * the default mode's f32 accumulator, to the dtype: eight lanes a row (as
 // kpt_bwd_prep), 32 bytes of sums read and 16 of dq written a lane at a time; with a warp a row

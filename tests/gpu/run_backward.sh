@@ -69,6 +69,11 @@ check causal --shape 1,8,2,4133,4133,256
 check tests/mask_bits.lua --shape 1,4,2,777,1000,256
 check causal --shape 1,2,1,1,17,256
 check causal_bottom_right --shape 1,2,2,200,64,256
+# kpt_bwd_dq's CTAs of two q tiles there (no block map): one q tile, an odd count, BSHD
+check full --shape 1,2,2,64,64,256
+check causal --shape 1,2,2,129,129,256
+check causal --shape 1,2,1,192,500,256 --layout bshd
+check document --shape 2,4,2,1000,1000,256
 export KPT_CUDA_WGMMA=0
 for pat in causal document+causal; do
     check "$pat" --shape 1,4,2,777,1000,256
@@ -103,9 +108,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
                 --backend cuda "$pat" --shape 1,2,1,130,200,64 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat"; tail -20 "$OUT/san_$tool.log"; }
         done
-        for pat in document+causal tests/gpu/learned_params.lua; do # split columns
+        for pat in document+causal tests/gpu/learned_params.lua causal; do # split columns
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
-                --backend cuda "$pat" --shape 1,2,1,130,200,256 >"$OUT/san_$tool.log" 2>&1 ||
+                --backend cuda "$pat" --shape 1,2,1,193,200,256 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat (D 256)"; tail -20 "$OUT/san_$tool.log"; }
         done
         tail -1 "$OUT/san_$tool.log"
