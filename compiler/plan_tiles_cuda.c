@@ -59,8 +59,8 @@ static bool mask_bits(const kpt_pattern *p, const kpt_kernel_plan *pl, uint32_t 
  * 64 x 64 tiles, both warpgroups of kpt_bwd_dkdv on the same 64 rows, each half of dK's and
  * dV's columns (KPT_BWD_SPLIT there), no keep bits and no dQ sums (dq_tiles 0); kpt_bwd_dq
  * takes two q tiles a CTA (dq_rows 128), a warpgroup 64 queries and all of dQ's columns, with
- * one kv tile (192 KB at 256 / 256), or, for masks with a block map, which ran slower so, one
- * q tile split by columns as kpt_bwd_dkdv. */
+ * one kv tile (192 KB at 256 / 256), or, for masks with a block map (slower on that kernel),
+ * one q tile with dQ's columns split as kpt_bwd_dkdv's. */
 #define KPT_BWD_AUX_CHUNK 8 /* KPT_AUX_CHUNK in templates/cuda/attention_bwd.cu */
 #define KPT_BWD_DAUX_TAB 16960 /* sizeof(kpt_daux_tab) there: a CTA's sums of small aux gradients */
 /* the sm_80 backward kernels' static shared memory, at most (kpt_bwd_dq's tile classes: 2064
