@@ -73,13 +73,14 @@ template <int ROWS> __device__ __forceinline__ u64 kpt_desc_mn(u32 t, int kk)
 }
 
 // C (64 x N, N = 64 or 32) = A (64 rows at a, in a tile of RA rows) B^T (N rows at b, in a tile
-// of RB rows), both K-major over KD columns. Issued, not committed.
-template <int KD, int RA, int RB, int N = 64>
+// of RB rows), both K-major over KD columns; or over k steps K0 .. K1 - 1 of them only (the first
+// step of all, kk = 0, starts C afresh). Issued, not committed.
+template <int KD, int RA, int RB, int N = 64, int K0 = 0, int K1 = KD / 16>
 __device__ __forceinline__ void kpt_bwd_ss(float (&C)[N / 8][4], u32 a, u32 b)
 {
     static_assert(N == 64 || N == 32, "m64n64k16 or m64n32k16");
 #pragma unroll
-    for (int kk = 0; kk < KD / 16; kk++) {
+    for (int kk = K0; kk < K1; kk++) {
         if (N == 64)
             kpt_wgmma_ss_n64(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
         else
@@ -937,16 +938,6 @@ static_assert(KPT_BWD_KH % 64 == 0 && KPT_BWD_KH <= 128, "a half: one wgmma of N
 #define KPT_BW_KE(x) (5 + (x))
 #define KPT_BW_N 7
 
-// C (64 x 64) = A B^T over k steps K0 .. K1 - 1 of the reduced dimension (as kpt_bwd_ss; the
-// first step of all, kk = 0, starts C afresh). Issued, not committed.
-template <int K0, int K1, int RA, int RB>
-__device__ __forceinline__ void kpt_bwd_ss_part(float (&C)[8][4], u32 a, u32 b)
-{
-#pragma unroll
-    for (int kk = K0; kk < K1; kk++)
-        kpt_wgmma_ss_n64(&C[0][0], kpt_desc_k<RA>(a, kk), kpt_desc_k<RB>(b, kk), kk > 0);
-}
-
 // The producer (one thread): Q and dO of the CTA's 128 queries, then for each live kv tile its V
 // and K's two halves, each loaded once the consumers have handed back the last tile's.
 __device__ __forceinline__ void kpt_bwd_wide_producer(const kpt_args &A, const kpt_bwd_tma &T,
@@ -964,7 +955,7 @@ __device__ __forceinline__ void kpt_bwd_wide_producer(const kpt_args &A, const k
         kpt_tma_tile<KPT_BWD_SUB, KPT_DV>(sO + c * KPT_BWD_OT, &T.o, r, h * T.ho, b * T.bo, qo);
     }
     u32 i = 0;
-    for (int j = lo; j <= hi; j = kpt_next_tile<2>(A, cls, b, h, qt, q0, q1, j, hi), i++) {
+    for (int j = lo; j <= hi; j = kpt_next_tile(A, cls, b, h, qt, q0, q1, j, hi), i++) {
         const int k0 = j * KPT_BN;
         const u32 last = (i - 1) & 1; // the parity of the last tile's hand-backs
         const u32 vf = bar + 8 * KPT_BW_VF;
@@ -986,6 +977,7 @@ __device__ __forceinline__ void kpt_bwd_wide_producer(const kpt_args &A, const k
 }
 
 // One CTA per (128 queries, head, batch row): a producer warpgroup and two consumer warpgroups.
+// (No block map here: a kv tile's class is the mask's interval over all 128 rows, q0 .. q1.)
 extern "C" __global__ void __launch_bounds__(KPT_BWD_THREADS, 1)
 kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_tma T)
 {
@@ -1012,7 +1004,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
 #if KPT_HAS_MASK
     __shared__ int s_lo, s_hi;
     __shared__ unsigned char s_cls[KPT_CLS_CAP];
-    kpt_live_tiles<2>(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
+    kpt_live_tiles(A, b, h, qt, q0, q1, s_cls, &s_lo, &s_hi, lo, hi);
 #else
     const unsigned char *s_cls = 0;
     __syncthreads();
@@ -1043,8 +1035,8 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     const bool rows_out = q0 + (c + 1) * KPT_BWD_SUB > A.Sq; // this warpgroup's rows pass Sq
     kpt_mbar_wait(bar + 8 * KPT_BW_QO, 0);
     for (int j = lo, i = 0; j <= hi; i++) {
-        const int jn = kpt_next_tile<2>(A, s_cls, b, h, qt, q0, q1, j, hi);
-        const int cls = kpt_class_of<2>(A, s_cls, b, h, qt, q0, q1, j);
+        const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
+        const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
         const int k0 = j * KPT_BN;
         const u32 par = i & 1;
         // dP = dO V^T, then S = Q K^T as K's halves arrive: this warpgroup's 64 queries against
@@ -1057,10 +1049,10 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
         // (a fence after each wait: ptxas puts one there anyway, after the wait's loop)
         kpt_mbar_wait(bar + 8 * KPT_BW_KF(0), par);
         kpt_wgmma_fence();
-        kpt_bwd_ss_part<0, KPT_DQK / 32, KPT_BWD_SUB, KPT_BN>(S, wQ, sK);
+        kpt_bwd_ss<KPT_DQK, KPT_BWD_SUB, KPT_BN, 64, 0, KPT_DQK / 32>(S, wQ, sK);
         kpt_mbar_wait(bar + 8 * KPT_BW_KF(1), par);
         kpt_wgmma_fence();
-        kpt_bwd_ss_part<KPT_DQK / 32, KPT_DQK / 16, KPT_BWD_SUB, KPT_BN>(S, wQ, sK);
+        kpt_bwd_ss<KPT_DQK, KPT_BWD_SUB, KPT_BN, 64, KPT_DQK / 32>(S, wQ, sK);
         kpt_wgmma_commit();
         const bool partial = cls != 2 || k0 + KPT_BN > A.Skv || rows_out;
         const u32 keep = partial ? kpt_bwd_keep<KPT_BN, false>(A, U, b, h, row0, k0, lane) : ~0u;

@@ -371,26 +371,11 @@ __device__ __forceinline__ int kpt_tile_class(const kpt_args &A, int b, int h, i
 #endif
 }
 
-// The same for a CTA of QTS q tiles (qt on; rows q0 .. q1 cover them): a block map's classes of
-// the tiles combined (the sm_90a kpt_bwd_dq past head dim 128 takes two).
-template <int QTS>
-__device__ __forceinline__ int kpt_tiles_class(const kpt_args &A, int b, int h, int qt, int q0,
-                                               int q1, int t)
-{
-    int c = kpt_tile_class(A, b, h, qt, q0, q1, t);
-#if KPT_HAS_BLOCKMAP
-    for (int i = 1; i < QTS && qt + i < A.n_qt; i++)
-        c = kpt_tile_class(A, b, h, qt + i, q0, q1, t) == c ? c : 1;
-#endif
-    return c;
-}
-
 #if KPT_HAS_MASK
 // The kv tiles of this CTA that may hold a kept pair lie in [lo, hi]: every thread classifies a
 // share. The classes of the first KPT_CLS_CAP tiles are kept in `cls` (shared memory), so the kv
 // loop reads a byte instead of re-running the interval code while the accumulators hold
 // registers. Every thread of the CTA calls it (it synchronises).
-template <int QTS = 1>
 __device__ __forceinline__ void kpt_live_tiles(const kpt_args &A, int b, int h, int qt, int q0,
                                                int q1, unsigned char *cls, int *s_lo, int *s_hi,
                                                int &lo, int &hi)
@@ -403,7 +388,7 @@ __device__ __forceinline__ void kpt_live_tiles(const kpt_args &A, int b, int h, 
     __syncthreads();
     int my_lo = A.n_kt, my_hi = -1;
     for (int t = tid; t < A.n_kt; t += KPT_THREADS) {
-        const int c = kpt_tiles_class<QTS>(A, b, h, qt, q0, q1, t);
+        const int c = kpt_tile_class(A, b, h, qt, q0, q1, t);
         if (t < KPT_CLS_CAP) cls[t] = (unsigned char)c;
         if (c != 0) {
             my_lo = min(my_lo, t);
@@ -423,23 +408,21 @@ __device__ __forceinline__ void kpt_live_tiles(const kpt_args &A, int b, int h, 
 // The class of kv tile t (0 empty, 1 partial, 2 full) for a CTA that ran kpt_live_tiles: the
 // cached byte for the first KPT_CLS_CAP tiles. kpt_next_tile: the live tile after t, or hi + 1.
 // (Without a mask every tile is full, and cls may be null.)
-template <int QTS = 1>
 __device__ __forceinline__ int kpt_class_of(const kpt_args &A, const unsigned char *cls, int b,
                                             int h, int qt, int q0, int q1, int t)
 {
 #if KPT_HAS_MASK
-    return t < KPT_CLS_CAP ? (int)cls[t] : kpt_tiles_class<QTS>(A, b, h, qt, q0, q1, t);
+    return t < KPT_CLS_CAP ? (int)cls[t] : kpt_tile_class(A, b, h, qt, q0, q1, t);
 #else
     return 2;
 #endif
 }
-template <int QTS = 1>
 __device__ __forceinline__ int kpt_next_tile(const kpt_args &A, const unsigned char *cls, int b,
                                              int h, int qt, int q0, int q1, int t, int hi)
 {
 #if KPT_HAS_MASK
     for (t++; t <= hi; t++)
-        if (kpt_class_of<QTS>(A, cls, b, h, qt, q0, q1, t) != 0)
+        if (kpt_class_of(A, cls, b, h, qt, q0, q1, t) != 0)
             break;
     return t;
 #else
