@@ -610,6 +610,7 @@ typedef struct job {
     int dkdv_atomics[2];     /* backward: global atomics in kpt_bwd_dkdv and kpt_bwd_dkdv_aux */
     long paged_smem; /* serving: the attention kernels' static shared memory, the most (ptxas) */
     long spill_bytes;
+    long stack_bytes; /* ptxas's stack frames, all entries together */
     double ms;
     char msg[1100];
 } job;
@@ -625,10 +626,12 @@ static job jobs[NJOBS + MAX_SCRIPTS * 5 + NPAGED + NTALL];
 static int next_job, njobs;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static long spills(const char *log)
+/* The sum over ptxas's "-v" lines of the numbers before `what` ("bytes spill stores", "bytes
+ * stack frame"). */
+static long ptxas_total(const char *log, const char *what)
 {
     long total = 0;
-    for (const char *s = log; s && (s = strstr(s, "bytes spill stores")); s++) {
+    for (const char *s = log; s && (s = strstr(s, what)); s++) {
         const char *n = s;
         while (n > log && n[-1] == ' ')
             n--;
@@ -742,7 +745,8 @@ static void *worker(void *arg)
             j->cubin = out.cubin && out.cubin_size > 4 && !memcmp(out.cubin, "\177ELF", 4);
             j->serialized = out.log && strstr(out.log, "wgmma.mma_async instructions are serialized");
             j->waits_added = out.log && strstr(out.log, "warpgroup.wait is injected");
-            j->spill_bytes = spills(out.log);
+            j->spill_bytes = ptxas_total(out.log, "bytes spill stores");
+            j->stack_bytes = ptxas_total(out.log, "bytes stack frame");
             j->paged_entries = strstr(out.ptx, ".entry kpt_paged_r1") &&
                                strstr(out.ptx, ".entry kpt_paged_r2") &&
                                strstr(out.ptx, ".entry kpt_paged_r4") &&
@@ -919,6 +923,14 @@ static void test_nvrtc_matrix(void **state)
                 fail_msg("%s %s %d/%d sm_%d paged: %ld bytes of ptxas spills", what,
                          j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1], j->sm,
                          j->spill_bytes);
+            /* nor a stack frame: the kernel parameters' address taken (a reference passed to
+             * an out-of-line function) put them in one, read at every tile of a paged cache
+             * (templates/cuda/paged.cu, kpt_pg_stage) */
+            if (j->stack_bytes && j->script < 0 && dims[j->dim][0] <= 128 &&
+                dims[j->dim][1] <= 128)
+                fail_msg("%s %s %d/%d sm_%d paged: a %ld-byte stack frame", what,
+                         j->dt ? "f16" : "bf16", dims[j->dim][0], dims[j->dim][1], j->sm,
+                         j->stack_bytes);
             assert_int_equal(j->pdl, j->sm >= 90);
             /* the 64-row kernel's softmax is there: a thread's 32 scores of a 64-key tile (16 of
              * a 32-key tile past head dim 128). An `else` before `#pragma unroll` once made

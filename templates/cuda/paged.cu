@@ -76,24 +76,25 @@ __device__ __forceinline__ int kpt_pg_page(const kpt_pargs &P, const int *spt, i
 }
 
 // Stages the ids of pages [first, min(first + KPT_PG_PT_CAP, spz + 1)) of a sequence's table row
-// in s_pt (an id outside the cache as -1), spa = first; returns the first kv tile whose keys
-// pass them (KPT_PG_NEVER: none up to page spz). All threads of the CTA call it: a barrier on each
-// side (every thread has issued its copies from the previous chunk's ids; all are staged). Out
-// of line: inlined into the load of every tile, its code cost the 64-row kernel 5 % of its
-// bandwidth on a contiguous cache, which never calls it.
-__device__ __noinline__ int kpt_pg_stage(const kpt_pargs &P, const int *ptrow, int *s_pt,
-                                         int first, int spz, int &spa)
+// in s_pt (an id outside the cache as -1; the caller's spa is then `first`); returns the first
+// kv tile whose keys pass them (KPT_PG_NEVER: none up to page spz). All threads of the CTA call
+// it: a barrier on each side (every thread has issued its copies from the previous chunk's ids;
+// all are staged). Out of line: inlined into the load of every tile, its code cost the 64-row
+// kernel 5 % of its bandwidth on a contiguous cache, which never calls it. Its arguments are
+// values: a reference to the kernel's parameters, or to the caller's spa, put them in local
+// memory, which the paged loads then read at every tile (ncu, H200: 131k local loads a launch).
+__device__ __noinline__ int kpt_pg_stage(const int *ptrow, int *s_pt, int first, int spz,
+                                         int num_pages, int page_size)
 {
     __syncthreads();
     const int spe = min(first + KPT_PG_PT_CAP, spz + 1);
     for (int i = (int)threadIdx.x; i < spe - first; i += KPT_THREADS) {
         const int page = ptrow[first + i];
-        s_pt[i] = (u32)page < (u32)P.num_pages ? page : -1;
+        s_pt[i] = (u32)page < (u32)num_pages ? page : -1;
     }
     __syncthreads();
-    spa = first;
     // tile t needs page spe once its last key t * KPT_BN + KPT_BN - 1 reaches spe's first
-    return spe > spz ? KPT_PG_NEVER : (int)((i64)spe * P.page_size / KPT_BN);
+    return spe > spz ? KPT_PG_NEVER : (int)((i64)spe * page_size / KPT_BN);
 }
 
 // Keys [k0, k0 + KPT_BN) of one sequence and kv head (D elements a row, `base` the head's first
@@ -131,6 +132,12 @@ __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i6
 // 32 bits (kpt_cuda_paged checks). With the generic pair of kpt_pg_load calls the decode
 // kernel ran 59 instructions per 16-byte copy, all its work included; with this, 38 (H100,
 // ncu, one sequence of 32k keys): speculative decoding, whose CTAs also compute, gains most.
+// MODE 2: pages of a power-of-two size of at least ITERS rows, where a thread's rows are ITERS
+// consecutive ones instead of every RSTEP-th, all in one page: one id a tile instead of one a
+// row. With an id a row (and kpt_pg_stage's reference arguments in local memory), pages of 16
+// to 256 rows ran at 0.80-0.87 of the contiguous cache's bandwidth, the page order and size
+// regardless (ncu, H200, 8 x 1 x 32k: 2.7x the shared loads, 1.9x the short-scoreboard stalls,
+// each row's copies waiting on its id); with a run's id, 0.94-1.05 (docs/BENCHMARKS.md).
 template <int MODE>
 __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, const u16 *gV,
                                                int ksp, int ksr, int vsp, int vsr,
@@ -144,6 +151,24 @@ __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, co
     // below 2^31, kpt_cuda_paged checks), so that each address is two wide multiply-adds
     const char *bK = (const char *)(gK + c * 8), *bV = (const char *)(gV + c * 8);
     const u32 kp2 = 2u * (u32)ksp, kr2 = 2u * (u32)ksr, vp2 = 2u * (u32)vsp, vr2 = 2u * (u32)vsr;
+    if constexpr (MODE == 2) {
+        // the run starts at a multiple of ITERS (k0 at one of KPT_BN), so it ends in its page;
+        // an id outside the table or the cache reads the first rows of page 0, dropped
+        const int ra = r0 * ITERS, p0 = k0 + ra, pi = p0 >> P.page_shift;
+        bool okp = pi < P.max_pages;
+        const int id = spt[okp ? pi - spa : 0];
+        okp = okp && id >= 0;
+        const u32 page = okp ? (u32)id : 0u, off = okp ? (u32)(p0 & (P.page_size - 1)) : 0u;
+        const char *rK = bK + (u64)page * kp2 + (u64)off * kr2;
+        const char *rV = bV + (u64)page * vp2 + (u64)off * vr2;
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const bool ok = okp && p0 + it < kv_len;
+            kpt_cp16(dK + kpt_pg_at<KPT_BN, KPT_KSTR>(ra + it, c * 8), rK + it * kr2, ok);
+            kpt_cp16(dV + kpt_pg_at<KPT_BN, KPT_VSTR>(ra + it, c * 8), rV + it * vr2, ok);
+        }
+        return;
+    }
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
         const int r = r0 + it * RSTEP, pos = k0 + r;
@@ -547,26 +572,36 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     const int klast = min(hi * KPT_BN + KPT_BN, kv_len) - 1; // the split's last key
     const int spz = P.paged && lo <= hi ? min(kpt_pg_page_of(P, klast), P.max_pages - 1) : -1;
     int spa = 0, restage = KPT_PG_NEVER; // the first staged page; the first tile past them
-    if (spz >= 0)
-        restage = kpt_pg_stage(P, ptrow, s_pt, kpt_pg_page_of(P, lo * KPT_BN), spz, spa);
+    if (spz >= 0) {
+        spa = kpt_pg_page_of(P, lo * KPT_BN);
+        restage = kpt_pg_stage(ptrow, s_pt, spa, spz, P.num_pages, P.page_size);
+    }
     const u16 *gK = (const u16 *)A.k + (i64)hk * A.ks[2];
     const u16 *gV = (const u16 *)A.v + (i64)hk * A.vs[2];
     auto next_live = [&](int t) {
         while (t <= hi && KPT_PG_CLASS(t) == 0) t++;
         return t;
     };
-    // the cache's kind, settled once: 0 contiguous, 1 pages of a power-of-two size, 2 anything
-    // else
-    const int mode = KPT_PG_KV_SHARED ? (!P.paged ? 0 : P.page_shift >= 0 ? 1 : 2) : 2;
+    // the cache's kind, settled once: 0 contiguous, 1 pages of a power-of-two size below a
+    // thread's run of rows, 2 pages of a power-of-two size from it on (kpt_pg_load_kv), 3
+    // anything else
+    constexpr int RUN = KPT_BN / (KPT_THREADS / (KPT_DQK / 8)); // ITERS of kpt_pg_load_kv
+    const int mode = !KPT_PG_KV_SHARED ? 3 : !P.paged ? 0 : P.page_shift < 0 ? 3
+                   : P.page_size >= RUN ? 2 : 1;
     auto load = [&](int t, int stage) {
-        if (t >= restage) // the tile's keys pass the staged pages: the next chunk from its first
-            restage = kpt_pg_stage(P, ptrow, s_pt, kpt_pg_page_of(P, t * KPT_BN), spz, spa);
+        if (t >= restage) { // the tile's keys pass the staged pages: the next chunk from its first
+            spa = kpt_pg_page_of(P, t * KPT_BN);
+            restage = kpt_pg_stage(ptrow, s_pt, spa, spz, P.num_pages, P.page_size);
+        }
         const u32 dK = sK + stage * KPT_PG_K_BYTES, dV = sV + stage * KPT_PG_V_BYTES;
         if (mode == 0)
             kpt_pg_load_kv<0>(dK, dV, gK + (i64)b * A.ks[0], gV + (i64)b * A.vs[0], 0,
                               (int)A.ks[1], 0, (int)A.vs[1], P, spt, spa, t * KPT_BN, kv_len);
         else if (mode == 1)
             kpt_pg_load_kv<1>(dK, dV, gK, gV, (int)A.ks[0], (int)A.ks[1], (int)A.vs[0],
+                              (int)A.vs[1], P, spt, spa, t * KPT_BN, kv_len);
+        else if (mode == 2)
+            kpt_pg_load_kv<2>(dK, dV, gK, gV, (int)A.ks[0], (int)A.ks[1], (int)A.vs[0],
                               (int)A.vs[1], P, spt, spa, t * KPT_BN, kv_len);
         else {
             kpt_pg_load<KPT_DQK, KPT_KSTR>(dK, gK, A.ks[0], A.ks[1], P, spt, spa, b,
@@ -769,14 +804,20 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 // budget: without it the 16-row kernel took 168 registers and spilled (D = 128, after the
 // branch-free page lookup of kpt_pg_load_kv), with it 185 and none. Two CTAs an SM still fit
 // where the plan wants them (2 x 128 x 255 registers). At head dim 256 the same bound made the
-// 16- and 32-row kernels spill more (255 registers each), so they keep ptxas's own target.
+// 16- and 32-row kernels spill more (255 registers each), so the 32- and 64-row kernels keep
+// ptxas's own target; the 16-row kernel says two CTAs an SM (as the plan has them), with which
+// it takes 240 registers and no spill, where ptxas's own target became 128 registers and 44
+// bytes of spill loads once kpt_pg_stage took values (contiguous, 64 x 1 x 32k, H200: 3876-3910
+// GB/s before, 3527-3561 so, 3773 with the bound).
 #if KPT_DQK <= 128 && KPT_DV <= 128
 #define KPT_PG_BOUNDS __launch_bounds__(KPT_THREADS, 1)
+#define KPT_PG_BOUNDS_R1 KPT_PG_BOUNDS
 #else
 #define KPT_PG_BOUNDS __launch_bounds__(KPT_THREADS)
+#define KPT_PG_BOUNDS_R1 __launch_bounds__(KPT_THREADS, 2)
 #endif
 
-extern "C" __global__ void KPT_PG_BOUNDS kpt_paged_r1(const kpt_args A, const kpt_pargs P)
+extern "C" __global__ void KPT_PG_BOUNDS_R1 kpt_paged_r1(const kpt_args A, const kpt_pargs P)
 {
     kpt_paged_body<1>(A, P);
 }

@@ -385,6 +385,13 @@ static void build(bool quick)
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 1, false, false, 8, q1, kvmany, 0);
             add(p, KPT_DTYPE_F16, 64, 16, 2, 3, true, false, 8, q4, kvmany, 0);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, q1, kvmany, 0);
+            /* pages around a thread's run of rows in the copies (kpt_pg_load_kv: 8 rows at
+             * head dims 128 and 256, 4 at 64): from that size on one page id a run, below it
+             * one a row */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 8, false, true, 8, qr, kvr, 0);
+            add(p, KPT_DTYPE_F16, 64, 16, 2, 4, true, false, 4, q16, kvs, 0);
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 4, true, false, 8, q4, kvs, 0);
+            add(p, KPT_DTYPE_BF16, 256, 16, 8, 8, false, false, 8, q1, kvs, 0);
         }
         if (i == 0 && !on_cpu) { /* the CPU runs the reference twice: plumbing only */
             /* head dim 256 (Gemma): decode, speculative, ragged, long, Dv far above Dqk */
