@@ -913,8 +913,8 @@ static void test_nvrtc_matrix(void **state)
         }
         if (j->paged) {
             /* mma.sync kernels at every head dim, without spills for the built-in patterns at
-             * head dims 32 to 128 (at 256 ptxas spills 68-88 bytes, and graphormer_edges's mask
-             * 124 at 128; docs/serving.md); the combine a programmatic dependent of the
+             * head dims 32 to 128 (at 256 ptxas spills 60-84 bytes, and graphormer_edges's mask
+             * 136 at 128; docs/serving.md); the combine a programmatic dependent of the
              * attention on sm_90 only (runtime/cuda_device.c launches it so there); the static
              * shared memory within what the planner reserves for it */
             assert_true(j->paged_entries);
