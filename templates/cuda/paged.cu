@@ -123,6 +123,21 @@ __device__ __forceinline__ void kpt_pg_load(u32 dst, const u16 *base, i64 sp, i6
 // chunks a row in both, and whole rows a thread.
 #define KPT_PG_KV_SHARED (KPT_DQK == KPT_DV && KPT_THREADS % (KPT_DQK / 8) == 0 && \
                           KPT_BN % (KPT_THREADS / (KPT_DQK / 8)) == 0)
+// The rows a thread copies in kpt_pg_load_kv (a run of consecutive ones with MODE 2).
+#define KPT_PG_RUN (KPT_BN / (KPT_THREADS / (KPT_DQK / 8)))
+
+// The staged id of the page of key `pos` (pages of a power-of-two size), or 0 with ok cleared
+// where the table does not hold it (past its columns, or an id outside the cache): without
+// branches, such a key reads entry 0 of the staged ids and is dropped.
+__device__ __forceinline__ u32 kpt_pg_staged(const kpt_pargs &P, const int *spt, int spa, int pos,
+                                             bool &ok)
+{
+    const int pi = pos >> P.page_shift;
+    ok = ok && pi < P.max_pages;
+    const int id = spt[ok ? pi - spa : 0];
+    ok = ok && id >= 0;
+    return ok ? (u32)id : 0u;
+}
 
 // Keys [k0, k0 + KPT_BN) of K and V at once, for the caches most calls have: MODE 0 a
 // contiguous one (gK and gV are then sequence b's row of the cache), MODE 1 pages of a
@@ -144,7 +159,7 @@ __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, co
                                                const kpt_pargs &P, const int *spt, int spa,
                                                int k0, int kv_len)
 {
-    constexpr int CH = KPT_DQK / 8, RSTEP = KPT_THREADS / CH, ITERS = KPT_BN / RSTEP;
+    constexpr int CH = KPT_DQK / 8, RSTEP = KPT_THREADS / CH, ITERS = KPT_PG_RUN;
     const int c = (int)threadIdx.x % CH, r0 = (int)threadIdx.x / CH;
     const int lim = MODE == 0 ? min(kv_len, P.page_size) : kv_len;
     // byte addresses and byte strides (below 2^32: the element strides are non-negative and
@@ -154,11 +169,10 @@ __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, co
     if constexpr (MODE == 2) {
         // the run starts at a multiple of ITERS (k0 at one of KPT_BN), so it ends in its page;
         // an id outside the table or the cache reads the first rows of page 0, dropped
-        const int ra = r0 * ITERS, p0 = k0 + ra, pi = p0 >> P.page_shift;
-        bool okp = pi < P.max_pages;
-        const int id = spt[okp ? pi - spa : 0];
-        okp = okp && id >= 0;
-        const u32 page = okp ? (u32)id : 0u, off = okp ? (u32)(p0 & (P.page_size - 1)) : 0u;
+        const int ra = r0 * ITERS, p0 = k0 + ra;
+        bool okp = true;
+        const u32 page = kpt_pg_staged(P, spt, spa, p0, okp);
+        const u32 off = okp ? (u32)(p0 & (P.page_size - 1)) : 0u;
         const char *rK = bK + (u64)page * kp2 + (u64)off * kr2;
         const char *rV = bV + (u64)page * vp2 + (u64)off * vr2;
 #pragma unroll
@@ -175,15 +189,10 @@ __device__ __forceinline__ void kpt_pg_load_kv(u32 dK, u32 dV, const u16 *gK, co
         bool ok = pos < lim;
         u32 page = 0, off = (u32)pos;
         if (MODE == 1) {
-            // Without branches: a key the table holds has its page id staged (pi - spa is in
-            // the staged range), any other reads entry 0 and is dropped. Branches and signed
-            // 64-bit products here made the paged copies 30 % more instructions than the
-            // contiguous ones in the 64-row kernel (ncu, 8 x 16 x 32k, page 16).
-            const int pi = pos >> P.page_shift;
-            ok = ok && pi < P.max_pages;
-            const int id = spt[ok ? pi - spa : 0];
-            ok = ok && id >= 0;
-            page = ok ? (u32)id : 0u;
+            // Without branches (kpt_pg_staged): branches and signed 64-bit products here made
+            // the paged copies 30 % more instructions than the contiguous ones in the 64-row
+            // kernel (ncu, 8 x 16 x 32k, page 16).
+            page = kpt_pg_staged(P, spt, spa, pos, ok);
             off = (u32)(pos & (P.page_size - 1));
         }
         off = ok ? off : 0u; // a dropped row's address is the head's first row: never faults
@@ -585,9 +594,8 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     // the cache's kind, settled once: 0 contiguous, 1 pages of a power-of-two size below a
     // thread's run of rows, 2 pages of a power-of-two size from it on (kpt_pg_load_kv), 3
     // anything else
-    constexpr int RUN = KPT_BN / (KPT_THREADS / (KPT_DQK / 8)); // ITERS of kpt_pg_load_kv
     const int mode = !KPT_PG_KV_SHARED ? 3 : !P.paged ? 0 : P.page_shift < 0 ? 3
-                   : P.page_size >= RUN ? 2 : 1;
+                   : P.page_size >= KPT_PG_RUN ? 2 : 1;
     auto load = [&](int t, int stage) {
         if (t >= restage) { // the tile's keys pass the staged pages: the next chunk from its first
             spa = kpt_pg_page_of(P, t * KPT_BN);
