@@ -392,6 +392,10 @@ static void build(bool quick)
             add(p, KPT_DTYPE_F16, 64, 16, 2, 4, true, false, 4, q16, kvs, 0);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 4, true, false, 8, q4, kvs, 0);
             add(p, KPT_DTYPE_BF16, 256, 16, 8, 8, false, false, 8, q1, kvs, 0);
+            /* 64-row CTAs over long ranges: split for two CTAs an SM (kpt_cuda_paged_plan),
+             * page 16 then without the third stage */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, q16, kvmany, 0);
+            add(p, KPT_DTYPE_F16, 64, 32, 8, 0, true, true, 8, q16, kvmany, 0);
         }
         if (i == 0 && !on_cpu) { /* the CPU runs the reference twice: plumbing only */
             /* head dim 256 (Gemma): decode, speculative, ragged, long, Dv far above Dqk */
