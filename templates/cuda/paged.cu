@@ -774,9 +774,8 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             }
 #pragma unroll
             for (int n = 0; n < DVW / 8; n++) {
-                const int d = wd * DVW + n * 8 + (lane & 3) * 2;
-                mine[row * KPT_DV + d] = O[n][2 * rr];
-                mine[row * KPT_DV + d + 1] = O[n][2 * rr + 1];
+                const int d = wd * DVW + n * 8 + (lane & 3) * 2; // even: 8-byte aligned
+                *(float2 *)&mine[row * KPT_DV + d] = make_float2(O[n][2 * rr], O[n][2 * rr + 1]);
             }
         }
     }
@@ -799,11 +798,17 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             a[s] = kpt_ex2(base[s * WSZ + 16 * KPT_DV + rl] - Mu);
             L += a[s] * base[s * WSZ + 16 * KPT_DV + 16 + rl];
         }
+        // 1 / L folded into the weights: a division a row, where one a column (four a lane,
+        // each a branch to its slow path) took a quarter of the 64-row kernel's stall samples
+        // at one sequence of 4k keys (ncu, H200)
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int s = 0; s < WK; s++) a[s] *= inv;
         kpt_pg_finish_row(A, P, w, r, x, M, L, [&](int d) {
             float o = 0.0f;
 #pragma unroll
             for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * KPT_DV + d];
-            return L > 0.0f ? o / L : 0.0f;
+            return o;
         });
     }
 }
