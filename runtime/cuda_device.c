@@ -623,9 +623,6 @@ kpt_status kpt_cuda_attention_backward(const kpt_cuda_kernel *k, const kpt_atten
 
 /* ---- serving ----------------------------------------------------------------------------- */
 
-/* the key tiles a part of a split keeps at least where the 64-row kernel runs two CTAs an SM */
-#define KPT_PAGED_TWO_TILES 64
-
 kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *shape,
                                kpt_paged_plan *out, kpt_diag *diag)
 {
@@ -638,10 +635,8 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * 32:8: 1 x 1 x 4k 765 -> 817 GB/s, 1 x 16 x 4k 519 -> 584; docs/BENCHMARKS.md, "The
      * CTA's end"); counts between one and two an SM were slower than either (the SMs with two
      * CTAs finish last). Where a batch has more work items than SMs nothing is split, and two
-     * CTAs an SM run at once (plan_paged sizes them for that). */
-    kpt_status st = kpt_paged_plan_compute(shape, k->dev->sm_count, KPT_PAGED_ROWS,
-                                           k->plan.cfg.dv, out, diag);
-    /* The 64-row warpgroup kernel is the exception: its one warpgroup computes S, the softmax
+     * CTAs an SM run at once (plan_paged sizes them for that).
+     * The 64-row warpgroup kernel is the exception: its one warpgroup computes S, the softmax
      * and P V of a tile in series, four times the work a byte of the 16-row kernel's, and one
      * CTA an SM left the loads waiting on it. Split for two an SM, each SM then overlaps one
      * CTA's products with the other's softmax (H200, bf16, D = 128, 32:8, 8 x 16 x 32k,
@@ -649,14 +644,8 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * docs/BENCHMARKS.md, "Serving: two CTAs an SM for 64 rows"). Only where each part keeps
      * KPT_PAGED_TWO_TILES tiles: shorter parts were level on the H200 (1 x 16 x 32k, 8 x 16 x
      * 4k), and there the fixed costs above decide. */
-    if (st || !k->plan.cfg.wgmma || out->rows <= 32 || out->splits < 2)
-        return st;
-    kpt_paged_plan two;
-    st = kpt_paged_plan_compute(shape, 2 * k->dev->sm_count, KPT_PAGED_ROWS, k->plan.cfg.dv,
-                                &two, diag);
-    if (!st && (int64_t)two.splits * KPT_PAGED_TWO_TILES * KPT_PAGED_TILE <= two.max_kv)
-        *out = two;
-    return st;
+    return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->plan.cfg.dv, out,
+                              diag);
 }
 
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
@@ -716,7 +705,7 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
      * the plan has two (page 16, 8 x 16 x 32k on the H200: 2960-3053 GB/s with the third
      * stage, 3838-3855 without) */
     const bool deep = k->plan.stages_deep && pa.paged && pa.page_size < KPT_PAGED_TILE &&
-                      plan->splits > 1 && blocks * plan->splits * a.Hkv <= k->dev->sm_count;
+                      plan->splits > 1 && kpt_paged_one_per_sm(plan, k->dev->sm_count);
     CUfunction f = k->paged[fi];
     pa.stages = deep ? k->plan.stages_deep : k->plan.stages;
     const size_t smem = deep ? k->plan.deep_smem_bytes : k->plan.smem_bytes;

@@ -250,6 +250,24 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
     return KPT_OK;
 }
 
+kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
+                              kpt_paged_plan *out, kpt_diag *diag)
+{
+    kpt_status st = kpt_paged_plan_compute(s, sms, KPT_PAGED_ROWS, dv, out, diag);
+    if (st || !two_wide || out->rows <= 32 || out->splits < 2)
+        return st;
+    kpt_paged_plan two;
+    st = kpt_paged_plan_compute(s, 2 * sms, KPT_PAGED_ROWS, dv, &two, diag);
+    if (!st && (int64_t)two.splits * KPT_PAGED_TWO_TILES * KPT_PAGED_TILE <= two.max_kv)
+        *out = two;
+    return st;
+}
+
+bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms)
+{
+    return (int64_t)plan->batch * plan->q_blocks * plan->splits * plan->num_heads_kv <= sms;
+}
+
 kpt_status kpt_paged_check_plan(const kpt_paged_plan *plan, const kpt_paged_binding *pb,
                                 kpt_diag *diag)
 {

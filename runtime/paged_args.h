@@ -46,6 +46,17 @@ kpt_status kpt_paged_bind(const kpt_pattern *p, const kpt_paged_args *a, int64_t
 kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group_max, int dv,
                                   kpt_paged_plan *out, kpt_diag *diag);
 
+/* A plan for a device of `sms` SMs, one CTA each (kpt_paged_plan_compute with sms slots); where
+ * `two_wide`, a plan whose CTAs hold more than 32 rows and split anyway is made for two CTAs an
+ * SM instead, as long as each part keeps KPT_PAGED_TWO_TILES tiles (the CUDA 64-row warpgroup
+ * kernel: cuda_device.c, kpt_cuda_paged_plan). */
+#define KPT_PAGED_TWO_TILES 64
+kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
+                              kpt_paged_plan *out, kpt_diag *diag);
+
+/* Whether `plan`'s CTAs (query blocks x splits x kv heads) fit `sms` SMs one each. */
+bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms);
+
 /* Whether a call bound as `pb` fits `plan` (batch and head counts). */
 kpt_status kpt_paged_check_plan(const kpt_paged_plan *plan, const kpt_paged_binding *pb,
                                 kpt_diag *diag);

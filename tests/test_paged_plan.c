@@ -57,6 +57,47 @@ static void test_plan(void **state)
     assert_int_equal(pl.workspace_bytes, 0);
 }
 
+static void test_plan_two_wide(void **state)
+{
+    (void)state;
+    kpt_diag d = {0};
+    kpt_paged_plan pl;
+    /* 16 tokens of 8 sequences over 32k keys, GQA 32:8 (64 rows a CTA), 132 SMs: two CTAs an
+     * SM for the wide kernel (4 parts of 128 tiles), one otherwise */
+    kpt_paged_shape s = {.batch = 8, .max_q = 16, .max_kv = 32768, .num_heads_q = 32,
+                         .num_heads_kv = 8};
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.rows, 64);
+    assert_int_equal(pl.splits, 4);
+    assert_false(kpt_paged_one_per_sm(&pl, 132));
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, false, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 2);
+    assert_true(kpt_paged_one_per_sm(&pl, 132));
+    /* parts shorter than KPT_PAGED_TWO_TILES tiles keep one CTA an SM: one sequence (33
+     * parts of 16 tiles), or 4k keys (4 parts of 16) */
+    s.batch = 1;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 16);
+    s.batch = 8;
+    s.max_kv = 4096;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 2);
+    /* CTAs of 16 rows (4 tokens) keep one an SM; so does a batch that is not split */
+    s.max_kv = 32768;
+    s.max_q = 4;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.rows, 16);
+    assert_int_equal(pl.splits, 2);
+    s.max_q = 16;
+    s.batch = 64;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 1);
+    assert_false(kpt_paged_one_per_sm(&pl, 132));
+    /* refusals pass through */
+    s.num_heads_q = 30;
+    assert_int_not_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+}
+
 /* `call` (which reports into d_) fails with a message holding `text` */
 #define EXPECT_FAIL(call, text)                                                                  \
     do {                                                                                         \
@@ -124,6 +165,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_count),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan_two_wide),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_row_checks),
     };
