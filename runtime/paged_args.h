@@ -20,6 +20,8 @@
 #define KPT_PAGED_ROWS 64
 #define KPT_PAGED_MAX_PAGE 256
 #define KPT_PAGED_MAX_SPLITS 256
+/* tiles a part keeps at least where a plan splits for two CTAs an SM (kpt_paged_plan_sms) */
+#define KPT_PAGED_TWO_TILES 64
 
 typedef struct kpt_paged_binding {
     int64_t B, T, Hq, Hkv, Dqk, Dv;
@@ -50,7 +52,6 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
  * `two_wide`, a plan whose CTAs hold more than 32 rows and split anyway is made for two CTAs an
  * SM instead, as long as each part keeps KPT_PAGED_TWO_TILES tiles (the CUDA 64-row warpgroup
  * kernel: cuda_device.c, kpt_cuda_paged_plan). */
-#define KPT_PAGED_TWO_TILES 64
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
                               kpt_paged_plan *out, kpt_diag *diag);
 
