@@ -48,6 +48,7 @@ typedef struct pcase {
                    into parts most of which hold none) and no workspace (the run's own) */
     bool o_pad; /* O's rows padded by an element ([T, Hq, Dv + 1] strides): rows of most heads
                    start unaligned for vector stores, and the pads must stay unwritten */
+    float scale; /* the scores' scale; 0: the default, 1 / sqrt(Dqk) */
 } pcase;
 
 static kpt_context *ctx;
@@ -159,6 +160,7 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         kpt_paged_batch_mem hm = {h.q, h.k, h.v, ref_o, ref_l, h.pt, h.cu, h.kv,
                                   c->sinks ? h.sinks : NULL, KPT_DTYPE_F64, KPT_DTYPE_F64};
         kpt_paged_args ra = kpt_paged_batch_args(&h, &hm, aux, naux);
+        ra.scale = c->scale;
         if (kpt_reference_paged_attention(p, &ra, &d)) {
             snprintf(res->why, sizeof(res->why), "reference: %.150s", d.message);
             ok = false;
@@ -224,6 +226,7 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
                                   kpt_buffer_data(dkv), c->sinks ? kpt_buffer_data(ds) : NULL,
                                   c->dtype, KPT_DTYPE_F32};
         kpt_paged_args da = kpt_paged_batch_args(&h, &dm, daux, nd);
+        da.scale = c->scale;
         if (c->o_pad) {
             da.o.stride[1] = o_row_stride(c);
             da.o.stride[0] = (int64_t)c->hq * o_row_stride(c);
@@ -328,6 +331,14 @@ static void with_dv(int dv)
         cases[ncases - 1].dv = dv;
 }
 
+/* The last case added with the scores' scale `s` (a negative one: the kernels without a score
+ * mod negate Q). */
+static void with_scale(float s)
+{
+    if (ncases > 0)
+        cases[ncases - 1].scale = s;
+}
+
 /* The last case added with O's rows padded (pcase.o_pad). */
 static void with_o_pad(void)
 {
@@ -377,6 +388,11 @@ static void build(bool quick)
             with_o_pad();
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 1, ql, kvlong, 0);
             with_o_pad();
+            /* negative scales, on the 16-, 32- and 64-row kernels */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 0);
+            with_scale(-0.07f);
+            add(p, KPT_DTYPE_F16, 64, 16, 4, 0, false, false, 4, q16, kvs, 0);
+            with_scale(-0.2f);
         }
         if (i <= 1 && !on_cpu) {
             /* a CTA's key range over more pages than it stages at once (2048 page ids): the
@@ -535,7 +551,10 @@ int main(int argc, char **argv)
         char name[200];
         char dims[32];
         snprintf(dims, sizeof(dims), c->dv == c->d ? "D%d" : "D%d/%d", c->d, c->dv);
-        snprintf(name, sizeof(name), "%s %s %s %d:%d page %d%s%s B%d q0 %d kv0 %d%s%s",
+        char sc[32] = "";
+        if (c->scale != 0.0f)
+            snprintf(sc, sizeof(sc), " scale %g", c->scale);
+        snprintf(name, sizeof(name), "%s %s %s %d:%d page %d%s%s B%d q0 %d kv0 %d%s%s%s",
                  c->pattern, kpt_dtype_name(c->dtype), dims, c->hq, c->hkv, c->page,
                  c->head_major ? " head-major" : "", c->sinks ? " sinks" : "", c->B, c->q[0],
                  c->kv[0],
@@ -543,7 +562,7 @@ int main(int argc, char **argv)
                  : c->bounds == 2 ? " short-plan"
                  : c->bounds == 3 ? " far-bounds-plan, no workspace"
                                   : "",
-                 c->o_pad ? " o-padded" : "");
+                 c->o_pad ? " o-padded" : "", sc);
         if (filter && !strstr(name, filter))
             continue;
         outcome res;
