@@ -3,8 +3,9 @@ query and key counts (chunked prefill beside decode, ragged decode, speculative 
 lengths), `causal` in logical positions (bottom-right), beside the peers that take such a batch
 in one call: PyTorch's variable-length FlashAttention (torch.nn.attention.varlen.varlen_attn, on
 packed contiguous K and V) and FlashInfer's BatchPrefillWithPagedKVCacheWrapper (on kpt's
-page-16 cache, where the flashinfer package imports), and SDPA called once per sequence (FLASH
-or, for lower-right causal masks, memory-efficient attention: what a user of SDPA alone writes). Checks agreement first (each output against kpt's
+page-16 cache, where the flashinfer package imports), SDPA called once per sequence (FLASH or,
+for lower-right causal masks, memory-efficient attention: what a user of SDPA alone writes) and,
+with --flex, FlexAttention over the packed batch with a block mask of the sequences. Checks agreement first (each output against kpt's
 contiguous run, whose output was poisoned with NaN); reports time (burst: one call after an L2
 flush; sustained: many calls back to back), GB/s of K+V read and TFLOP/s of the pairs the mask
 keeps.
@@ -12,7 +13,7 @@ keeps.
     python3 bench/bench_mixed.py --lib build/libkpt.so [--cases NAMES] [--out FILE.json]
 
 `--cpu` checks the script itself without a GPU: kpt's CPU backend against SDPA (math) once per
-sequence, lengths divided by 32, nothing timed.
+sequence (and FlexAttention with --flex), lengths divided by 32, nothing timed.
 """
 import argparse
 import json
@@ -183,6 +184,32 @@ class Mixed:
         q, kv = self.q, (self.kp, self.vp)
         return lambda: w.run(q, kv)
 
+    def flex_setup(self, flex):
+        """FlexAttention over the packed batch: one sequence of Tq queries against Tk keys, a
+        query keeping the keys of its own sequence up to its logical position (a block mask
+        built once, outside the timings, as kpt's plan is)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+        dev = self.q.device
+        T, Tk = self.cu_q[-1], self.cu_k[-1]
+        seq_q = torch.empty(T, dtype=torch.int32, device=dev)
+        pos_q = torch.empty(T, dtype=torch.int32, device=dev)
+        seq_k = torch.empty(max(Tk, 1), dtype=torch.int32, device=dev)
+        pos_k = torch.empty(max(Tk, 1), dtype=torch.int32, device=dev)
+        for b in range(self.B):
+            qa, qz, ka, kz = self.cu_q[b], self.cu_q[b + 1], self.cu_k[b], self.cu_k[b + 1]
+            seq_q[qa:qz] = b
+            pos_q[qa:qz] = torch.arange(self.kvlens[b] - (qz - qa), self.kvlens[b], device=dev)
+            seq_k[ka:kz] = b
+            pos_k[ka:kz] = torch.arange(0, kz - ka, device=dev)
+
+        def mask_mod(b, h, qi, ki):
+            return (seq_q[qi] == seq_k[ki]) & (pos_k[ki] <= pos_q[qi])
+        bm = create_block_mask(mask_mod, 1, None, T, Tk, device=str(dev))
+        q = self.q[:T].transpose(0, 1).unsqueeze(0)
+        k = self.kpk[:Tk].transpose(0, 1).unsqueeze(0)
+        v = self.vpk[:Tk].transpose(0, 1).unsqueeze(0)
+        return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)[0].transpose(0, 1)
+
     def kv_bytes(self):
         return 2 * sum(self.kvlens) * self.hkv * self.d * self.q.element_size()
 
@@ -212,6 +239,8 @@ def main():
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-loop", action="store_true", help="leave out SDPA once per sequence")
+    ap.add_argument("--flex", action="store_true",
+                    help="FlexAttention too (torch.compile'd, a compilation per case)")
     ap.add_argument("--cpu", action="store_true",
                     help="a check of the script without a GPU (kpt's CPU backend, SDPA math)")
     ap.add_argument("--out")
@@ -227,6 +256,10 @@ def main():
     bw = 0.0 if args.cpu else bp.copy_bandwidth()
     from torch.nn.attention import SDPBackend
     fi = None if args.cpu else bp.load_flashinfer()
+    flex = None
+    if args.flex:
+        from torch.nn.attention.flex_attention import flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
     out = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(), "copy_GBps": bw,
            "dim": D,
            "heads": [HQ, HKV], "page": args.page, "rows": []}
@@ -259,6 +292,8 @@ def main():
                 [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])))
         if fi is not None:
             setups.append(("flashinfer", lambda: m.fi_setup(fi)))
+        if flex is not None:
+            setups.append(("flex", lambda: m.flex_setup(flex)))
         fns = {}
         for n, setup in setups:
             try:
