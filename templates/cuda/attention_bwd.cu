@@ -333,6 +333,20 @@ __device__ __forceinline__ float kpt_delta(const kpt_args &A, const kpt_gargs &G
     return q < A.Sq ? ((const float *)G.delta)[((i64)b * A.Hq + h) * A.Sq + q] : 0.0f;
 }
 
+// The LSE and delta of this thread's two rows of an m16 row block whose first query is row0
+// (rows lane / 4 and lane / 4 + 8): what the sm_90a kpt_bwd_dq kernels read before their tiles
+// (the sm_80 one keeps its own loop: through the helper its PTX changed).
+__device__ __forceinline__ void kpt_row_stats(const kpt_args &A, const kpt_gargs &G, int b, int h,
+                                              int row0, int lane, float (&lse)[2], float (&del)[2])
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qi = row0 + (lane >> 2) + r * 8;
+        lse[r] = kpt_lse2(A, b, h, qi);
+        del[r] = kpt_delta(A, G, b, h, qi);
+    }
+}
+
 // C[16 x N] (+)= A[16 x K] B^T: A rows from shared memory (row stride ASTR), B rows (N of them,
 // row stride BSTR) from shared memory, both K-contiguous. One warp; accumulator layout as mma.sync.
 template <int N, int K, int ASTR, int BSTR, bool ZERO>

@@ -842,12 +842,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
     float lse[2], del[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int qi = row0 + (lane >> 2) + r * 8;
-        lse[r] = kpt_lse2(A, b, h, qi);
-        del[r] = kpt_delta(A, G, b, h, qi);
-    }
+    kpt_row_stats(A, G, b, h, row0, lane, lse, del);
     float dQ[KPT_BWD_CK / 8][4];
     kpt_zero<KPT_BWD_CK>(dQ);
     const bool rows_out = row0 - (cw & 3) * 16 + 64 > A.Sq; // this warpgroup's rows pass Sq
@@ -1023,12 +1018,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     kpt_uniform U;
     kpt_uniform_init(A, b, h, U);
     float lse[2], del[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int qi = row0 + (lane >> 2) + r * 8;
-        lse[r] = kpt_lse2(A, b, h, qi);
-        del[r] = kpt_delta(A, G, b, h, qi);
-    }
+    kpt_row_stats(A, G, b, h, row0, lane, lse, del);
     float dQ[2][KPT_BWD_KH / 8][4];
     kpt_zero<KPT_BWD_KH>(dQ[0]);
     kpt_zero<KPT_BWD_KH>(dQ[1]);
