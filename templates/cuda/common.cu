@@ -455,17 +455,18 @@ template <int N> __device__ __forceinline__ float kpt_tree_sum(float *t)
 // lane / 4 and lane / 4 + 8): p = 2^(s * sc - m), m the running row max in log2 units.
 // kpt_softmax_max takes the new maxima and the factors alpha that rescale what was summed
 // before (l is rescaled here, O by the caller); it returns whether some alpha is not 1.
-__device__ __forceinline__ bool kpt_softmax_max(const float (&S)[KPT_BN / 8][4], float *m,
-                                                float *l, float sc, float *alpha)
+template <int N = KPT_BN / 8>
+__device__ __forceinline__ bool kpt_softmax_max(const float (&S)[N][4], float *m, float *l,
+                                                float sc, float *alpha)
 {
     bool grew = false;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float t[KPT_BN / 8];
+        float t[N];
 #pragma unroll
-        for (int n = 0; n < KPT_BN / 8; n++)
+        for (int n = 0; n < N; n++)
             t[n] = fmaxf(S[n][2 * r], S[n][2 * r + 1]);
-        float mx = kpt_tree_max<KPT_BN / 8>(t);
+        float mx = kpt_tree_max<N>(t);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float mnew = fmaxf(m[r], mx * sc);
@@ -478,29 +479,31 @@ __device__ __forceinline__ bool kpt_softmax_max(const float (&S)[KPT_BN / 8][4],
     return grew;
 }
 // The scores become probabilities in place; their row sums are added to l.
-__device__ __forceinline__ void kpt_softmax_exp(float (&S)[KPT_BN / 8][4], const float *m,
-                                                float *l, float sc)
+template <int N = KPT_BN / 8>
+__device__ __forceinline__ void kpt_softmax_exp(float (&S)[N][4], const float *m, float *l,
+                                                float sc)
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float muse = m[r] == KPT_NINF ? 0.0f : m[r];
-        float t[KPT_BN / 8];
+        float t[N];
 #pragma unroll
-        for (int n = 0; n < KPT_BN / 8; n++) {
+        for (int n = 0; n < N; n++) {
             const float p0 = kpt_ex2(fmaf(S[n][2 * r], sc, -muse));
             const float p1 = kpt_ex2(fmaf(S[n][2 * r + 1], sc, -muse));
             S[n][2 * r] = p0;
             S[n][2 * r + 1] = p1;
             t[n] = p0 + p1;
         }
-        l[r] += kpt_tree_sum<KPT_BN / 8>(t);
+        l[r] += kpt_tree_sum<N>(t);
     }
 }
 // O's rows times their alpha.
-__device__ __forceinline__ void kpt_rescale_rows(float (&O)[KPT_DV / 8][4], const float *alpha)
+template <int N = KPT_DV / 8>
+__device__ __forceinline__ void kpt_rescale_rows(float (&O)[N][4], const float *alpha)
 {
 #pragma unroll
-    for (int n = 0; n < KPT_DV / 8; n++) {
+    for (int n = 0; n < N; n++) {
         O[n][0] *= alpha[0];
         O[n][1] *= alpha[0];
         O[n][2] *= alpha[1];

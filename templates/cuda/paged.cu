@@ -218,41 +218,6 @@ __device__ __forceinline__ int kpt_pg_class(const kpt_args &A, int b, int hk, in
 }
 #endif
 
-// The online softmax over one m16 row block of N * 8 scores in log2 units (this thread's rows
-// lane / 4 and lane / 4 + 8): the scores become probabilities, O and l are rescaled to the new
-// row maxima m.
-template <int N, int NO>
-__device__ __forceinline__ void kpt_pg_softmax(float (&S)[N][4], float *m, float *l,
-                                               float (&O)[NO][4])
-{
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = KPT_NINF;
-#pragma unroll
-        for (int n = 0; n < N; n++)
-            mx = fmaxf(mx, fmaxf(S[n][2 * r], S[n][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[r], mx);
-        const float muse = mnew == KPT_NINF ? 0.0f : mnew; // no -inf - -inf
-        const float alpha = kpt_ex2(m[r] - muse);
-        m[r] = mnew;
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            S[n][2 * r] = kpt_ex2(S[n][2 * r] - muse);
-            S[n][2 * r + 1] = kpt_ex2(S[n][2 * r + 1] - muse);
-            sum += S[n][2 * r] + S[n][2 * r + 1];
-        }
-        l[r] = l[r] * alpha + sum;
-#pragma unroll
-        for (int n = 0; n < NO; n++) {
-            O[n][2 * r] *= alpha;
-            O[n][2 * r + 1] *= alpha;
-        }
-    }
-}
-
 // What a CTA works on.
 struct kpt_pg_work {
     int b, qb, split, hk;
@@ -635,6 +600,23 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         kpt_fence_proxy_async();
 #endif
     __syncthreads();
+#if !KPT_HAS_SCORE
+    // As in the forward kernels: the scale folds into the softmax's exponent (common.cu's
+    // kpt_softmax_max and kpt_softmax_exp, s * sc - m by one FMA), whose maxima need sc >= 0;
+    // a negative scale negates Q instead (every 16-bit element's sign; padding too, unread).
+    if (A.scale_log2 < 0.0f) {
+        u32 *q = (u32 *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
+        for (int x = tid; x < KPT_PG_Q_BYTES / 4; x += KPT_THREADS) q[x] ^= 0x80008000u;
+#if KPT_PG_WG
+        if (WG)
+            kpt_fence_proxy_async();
+#endif
+        __syncthreads();
+    }
+    const float sc = fabsf(A.scale_log2);
+#else
+    const float sc = KPT_LOG2E; // the score mod's result is in natural units
+#endif
     // This warp's 16 rows of Q as A fragments: in registers up to head dim 128; at 256 they would
     // take 64 registers beside O's 128, so they are read from shared memory at each tile instead.
 #if KPT_DQK <= 128
@@ -715,18 +697,29 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
                 }
             }
         }
+#if KPT_HAS_SCORE
 #pragma unroll
         for (int n = 0; n < KW / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float x = S[n][e] * A.scale;
-#if KPT_HAS_SCORE
                 const int rr = e >> 1, kpos = kb + n * 8 + (lane & 3) * 2 + (e & 1);
-                x = kpt_score(A, U[rr], x, b, rw[rr].h, rw[rr].qpos, kpos);
-#endif
-                S[n][e] = (keep >> (n * 4 + e)) & 1 ? x * KPT_LOG2E : KPT_NINF;
+                S[n][e] = kpt_score(A, U[rr], S[n][e] * A.scale, b, rw[rr].h, rw[rr].qpos, kpos);
             }
-        kpt_pg_softmax<KW / 8, DVW / 8>(S, m, l, O);
+#endif
+        if (partial) { // the keep bits only where the tile is partial, a branch taken alike
+#pragma unroll
+            for (int n = 0; n < KW / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!((keep >> (n * 4 + e)) & 1)) S[n][e] = KPT_NINF;
+        }
+        // the forward's online softmax; O is rescaled only where a row of the warp has a new
+        // maximum (over a long cache the maxima settle)
+        float alpha[2];
+        const bool grew = __any_sync(0xffffffffu, kpt_softmax_max(S, m, l, sc, alpha));
+        kpt_softmax_exp(S, m, l, sc);
+        if (grew)
+            kpt_rescale_rows(O, alpha);
 #if KPT_PG_WG
         if constexpr (WG) {
             kpt_pg_wg_pv(O, S, tV);
