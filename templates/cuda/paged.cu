@@ -342,6 +342,60 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
     }
 }
 
+// The end of a CTA whose warps each hold whole rows (one key slice: the 64-row kernel up to head
+// dim 128): each thread writes its own fragment of O (rows lane / 4 and + 8,
+// two adjacent columns an 8-column block) straight from registers, with no pass through shared
+// memory, no barrier and no loop of a warp over rows. The softmax state is the quad's.
+template <int NO>
+__device__ __forceinline__ void kpt_pg_finish_frags(const kpt_args &A, const kpt_pargs &P,
+                                                    const kpt_pg_work &w, const kpt_pg_row (&rw)[2],
+                                                    int row0, int col0, const float (&O)[NO][4],
+                                                    const float *m, const float *l)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        float L = l[rr];
+        L += __shfl_xor_sync(0xffffffffu, L, 1);
+        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        const kpt_pg_row x = rw[rr];
+        if (x.t < 0) continue; // a padding row
+        const float M = m[rr], inv = L > 0.0f ? 1.0f / L : 0.0f;
+        const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
+        const int r = row0 + (lane >> 2) + rr * 8;
+        if (P.splits > 1) {
+            const i64 slot = (((i64)(w.b * P.q_blocks + w.qb) * P.splits + w.split) * A.Hkv +
+                              w.hk) * KPT_PG_ROWS + r;
+            if ((lane & 3) == 0 && col0 == 0) ((float *)P.part_lse)[slot] = lse2;
+            float *dst = (float *)P.part_o + slot * KPT_DV + col0 + (lane & 3) * 2;
+#pragma unroll
+            for (int n = 0; n < NO; n++) // 8-byte aligned: the workspace, even columns
+                *(float2 *)(dst + n * 8) = make_float2(O[n][2 * rr] * inv, O[n][2 * rr + 1] * inv);
+            continue;
+        }
+        float tot = lse2, scale = inv;
+        if (P.sinks) {
+            const float s2 = ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E;
+            tot = kpt_sink_lse2(lse2, s2);
+            scale = L > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
+        }
+        if ((lane & 3) == 0 && col0 == 0) kpt_pg_store(A, x.t, x.h, -1, tot * KPT_LN2);
+        u16 *go = (u16 *)A.o + (i64)x.t * A.os[0] + (i64)x.h * A.os[1];
+        const int d0 = col0 + (lane & 3) * 2;
+        const bool al = ((u64)(go + d0) & 3) == 0; // o's strides are the caller's
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            const float c0 = O[n][2 * rr] * scale, c1 = O[n][2 * rr + 1] * scale;
+            if (al) {
+                *(u32 *)(go + d0 + n * 8) = kpt_pack(c0, c1);
+            } else {
+                kpt_pg_store(A, x.t, x.h, d0 + n * 8, c0);
+                kpt_pg_store(A, x.t, x.h, d0 + n * 8 + 1, c1);
+            }
+        }
+    }
+}
+
 // Past head dim 128 the warps of a row block split O's columns instead of the tile's keys: each
 // computes the scores of all the tile's keys (the same softmax state in each) and P V for its
 // share of Dv, so O takes 32 registers a thread instead of 128 (which spilled and kept one CTA
@@ -747,6 +801,10 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 #undef KPT_PG_CLASS
 #undef KPT_PG_QF
     kpt_cp_wait<0>();
+    if constexpr (WK == 1 && !KPT_PG_DVSPLIT) { // past head dim 128 the 32-row kernel spilled
+        kpt_pg_finish_frags<DVW / 8>(A, P, w, rw, wr * 16, wd * DVW, O, m, l);
+        return;
+    }
     __syncthreads();
 
     // Merge the warps' states (the ring is free now, and the plan holds this much after Q: see
