@@ -991,6 +991,10 @@ static kpt_status vk_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_sh
     out->rows = (int)bm;
     out->q_blocks = blocks > 0 ? (int)blocks : 1;
     out->q_per_block = group < bm ? (int)(bm / group) : 1;
+    if ((int64_t)out->batch * out->q_blocks > INT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "%lld query blocks in one launch",
+                            (long long)out->batch * out->q_blocks);
+    out->blocks = out->batch * out->q_blocks;
     out->splits = paged_splits(v, k, out);
     if ((st = paged_budget(v, k, out->max_kv, (int)group, out->splits, diag)))
         return st;
@@ -1052,7 +1056,8 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
     if (st)
         return st;
     const kpt_kernel_plan *pl = &k->plan;
-    if (plan->rows != pl->bm || plan->q_blocks < 1 || plan->splits < 1 ||
+    if (plan->rows != pl->bm || plan->q_blocks < 1 ||
+        (int64_t)plan->blocks != (int64_t)plan->batch * plan->q_blocks || plan->splits < 1 ||
         plan->splits > KPT_PAGED_MAX_SPLITS ||
         plan->workspace_bytes != (plan->splits > 1 ? kpt_paged_workspace_bytes(
                                                          plan, pl->bm, pl->cfg.dv, NULL)

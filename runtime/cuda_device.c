@@ -661,7 +661,11 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
     if (st)
         return st;
     if (plan->rows > KPT_PAGED_ROWS || plan->rows < 1 || plan->splits < 1 ||
-        plan->splits > KPT_PAGED_MAX_SPLITS || plan->q_per_block < 1)
+        plan->splits > KPT_PAGED_MAX_SPLITS || !kpt_paged_plan_blocks_ok(plan) ||
+        plan->workspace_bytes != (plan->splits > 1 ? kpt_paged_workspace_bytes(
+                                                         plan, KPT_PAGED_ROWS,
+                                                         k->plan.cfg.dv, NULL)
+                                                   : 0))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
     /* the kernel's row offsets, and page offsets where there are pages, are 32-bit products */
@@ -675,8 +679,8 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                             (long long)a.vs[1]);
     if (workspace % 256)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "workspace must be 256-byte aligned");
-    int64_t blocks = (int64_t)plan->batch * plan->q_blocks;
-    if (blocks == 0)
+    const int64_t blocks = plan->blocks;
+    if (blocks <= 0 || plan->batch == 0)
         return KPT_OK;
     /* the combine's CTAs: 4, 2 or 1 rows each (kpt_pg_cwpr in templates/cuda/paged.cu) */
     const int combine_rows = plan->splits >= 16 ? 1 : plan->splits >= 8 ? 2 : 4;

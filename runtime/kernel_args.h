@@ -87,7 +87,8 @@ typedef struct kpt_kernel_pargs {
     int64_t pt_stride, sink_stride;
     int32_t page_size, page_shift, num_pages, max_pages;
     int32_t T, splits, q_blocks, q_per_block, rows, paged;
-    int32_t stages, pad; /* the ring's depth: plan.stages or plan.stages_deep (kpt_cuda_paged) */
+    int32_t stages; /* the ring's depth: plan.stages or plan.stages_deep (kpt_cuda_paged) */
+    int32_t packed; /* blocks follow cu_q (a packed plan); q_blocks is then the launch's */
 } kpt_kernel_pargs;
 
 _Static_assert(sizeof(kpt_kernel_pargs) == 112, "kpt_kernel_pargs layout");

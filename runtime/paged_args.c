@@ -183,26 +183,78 @@ static kpt_status scan_lengths(const kpt_paged_shape *s, int *max_q, int *max_kv
 size_t kpt_paged_workspace_bytes(const kpt_paged_plan *plan, int rows, int dv,
                                  size_t *lse_offset)
 {
-    const size_t slots = (size_t)plan->batch * plan->q_blocks * plan->splits *
-                         plan->num_heads_kv * rows;
+    const size_t slots = (size_t)plan->blocks * plan->splits * plan->num_heads_kv * rows;
     const size_t off = (slots * (size_t)dv * sizeof(float) + 255) & ~(size_t)255;
     if (lse_offset)
         *lse_offset = off;
     return off + slots * sizeof(float);
 }
 
-int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots)
+int kpt_paged_split_work(int64_t work, int64_t longest, int64_t slots)
 {
-    /* Split the keys until the work items fill the device once: decoding is bound by memory,
-     * and one full wave of equal items streams the cache with no tail. Each part keeps two
-     * tiles. */
-    const int64_t tiles = (max_kv + tile - 1) / tile;
-    int64_t splits = units > 0 ? slots / units : 1;
-    if (splits > tiles / 2)
-        splits = tiles / 2;
+    /* Split the keys until the work fills the device once: decoding is bound by memory, and one
+     * wave of items no longer than the average share streams the cache with no tail. The
+     * longest item's parts are that share; each part keeps two tiles. */
+    int64_t splits = work > 0 ? slots * longest / work : 1;
+    if (splits > longest / 2)
+        splits = longest / 2;
     if (splits > KPT_PAGED_MAX_SPLITS)
         splits = KPT_PAGED_MAX_SPLITS;
     return splits > 1 ? (int)splits : 1;
+}
+
+int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots)
+{
+    const int64_t tiles = (max_kv + tile - 1) / tile;
+    return kpt_paged_split_work(units * tiles, tiles, slots);
+}
+
+/* The first packed block of sequence b, whose queries start at row cu of q, for blocks of p
+ * queries: (cu + b (p - 1)) / p. It grows by at least ceil(q_len / p) from one sequence to the
+ * next, so each has its blocks, and the device finds a block's sequence from cu_seqlens_q
+ * alone (kpt_pg_seq_of in templates/cuda/paged.cu). */
+static int64_t packed_first(int64_t cu, int64_t b, int p)
+{
+    return (cu + b * (p - 1)) / p;
+}
+
+/* Where the shape's host lengths make fewer blocks packed than uniform, the plan is packed:
+ * its work items are the blocks sequences have, not batch * q_blocks (a chunked prefill of 2048
+ * queries beside 63 decodes: 191 blocks, not 8192). */
+static void plan_blocks(const kpt_paged_shape *s, kpt_paged_plan *out)
+{
+    out->blocks = out->batch * out->q_blocks;
+    if (!s->cu_seqlens_q || out->batch == 0)
+        return;
+    const int64_t T = s->cu_seqlens_q[out->batch];
+    const int64_t packed = packed_first(T, out->batch, out->q_per_block);
+    if (T > 0 && packed < out->blocks) {
+        out->blocks = (int)packed;
+        out->q_blocks = 0;
+        out->max_tokens = (int)T;
+    }
+}
+
+/* The tiles of key work the shape's blocks hold (the bounds', or each sequence's own blocks
+ * and keys), and the longest block's. */
+static void plan_work(const kpt_paged_shape *s, const kpt_paged_plan *pl, int64_t *work,
+                      int64_t *longest)
+{
+    const int64_t tile = KPT_PAGED_TILE;
+    *work = 0;
+    *longest = 0;
+    for (int b = 0; b < s->batch; b++) {
+        const int64_t q = s->cu_seqlens_q ? s->cu_seqlens_q[b + 1] - s->cu_seqlens_q[b] : s->max_q;
+        const int64_t kv = s->kv_lens ? s->kv_lens[b] : s->max_kv;
+        /* a bounds plan's blocks are all there; with host lengths, those sequences have */
+        const int64_t blocks = s->cu_seqlens_q ? (q + pl->q_per_block - 1) / pl->q_per_block
+                                               : pl->q_blocks;
+        const int64_t tiles = (kv + tile - 1) / tile;
+        if (!blocks || !tiles)
+            continue;
+        *work += blocks * tiles;
+        *longest = tiles > *longest ? tiles : *longest;
+    }
 }
 
 kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group_max, int dv,
@@ -227,7 +279,8 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
         return st;
     *out = (kpt_paged_plan){.batch = s->batch, .num_heads_q = s->num_heads_q,
                             .num_heads_kv = s->num_heads_kv, .max_q = max_q, .max_kv = max_kv,
-                            .splits = 1, .q_per_block = max_q ? max_q : 1, .q_blocks = 1};
+                            .splits = 1, .q_per_block = max_q ? max_q : 1, .q_blocks = 1,
+                            .blocks = s->batch};
     out->rows = out->q_per_block * group;
     if (!slots)
         return KPT_OK; /* the CPU: one "block" per sequence, nothing split */
@@ -240,11 +293,16 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
      * that writes NaN into its rows (kpt_pg_overflow), even under a plan for max_q = 0 */
     out->q_blocks = max_q ? (max_q + out->q_per_block - 1) / out->q_per_block : 1;
     out->rows = out->q_per_block * group;
-    const int64_t units = (int64_t)s->batch * out->q_blocks * s->num_heads_kv;
-    out->splits = kpt_paged_split_count(units, max_kv, KPT_PAGED_TILE, slots);
-    if (units * out->splits > INT32_MAX)
+    if ((int64_t)s->batch * out->q_blocks * s->num_heads_kv > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many query blocks (%lld) for one launch",
-                            (long long)units);
+                            (long long)s->batch * out->q_blocks);
+    plan_blocks(s, out);
+    int64_t work, longest;
+    plan_work(s, out, &work, &longest);
+    out->splits = kpt_paged_split_work(work * s->num_heads_kv, longest, slots);
+    if ((int64_t)out->blocks * s->num_heads_kv * out->splits > INT32_MAX)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many query blocks (%d) for one launch",
+                            out->blocks);
     if (out->splits > 1)
         out->workspace_bytes = kpt_paged_workspace_bytes(out, KPT_PAGED_ROWS, dv, NULL);
     return KPT_OK;
@@ -263,9 +321,20 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
     return st;
 }
 
+bool kpt_paged_plan_blocks_ok(const kpt_paged_plan *plan)
+{
+    if (plan->q_per_block < 1 || plan->batch < 0)
+        return false;
+    if (plan->q_blocks)
+        return plan->q_blocks > 0 && plan->max_tokens == 0 &&
+               (int64_t)plan->blocks == (int64_t)plan->batch * plan->q_blocks;
+    return plan->max_tokens > 0 &&
+           plan->blocks == packed_first(plan->max_tokens, plan->batch, plan->q_per_block);
+}
+
 bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms)
 {
-    return (int64_t)plan->batch * plan->q_blocks * plan->splits * plan->num_heads_kv <= sms;
+    return (int64_t)plan->blocks * plan->splits * plan->num_heads_kv <= sms;
 }
 
 kpt_status kpt_paged_check_plan(const kpt_paged_plan *plan, const kpt_paged_binding *pb,
@@ -321,7 +390,8 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
     pout->max_pages = (int32_t)pb.max_pages;
     pout->T = (int32_t)pb.T;
     pout->splits = plan->splits;
-    pout->q_blocks = plan->q_blocks;
+    pout->packed = plan->q_blocks == 0;
+    pout->q_blocks = pout->packed ? plan->blocks : plan->q_blocks;
     pout->q_per_block = plan->q_per_block;
     pout->rows = plan->rows;
     pout->paged = pb.paged;

@@ -55,6 +55,10 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
                               kpt_paged_plan *out, kpt_diag *diag);
 
+/* Whether `plan`'s block count is the one its other fields give (a plan made by
+ * kpt_paged_plan_compute). */
+bool kpt_paged_plan_blocks_ok(const kpt_paged_plan *plan);
+
 /* Whether `plan`'s CTAs (query blocks x splits x kv heads) fit `sms` SMs one each. */
 bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms);
 
@@ -70,15 +74,18 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
                                  const kpt_paged_args *a, kpt_kernel_args *out,
                                  kpt_kernel_pargs *pout, kpt_diag *diag);
 
-/* How many parts each sequence's keys are split into so that `units` work items (query blocks
- * x kv heads x sequences) times the parts fill `slots` (work items the device runs at once):
- * 1 to KPT_PAGED_MAX_SPLITS, each part at least two tiles of `tile` keys of max_kv. */
+/* How many parts each sequence's keys are split into so that `work` (tiles of keys summed over
+ * the work items: query blocks x kv heads x sequences) fills `slots` (work items the device runs
+ * at once) in parts no longer than the average share, the longest item (`longest` tiles) split
+ * most: 1 to KPT_PAGED_MAX_SPLITS, each part at least two tiles. */
+int kpt_paged_split_work(int64_t work, int64_t longest, int64_t slots);
+/* The same for `units` items of max_kv keys each, in tiles of `tile` keys. */
 int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots);
 
 /* The workspace of a split plan whose work items have `rows` rows: the partial results' O (f32,
  * dv a row), then their LSEs (log2 units) from *lse_offset (256-byte aligned; may be NULL).
- * Slot of row r of split s of (sequence b, query block qb, kv head hk):
- * ((b q_blocks + qb) splits + s) Hkv + hk) rows + r. Returns the bytes in all. */
+ * Slot of row r of split s of query block x (b q_blocks + qb, or packed, the block's index in
+ * the launch) and kv head hk: ((x splits + s) Hkv + hk) rows + r. Returns the bytes in all. */
 size_t kpt_paged_workspace_bytes(const kpt_paged_plan *plan, int rows, int dv,
                                  size_t *lse_offset);
 

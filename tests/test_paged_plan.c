@@ -47,14 +47,69 @@ static void test_plan(void **state)
     assert_int_equal(pl.max_q, 33);
     assert_int_equal(pl.max_kv, 5000);
     assert_int_equal(pl.q_per_block, 16);
-    assert_int_equal(pl.q_blocks, 3);
-    assert_int_equal(pl.splits, 7); /* 36 units into 264 slots */
+    /* packed (blocks from cu_seqlens_q): 4 blocks rather than 3 x 3; sequence 2's from block
+     * (1 + 2 * 15) / 16 = 1, its three the longest items (79 tiles) of 3 * 79 + 11 in all */
+    assert_int_equal(pl.q_blocks, 0);
+    assert_int_equal(pl.blocks, 4);
+    assert_int_equal(pl.max_tokens, 34);
+    assert_true(kpt_paged_plan_blocks_ok(&pl));
+    assert_int_equal(pl.splits, 21); /* 264 * 79 / (248 * 4 kv heads) */
+    assert_int_equal(pl.workspace_bytes, kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128,
+                                                                   NULL));
     /* no device (the CPU backend): one block a sequence, nothing split, no workspace */
     assert_int_equal(kpt_paged_plan_compute(&s, 0, 0, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 1);
     assert_int_equal(pl.q_blocks, 1);
     assert_int_equal(pl.rows, 33 * 4);
     assert_int_equal(pl.workspace_bytes, 0);
+}
+
+static void test_plan_packed(void **state)
+{
+    (void)state;
+    kpt_diag d = {0};
+    kpt_paged_plan pl;
+    /* a chunk of 2048 queries beside 63 decodes (GQA 32:8, 64 rows a CTA, 16 queries): 191
+     * packed blocks, not 64 x 128 */
+    int32_t cu[65], kv[64];
+    cu[0] = 0;
+    for (int b = 0; b < 64; b++) {
+        cu[b + 1] = cu[b] + (b == 0 ? 2048 : 1);
+        kv[b] = b == 0 ? 4096 : 8192;
+    }
+    kpt_paged_shape s = {.batch = 64, .cu_seqlens_q = cu, .kv_lens = kv, .num_heads_q = 32,
+                         .num_heads_kv = 8};
+    assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.rows, 64);
+    assert_int_equal(pl.q_blocks, 0);
+    assert_int_equal(pl.blocks, (2111 + 64 * 15) / 16);
+    assert_int_equal(pl.max_tokens, 2111);
+    assert_int_equal(pl.splits, 1); /* 128 * 64 + 63 * 128 tiles fill the slots */
+    /* one long decode among short prefills: the long one's keys are split though the blocks
+     * outnumber the slots (8 sequences: 300 queries over 9000 keys, 7 over 32768 and short
+     * ones) */
+    const int32_t cu2[9] = {0, 0, 1, 1, 17, 18, 318, 319, 326};
+    const int32_t kv2[8] = {0, 1, 700, 16, 5000, 9000, 64, 32768};
+    s = (kpt_paged_shape){.batch = 8, .cu_seqlens_q = cu2, .kv_lens = kv2, .num_heads_q = 32,
+                          .num_heads_kv = 8};
+    assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.q_blocks, 0);
+    assert_int_equal(pl.blocks, (326 + 8 * 15) / 16);
+    /* 19 * 141 + 512 + 79 + 1 + 1 + 1 = 3273 tiles a kv head; the 512 into 5 */
+    assert_int_equal(pl.splits, 264 * 512 / (3273 * 8));
+    assert_int_equal(pl.splits, 5);
+    /* equal query counts stay uniform: packing would not save a block */
+    const int32_t cu3[3] = {0, 16, 32}, kv3[2] = {4096, 4096};
+    s = (kpt_paged_shape){.batch = 2, .cu_seqlens_q = cu3, .kv_lens = kv3, .num_heads_q = 32,
+                          .num_heads_kv = 8};
+    assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.q_blocks, 1);
+    assert_int_equal(pl.blocks, 2);
+    assert_int_equal(pl.max_tokens, 0);
+    assert_true(kpt_paged_plan_blocks_ok(&pl));
+    /* a plan whose blocks disagree with its other fields is not one kpt made */
+    pl.blocks = 3;
+    assert_false(kpt_paged_plan_blocks_ok(&pl));
 }
 
 static void test_plan_two_wide(void **state)
@@ -165,6 +220,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_count),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan_packed),
         cmocka_unit_test(test_plan_two_wide),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_row_checks),

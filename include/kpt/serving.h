@@ -81,17 +81,26 @@ typedef struct kpt_paged_shape {
     int num_heads_q, num_heads_kv;
 } kpt_paged_shape;
 
-/* The schedule of a serving run. Made by kpt_paged_plan_make; the fields are informative. A
- * plan fits every batch of the same B and head counts whose sequences have at most max_q
- * queries (on GPU backends a sequence with more gets NaN in the rows past the plan's, never a
- * silently wrong answer; the CPU backend computes them); kv lengths may be anything (the split
- * count was chosen for max_kv). */
+/* The schedule of a serving run. Made by kpt_paged_plan_make; the fields are informative.
+ *
+ * A plan made from bounds, or from lengths whose sequences have about the same number of
+ * queries, gives every sequence the same q_blocks query blocks: it fits every batch of the same
+ * B and head counts whose sequences have at most max_q queries (on GPU backends a sequence with
+ * more gets NaN in the rows past the plan's, never a silently wrong answer; the CPU backend
+ * computes them). On CUDA, a plan made from host lengths of unequal query counts (chunked
+ * prefill beside decodes) may instead be packed (q_blocks = 0): its blocks follow cu_seqlens_q
+ * on the device, so no CTA is launched for the queries a short sequence lacks. A packed plan
+ * fits any query counts of that batch size that add up to at most max_tokens (past that, the
+ * rows its blocks do not reach, the last sequences' last, get NaN). Either way kv lengths may be
+ * anything (the split count was chosen for the lengths planned for). */
 typedef struct kpt_paged_plan {
     int batch, num_heads_q, num_heads_kv;
     int max_q, max_kv;     /* the lengths planned for */
     int splits;            /* parts each sequence's keys are split into (1: no combine launch) */
     int q_per_block;       /* query tokens per CTA (each with the kv head's Hq / Hkv heads) */
-    int q_blocks;          /* query blocks per sequence */
+    int q_blocks;          /* query blocks per sequence; 0: packed */
+    int blocks;            /* query blocks of a launch (batch * q_blocks where not packed) */
+    int max_tokens;        /* packed: the queries of all sequences together at most; else 0 */
     int rows;              /* q_per_block * Hq / Hkv: rows of a CTA (16, 32 or 64 at most) */
     size_t workspace_bytes; /* device memory kpt_paged_run needs (partial results); 0: none */
 } kpt_paged_plan;

@@ -85,7 +85,8 @@ class _PagedPlan(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int), ("num_heads_q", ctypes.c_int),
                 ("num_heads_kv", ctypes.c_int), ("max_q", ctypes.c_int), ("max_kv", ctypes.c_int),
                 ("splits", ctypes.c_int), ("q_per_block", ctypes.c_int),
-                ("q_blocks", ctypes.c_int), ("rows", ctypes.c_int),
+                ("q_blocks", ctypes.c_int), ("blocks", ctypes.c_int),
+                ("max_tokens", ctypes.c_int), ("rows", ctypes.c_int),
                 ("workspace_bytes", ctypes.c_size_t)]
 
 

@@ -21,10 +21,11 @@ struct kpt_pargs {
     int page_size, page_shift;  // rows per page; log2 of it, or -1 when not a power of two
     int num_pages, max_pages;   // pages in the cache; page-table columns
     int T;                      // query rows of q and o
-    int splits, q_blocks, q_per_block; // grid x: B * q_blocks * splits; y: kv heads
+    int splits, q_blocks, q_per_block; // grid x: blocks * splits; y: kv heads
     int rows;                   // q_per_block * group
     int paged;                  // 0: no page table, sequence b's keys are the cache's row b
-    int stages, pad;            // the ring's depth this launch: KPT_STAGES or plan.stages_deep
+    int stages;                 // the ring's depth this launch: KPT_STAGES or plan.stages_deep
+    int packed;                 // blocks follow cu_q (kpt_pg_seq_of); q_blocks: the launch's
 };
 static_assert(sizeof(kpt_pargs) == 112, "kpt_pargs layout");
 
@@ -221,20 +222,53 @@ __device__ __forceinline__ int kpt_pg_class(const kpt_args &A, int b, int hk, in
 // What a CTA works on.
 struct kpt_pg_work {
     int b, qb, split, hk;
+    int blk;               // the block's index in the launch (its partial results' slots)
     int t0, q_len, kv_len; // the sequence's first row in q and o, its queries and keys
     int i0, n_tok;         // the block's first query (within the sequence) and its count
 };
+
+// A packed launch's first block of sequence b (runtime/paged_args.c, packed_first): blocks of
+// p queries, each sequence's from (cu[b] + b (p - 1)) / p, which grows by ceil(q_len / p) at
+// least from one sequence to the next.
+__device__ __forceinline__ int kpt_pg_first_block(const int *cu, int b, int p)
+{
+    return (int)(((i64)cu[b] + (i64)b * (p - 1)) / p);
+}
+
+// The sequence of packed block x: the last b whose first block is at most x. A warp's search, 32
+// candidates a round (two rounds up to 1024 sequences), every warp on its own: no shared memory
+// or barrier, and the loads of a round in flight together. The whole warp calls it.
+__device__ __forceinline__ int kpt_pg_seq_of(const int *cu, int B, int p, int x)
+{
+    const int lane = threadIdx.x & 31;
+    int lo = 0, n = B; // the answer is in [lo, lo + n); the first block of lo is at most x
+    while (n > 1) {
+        const int step = (n + 31) / 32, c = lo + lane * step;
+        const bool at = lane == 0 || (c < lo + n && kpt_pg_first_block(cu, c, p) <= x);
+        const int k = 31 - __clz(__ballot_sync(0xffffffffu, at));
+        const int end = lo + n;
+        lo += k * step;
+        n = min(step, end - lo);
+    }
+    return lo;
+}
 
 __device__ __forceinline__ kpt_pg_work kpt_pg_work_of(const kpt_args &A, const kpt_pargs &P,
                                                       int x, int hk, int splits)
 {
     kpt_pg_work w;
+    const int *cu = (const int *)P.cu_q;
     w.split = x % splits;
     x /= splits;
-    w.qb = x % P.q_blocks;
-    w.b = x / P.q_blocks;
+    w.blk = x;
+    if (P.packed) {
+        w.b = kpt_pg_seq_of(cu, A.B, P.q_per_block, x);
+        w.qb = x - kpt_pg_first_block(cu, w.b, P.q_per_block);
+    } else {
+        w.qb = x % P.q_blocks;
+        w.b = x / P.q_blocks;
+    }
     w.hk = hk;
-    const int *cu = (const int *)P.cu_q;
     w.t0 = cu[w.b];
     w.q_len = max(cu[w.b + 1] - w.t0, 0);
     w.kv_len = max(((const int *)P.kv_lens)[w.b], 0);
@@ -254,18 +288,41 @@ __device__ __forceinline__ void kpt_pg_store(const kpt_args &A, int t, int h, in
     go[d] = (u16)(kpt_pack(x, 0.0f) & 0xffffu);
 }
 
+// NaN in every head and column (and the LSE) of n query rows from t0.
+__device__ __forceinline__ void kpt_pg_nan_rows(const kpt_args &A, const kpt_pargs &P, int t0,
+                                                int n)
+{
+    for (i64 e = threadIdx.x; e < (i64)n * A.Hq * (KPT_DV + 1); e += KPT_THREADS) {
+        const int d = (int)(e % (KPT_DV + 1)) - 1;
+        const i64 rh = e / (KPT_DV + 1);
+        const int t = t0 + (int)(rh / A.Hq), h = (int)(rh % A.Hq);
+        if ((u32)t < (u32)P.T) kpt_pg_store(A, t, h, d, KPT_PG_NAN);
+    }
+}
+
 // A sequence with more queries than the plan's blocks cover gets NaN in those rows (a plan made
-// for other lengths must not give a silent wrong answer); one CTA per sequence writes them.
+// for other lengths must not give a silent wrong answer): one CTA per sequence writes them, or
+// in a packed launch its last block's, for every sequence its blocks do not reach.
 __device__ __forceinline__ void kpt_pg_overflow(const kpt_args &A, const kpt_pargs &P,
                                                 const kpt_pg_work &w)
 {
-    const int cap = P.q_blocks * P.q_per_block;
-    if (w.qb != P.q_blocks - 1 || w.split != 0 || w.hk != 0 || w.q_len <= cap) return;
-    for (i64 e = threadIdx.x; e < (i64)(w.q_len - cap) * A.Hq * (KPT_DV + 1); e += KPT_THREADS) {
-        const int d = (int)(e % (KPT_DV + 1)) - 1;
-        const i64 rh = e / (KPT_DV + 1);
-        const int t = w.t0 + cap + (int)(rh / A.Hq), h = (int)(rh % A.Hq);
-        if ((u32)t < (u32)P.T) kpt_pg_store(A, t, h, d, KPT_PG_NAN);
+    if (w.split != 0 || w.hk != 0) return;
+    if (!P.packed) {
+        const int cap = P.q_blocks * P.q_per_block;
+        if (w.qb == P.q_blocks - 1 && w.q_len > cap)
+            kpt_pg_nan_rows(A, P, w.t0 + cap, w.q_len - cap);
+        return;
+    }
+    // packed: the launch's last block, for the sequences (the last ones) whose blocks would
+    // run past the launch's, from the first query they do not reach
+    if (w.blk != P.q_blocks - 1) return;
+    const int *cu = (const int *)P.cu_q;
+    for (int b = A.B - 1; b >= 0; b--) {
+        const int q = max(cu[b + 1] - cu[b], 0);
+        const i64 reach = max((i64)P.q_blocks - kpt_pg_first_block(cu, b, P.q_per_block),
+                              (i64)0) * P.q_per_block;
+        if (q <= reach) break; // and every sequence before it fits too
+        kpt_pg_nan_rows(A, P, cu[b] + (int)reach, q - (int)reach);
     }
 }
 
@@ -299,8 +356,7 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
     const int lane = threadIdx.x & 31;
     const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
     if (P.splits > 1) {
-        const i64 slot = (((i64)(w.b * P.q_blocks + w.qb) * P.splits + w.split) * A.Hkv + w.hk) *
-                             KPT_PG_ROWS + r;
+        const i64 slot = (((i64)w.blk * P.splits + w.split) * A.Hkv + w.hk) * KPT_PG_ROWS + r;
         if (lane == 0) ((float *)P.part_lse)[slot] = lse2;
         for (int d0 = lane * V; d0 < KPT_DV; d0 += 32 * V) {
             float *dst = (float *)P.part_o + slot * KPT_DV + d0; // 16-byte aligned (workspace)
@@ -364,8 +420,8 @@ __device__ __forceinline__ void kpt_pg_finish_frags(const kpt_args &A, const kpt
         const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
         const int r = row0 + (lane >> 2) + rr * 8;
         if (P.splits > 1) {
-            const i64 slot = (((i64)(w.b * P.q_blocks + w.qb) * P.splits + w.split) * A.Hkv +
-                              w.hk) * KPT_PG_ROWS + r;
+            const i64 slot = (((i64)w.blk * P.splits + w.split) * A.Hkv + w.hk) * KPT_PG_ROWS +
+                             r;
             if ((lane & 3) == 0 && col0 == 0) ((float *)P.part_lse)[slot] = lse2;
             float *dst = (float *)P.part_o + slot * KPT_DV + col0 + (lane & 3) * 2;
 #pragma unroll
@@ -948,7 +1004,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
     }
     kpt_grid_wait(); // the attention kernel's partial results, when launched as its dependent
     const float *pl = (const float *)P.part_lse, *po = (const float *)P.part_o;
-    const i64 first = ((i64)(w.b * P.q_blocks + w.qb) * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
+    const i64 first = ((i64)w.blk * P.splits) * A.Hkv + w.hk; // split s: + s * Hkv
     // this warp's first KPT_PG_PF splits' partial O (its lanes' first columns), loaded with the
     // LSEs rather than after the weights: one wait on memory fewer between the attention's end
     // and the output (the loads do not need the weights, only the sums do)

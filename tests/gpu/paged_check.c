@@ -45,7 +45,9 @@ typedef struct pcase {
     int q[8], kv[8]; /* per sequence (the first B) */
     int bounds; /* plan from bounds (max_q, max_kv): 0 none, 1 above the real lengths, 2 with
                    max_q 1 (below them), 3 with max_kv 50 times the longest (the keys split
-                   into parts most of which hold none) and no workspace (the run's own) */
+                   into parts most of which hold none) and no workspace (the run's own); 4:
+                   from host lengths whose first sequence has half its queries (a packed plan
+                   for fewer queries than the run's) */
     bool o_pad; /* O's rows padded by an element ([T, Hq, Dv + 1] strides): rows of most heads
                    start unaligned for vector stores, and the pads must stay unwritten */
     float scale; /* the scores' scale; 0: the default, 1 / sqrt(Dqk) */
@@ -108,12 +110,19 @@ typedef struct outcome {
     char why[200];
 } outcome;
 
-/* Whether token t is a query past the first max_q of its sequence. */
-static bool past_plan(const kpt_paged_batch *h, const pcase *c, int t, int max_q)
+/* Whether token t is a query the plan does not reach: past the first max_q of its sequence,
+ * or under a packed plan, past the queries the plan's blocks hold in cu_seqlens_q's order
+ * (sequence b's from block (cu[b] + b (p - 1)) / p: include/kpt/serving.h). */
+static bool past_plan(const kpt_paged_batch *h, const pcase *c, int t, const kpt_paged_plan *pl)
 {
-    for (int b = 0; b < c->B; b++)
-        if (t >= h->cu[b] && t < h->cu[b + 1])
-            return t - h->cu[b] >= max_q;
+    for (int b = 0; b < c->B; b++) {
+        if (t < h->cu[b] || t >= h->cu[b + 1])
+            continue;
+        if (pl->q_blocks)
+            return t - h->cu[b] >= pl->max_q;
+        const int p = pl->q_per_block, first = (int)(((int64_t)h->cu[b] + b * (p - 1)) / p);
+        return t - h->cu[b] >= (pl->blocks - first) * p;
+    }
     return false;
 }
 
@@ -170,7 +179,8 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
     size_t es = (size_t)kpt_dtype_size(c->dtype), obytes = orows * o_row_stride(c) * es;
     void *o = malloc(obytes), *lse = malloc(orows * 4 + 4);
     /* poison: NaN, or under a short plan a finite value (NaN there is the kernel's answer) */
-    const int poison = c->bounds == 2 ? 0x7b : 0xff;
+    const bool short_plan = c->bounds == 2 || c->bounds == 4;
+    const int poison = short_plan ? 0x7b : 0xff;
     memset(o, poison, obytes);
     memset(lse, poison, orows * 4);
     kpt_buffer *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dl = NULL, *dpt = NULL,
@@ -205,6 +215,14 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         shape.max_kv = c->bounds == 3 ? 50 * h.maxkv : h.maxkv;
         for (int b = 0; b < c->B && c->bounds != 2; b++)
             shape.max_q = c->q[b] > shape.max_q ? c->q[b] : shape.max_q;
+    }
+    int32_t cut[9];
+    if (c->bounds == 4) {
+        shape.cu_seqlens_q = cut;
+        shape.kv_lens = h.kv;
+        cut[0] = 0;
+        for (int b = 0; b < c->B; b++)
+            cut[b + 1] = h.cu[b + 1] - c->q[0] / 2;
     }
     kpt_paged_plan plan;
     if (ok && kpt_paged_plan_make(k, &shape, &plan, &d)) {
@@ -254,7 +272,7 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
                                 pb[3] != poison;
                 continue;
             }
-            if (c->bounds == 2 && past_plan(&h, c, (int)(row / c->hq), plan.max_q) &&
+            if (short_plan && past_plan(&h, c, (int)(row / c->hq), &plan) &&
                 nan_row(o, c, row, gl)) {
                 past++;
                 continue;
@@ -286,9 +304,9 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
         res->rel = den > 0 ? sqrt(num / den) : sqrt(num);
         double tol = c->dtype == KPT_DTYPE_BF16 ? 1e-2 : c->dtype == KPT_DTYPE_F16 ? 5e-3 : 1e-4;
         ok = res->nan == 0 && res->touched == 0 && res->rel <= tol && res->lse_err <= 1e-3;
-        if (ok && c->bounds == 2 && !past && !on_cpu) { /* the CPU computes those rows */
+        if (ok && short_plan && !past && !on_cpu) { /* the CPU computes those rows */
             snprintf(res->why, sizeof(res->why), "no NaN row past the plan's %d queries",
-                     plan.max_q);
+                     plan.q_blocks ? plan.max_q : plan.max_tokens);
             ok = false;
         } else if (!ok)
             snprintf(res->why, sizeof(res->why),
@@ -363,6 +381,7 @@ static void build(bool quick)
     static const int kvr[8] = {700, 1, 2048, 5000, 33, 900, 0, 64}, kvs[8] = {3000, 1500, 250, 4000,
                                                                             64, 5, 777, 2049};
     static const int kvlong[1] = {20000}, ql[1] = {1}, ql4[1] = {7};
+    static const int qp[8] = {40, 1, 1, 1, 1, 1, 1, 1}; /* a prefill chunk beside decodes */
     static const int kvmany[8] = {40000, 9000, 4097, 2049, 5, 4, 33000, 12345};
     static const int kvshort[8] = {150, 1, 64, 100, 33, 190, 0, 77}; /* three tiles at most */
     for (int i = 0; i < npat; i++) {
@@ -388,6 +407,10 @@ static void build(bool quick)
             with_o_pad();
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 1, ql, kvlong, 0);
             with_o_pad();
+            /* a chunk of prefill beside decodes (a packed plan: its blocks follow cu_q), and
+             * a packed plan for fewer queries than the run has */
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, qp, kvs, 0);
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qp, kvs, 4);
             /* negative scales, on the 16-, 32- and 64-row kernels */
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 0);
             with_scale(-0.07f);
@@ -561,6 +584,7 @@ int main(int argc, char **argv)
                  c->bounds == 1   ? " bounds-plan"
                  : c->bounds == 2 ? " short-plan"
                  : c->bounds == 3 ? " far-bounds-plan, no workspace"
+                 : c->bounds == 4 ? " packed-short-plan"
                                   : "",
                  c->o_pad ? " o-padded" : "", sc);
         if (filter && !strstr(name, filter))
