@@ -944,15 +944,17 @@ static kpt_status vk_blockmap_build(kpt_backend *b, void *kernel, const kpt_atte
 
 /* The serving kernel's workgroups hold KPT_BM rows of (query token, query head) of one sequence
  * and kv head: a plan is how many such row blocks cover a sequence's queries, and how many parts
- * each sequence's keys are split into. Splits fill the device as on CUDA (kpt_paged_split_count,
+ * each sequence's keys are split into. Splits fill the device as on CUDA (kpt_paged_split_work,
  * for the device's slots) and, on llvmpipe, go past that where a part must be shorter to stay
  * within its loop limit. */
-static int paged_splits(const vk_backend *v, const vk_kernel *k, const kpt_paged_plan *pl)
+static int paged_splits(const vk_backend *v, const vk_kernel *k, const kpt_paged_shape *shape,
+                        const kpt_paged_plan *pl)
 {
-    const int64_t units = (int64_t)pl->batch * pl->q_blocks * pl->num_heads_kv;
     const int64_t bn = k->plan.bn, n_kt = ((int64_t)pl->max_kv + bn - 1) / bn;
     const int group = pl->num_heads_q / pl->num_heads_kv;
-    int splits = kpt_paged_split_count(units, pl->max_kv, (int)bn, v->slots);
+    int64_t work, longest;
+    kpt_paged_plan_work(shape, pl, (int)bn, &work, &longest);
+    int splits = kpt_paged_split_work(work * pl->num_heads_kv, longest, v->slots);
     while (splits < KPT_PAGED_MAX_SPLITS && splits < n_kt &&
            !paged_fits(v, k, n_kt, splits, group))
         splits++;
@@ -995,7 +997,7 @@ static kpt_status vk_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_sh
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "%lld query blocks in one launch",
                             (long long)out->batch * out->q_blocks);
     out->blocks = out->batch * out->q_blocks;
-    out->splits = paged_splits(v, k, out);
+    out->splits = paged_splits(v, k, shape, out);
     if ((st = paged_budget(v, k, out->max_kv, (int)group, out->splits, diag)))
         return st;
     if (out->splits > 1)

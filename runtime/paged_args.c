@@ -203,12 +203,6 @@ int kpt_paged_split_work(int64_t work, int64_t longest, int64_t slots)
     return splits > 1 ? (int)splits : 1;
 }
 
-int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots)
-{
-    const int64_t tiles = (max_kv + tile - 1) / tile;
-    return kpt_paged_split_work(units * tiles, tiles, slots);
-}
-
 /* The first packed block of sequence b, whose queries start at row cu of q, for blocks of p
  * queries: (cu + b (p - 1)) / p. It grows by at least ceil(q_len / p) from one sequence to the
  * next, so each has its blocks, and the device finds a block's sequence from cu_seqlens_q
@@ -235,12 +229,9 @@ static void plan_blocks(const kpt_paged_shape *s, kpt_paged_plan *out)
     }
 }
 
-/* The tiles of key work the shape's blocks hold (the bounds', or each sequence's own blocks
- * and keys), and the longest block's. */
-static void plan_work(const kpt_paged_shape *s, const kpt_paged_plan *pl, int64_t *work,
-                      int64_t *longest)
+void kpt_paged_plan_work(const kpt_paged_shape *s, const kpt_paged_plan *pl, int tile,
+                         int64_t *work, int64_t *longest)
 {
-    const int64_t tile = KPT_PAGED_TILE;
     *work = 0;
     *longest = 0;
     for (int b = 0; b < s->batch; b++) {
@@ -298,7 +289,7 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
                             (long long)s->batch * out->q_blocks);
     plan_blocks(s, out);
     int64_t work, longest;
-    plan_work(s, out, &work, &longest);
+    kpt_paged_plan_work(s, out, KPT_PAGED_TILE, &work, &longest);
     out->splits = kpt_paged_split_work(work * s->num_heads_kv, longest, slots);
     if ((int64_t)out->blocks * s->num_heads_kv * out->splits > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many query blocks (%d) for one launch",

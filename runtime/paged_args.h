@@ -79,8 +79,10 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
  * at once) in parts no longer than the average share, the longest item (`longest` tiles) split
  * most: 1 to KPT_PAGED_MAX_SPLITS, each part at least two tiles. */
 int kpt_paged_split_work(int64_t work, int64_t longest, int64_t slots);
-/* The same for `units` items of max_kv keys each, in tiles of `tile` keys. */
-int kpt_paged_split_count(int64_t units, int64_t max_kv, int tile, int64_t slots);
+/* The tiles of `tile` keys that plan pl's blocks for shape s hold in all (over the bounds, or
+ * each sequence's own blocks and keys where s has host lengths), and the longest block's. */
+void kpt_paged_plan_work(const kpt_paged_shape *s, const kpt_paged_plan *pl, int tile,
+                         int64_t *work, int64_t *longest);
 
 /* The workspace of a split plan whose work items have `rows` rows: the partial results' O (f32,
  * dv a row), then their LSEs (log2 units) from *lse_offset (256-byte aligned; may be NULL).

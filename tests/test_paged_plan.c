@@ -5,19 +5,23 @@
 
 #include "runtime/paged_args.h"
 
-static void test_split_count(void **state)
+static void test_split_work(void **state)
 {
     (void)state;
-    /* enough parts to fill the slots once: one decoding sequence of 8 kv heads, 264 slots */
-    assert_int_equal(kpt_paged_split_count(8, 32768, 64, 264), 33);
+    /* enough parts to fill the slots once: one decoding sequence of 8 kv heads over 512 tiles,
+     * 264 slots */
+    assert_int_equal(kpt_paged_split_work(8 * 512, 512, 264), 33);
     /* each part keeps two tiles at least */
-    assert_int_equal(kpt_paged_split_count(8, 256, 64, 264), 2);
-    assert_int_equal(kpt_paged_split_count(8, 100, 64, 264), 1);
+    assert_int_equal(kpt_paged_split_work(8 * 4, 4, 264), 2);
+    assert_int_equal(kpt_paged_split_work(8 * 2, 2, 264), 1);
     /* a batch that fills the device is not split; neither is an empty one */
-    assert_int_equal(kpt_paged_split_count(512, 32768, 64, 264), 1);
-    assert_int_equal(kpt_paged_split_count(0, 32768, 64, 264), 1);
+    assert_int_equal(kpt_paged_split_work(512 * 512, 512, 264), 1);
+    assert_int_equal(kpt_paged_split_work(0, 512, 264), 1);
+    assert_int_equal(kpt_paged_split_work(0, 0, 264), 1);
     /* at most KPT_PAGED_MAX_SPLITS */
-    assert_int_equal(kpt_paged_split_count(1, 1 << 24, 64, 100000), KPT_PAGED_MAX_SPLITS);
+    assert_int_equal(kpt_paged_split_work(1 << 18, 1 << 18, 100000), KPT_PAGED_MAX_SPLITS);
+    /* the longest item decides: 512 tiles among 3273 a kv head, 8 kv heads */
+    assert_int_equal(kpt_paged_split_work(3273 * 8, 512, 264), 5);
 }
 
 static void test_plan(void **state)
@@ -218,7 +222,7 @@ static void test_row_checks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_split_count),
+        cmocka_unit_test(test_split_work),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_packed),
         cmocka_unit_test(test_plan_two_wide),
