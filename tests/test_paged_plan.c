@@ -116,6 +116,53 @@ static void test_plan_packed(void **state)
     assert_false(kpt_paged_plan_blocks_ok(&pl));
 }
 
+/* Random ragged batches: a packed plan gives every sequence its blocks in order, within the
+ * launch's, by the rule include/kpt/serving.h states (sequence b's first block is
+ * (cu[b] + b (p - 1)) / p); a uniform one covers each sequence's queries; splits stay in range. */
+static void test_plan_random(void **state)
+{
+    (void)state;
+    kpt_rng r;
+    kpt_rng_seed(&r, 29);
+    int packed = 0;
+    for (int it = 0; it < 2000; it++) {
+        const int B = 1 + (int)(kpt_rng_next(&r) % 40), group = 1 << (kpt_rng_next(&r) % 4);
+        int32_t cu[41], kv[40];
+        cu[0] = 0;
+        for (int b = 0; b < B; b++) {
+            const uint64_t x = kpt_rng_next(&r);
+            const int q = (int)(x % 4 == 0 ? (x >> 8) % 3000 : (x >> 8) % 3);
+            cu[b + 1] = cu[b] + q;
+            kv[b] = q + (int)((x >> 20) % 40000);
+        }
+        kpt_paged_shape s = {.batch = B, .cu_seqlens_q = cu, .kv_lens = kv,
+                             .num_heads_q = 8 * group, .num_heads_kv = 8};
+        kpt_paged_plan pl;
+        kpt_diag d = {0};
+        if (kpt_paged_plan_sms(&s, 132, it % 2, 128, &pl, &d))
+            fail_msg("%s", d.message);
+        assert_true(kpt_paged_plan_blocks_ok(&pl));
+        assert_true(pl.splits >= 1 && pl.splits <= KPT_PAGED_MAX_SPLITS);
+        const int p = pl.q_per_block;
+        for (int b = 0; b < B; b++) {
+            const int q = cu[b + 1] - cu[b], need = (q + p - 1) / p;
+            if (pl.q_blocks) {
+                assert_true(pl.q_blocks * p >= q);
+                continue;
+            }
+            const int64_t first = ((int64_t)cu[b] + (int64_t)b * (p - 1)) / p;
+            const int64_t next = b + 1 < B ? ((int64_t)cu[b + 1] + (int64_t)(b + 1) * (p - 1)) / p
+                                           : pl.blocks;
+            assert_true(first + need <= next);
+        }
+        packed += pl.q_blocks == 0;
+        if (pl.splits > 1)
+            assert_int_equal(pl.workspace_bytes,
+                             kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128, NULL));
+    }
+    assert_true(packed > 100); /* the batches above mix long and short sequences */
+}
+
 static void test_plan_two_wide(void **state)
 {
     (void)state;
@@ -225,6 +272,7 @@ int main(void)
         cmocka_unit_test(test_split_work),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_packed),
+        cmocka_unit_test(test_plan_random),
         cmocka_unit_test(test_plan_two_wide),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_row_checks),
