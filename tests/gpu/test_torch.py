@@ -309,6 +309,34 @@ def paged_checks():
         not got[first].isnan().any() and rel(got[first], full[first]) < 2e-2
     check("paged: a plan for fewer queries gives NaN past it, the first queries right",
           0.0 if ok else 1.0, 0.0)
+    # a packed plan (a prefill chunk beside decodes, made from host lengths) captured once and
+    # replayed after the 40 queries moved to another sequence: the same total fits it
+    qa, qb = [40, 1, 1, 1, 1], [1, 1, 1, 40, 1]
+    cum = lambda ls: [0] + [int(x) for x in torch.tensor(ls).cumsum(0)]  # noqa: E731
+    packed = kpt.paged_plan("causal", "bf16", D, Hq, Hkv, cu_seqlens_q=cum(qa), kv_lens=kv_lens)
+    check("paged: a mixed batch's plan is packed",
+          0.0 if packed.q_blocks == 0 and packed.max_tokens == 44 else 1.0, 0.0)
+    cu2 = torch.tensor(cum(qa), dtype=torch.int32, device=dev)
+    kvl2 = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    q2 = rand(44, Hq, D)
+    ws2 = torch.empty(max(1, packed.workspace_bytes), dtype=torch.uint8, device=dev)
+    out2 = torch.full_like(q2, float("nan"))
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        kpt.paged_attention(q2, kc, vc, cu2, kvl2, table, "causal", plan=packed, workspace=ws2,
+                            out=out2)
+        s.synchronize()
+        with torch.cuda.graph(g2, stream=s):
+            kpt.paged_attention(q2, kc, vc, cu2, kvl2, table, "causal", plan=packed,
+                                workspace=ws2, out=out2)
+    cu2.copy_(torch.tensor(cum(qb), dtype=torch.int32))
+    out2.fill_(float("nan"))
+    g2.replay()
+    torch.cuda.synchronize()
+    fresh = kpt.paged_plan("causal", "bf16", D, Hq, Hkv, cu_seqlens_q=cum(qb), kv_lens=kv_lens)
+    want2 = kpt.paged_attention(q2, kc, vc, cu2, kvl2, table, "causal", plan=fresh)
+    check("paged: a packed plan replayed with the queries moved equals a fresh plan's run",
+          rel(out2, want2) if not out2.isnan().any() else float("inf"), 2e-2)
 
 
 for fn in (forward_checks, backward_checks, compile_and_graph_checks, training_check,
