@@ -329,7 +329,7 @@ def main():
                   f"{r['GBps']:6.0f} {r['TFLOPs']:7.1f} | {ratio:7.2f} | {r['err']:.1e}{note}",
                   flush=True)
         out["rows"].append(row)
-        del m
+        m = None  # the case's tensors go before the next case's
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
