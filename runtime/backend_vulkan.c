@@ -1058,12 +1058,8 @@ static kpt_status pack_paged(vk_backend *v, const vk_kernel *k, const kpt_paged_
     if (st)
         return st;
     const kpt_kernel_plan *pl = &k->plan;
-    if (plan->rows != pl->bm || plan->q_blocks < 1 ||
-        (int64_t)plan->blocks != (int64_t)plan->batch * plan->q_blocks || plan->splits < 1 ||
-        plan->splits > KPT_PAGED_MAX_SPLITS ||
-        plan->workspace_bytes != (plan->splits > 1 ? kpt_paged_workspace_bytes(
-                                                         plan, pl->bm, pl->cfg.dv, NULL)
-                                                   : 0))
+    if (plan->rows != pl->bm || plan->q_blocks < 1 || /* never packed here */
+        !kpt_paged_plan_ok(plan, (int)pl->bm, pl->cfg.dv))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
     const kpt_tensor *io[4] = {&a->q, &a->k, &a->v, &a->o};

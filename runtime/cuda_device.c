@@ -660,12 +660,8 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
     kpt_status st = kpt_kernel_paged_pack(k->pattern, &k->plan, "CUDA", plan, args, &a, &pa, diag);
     if (st)
         return st;
-    if (plan->rows > KPT_PAGED_ROWS || plan->rows < 1 || plan->splits < 1 ||
-        plan->splits > KPT_PAGED_MAX_SPLITS || !kpt_paged_plan_blocks_ok(plan) ||
-        plan->workspace_bytes != (plan->splits > 1 ? kpt_paged_workspace_bytes(
-                                                         plan, KPT_PAGED_ROWS,
-                                                         k->plan.cfg.dv, NULL)
-                                                   : 0))
+    if (plan->rows > KPT_PAGED_ROWS || plan->rows < 1 ||
+        !kpt_paged_plan_ok(plan, KPT_PAGED_ROWS, k->plan.cfg.dv))
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "the plan was not made by kpt_paged_plan_make for this kernel");
     /* the kernel's row offsets, and page offsets where there are pages, are 32-bit products */

@@ -312,7 +312,7 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
     return st;
 }
 
-bool kpt_paged_plan_blocks_ok(const kpt_paged_plan *plan)
+static bool plan_blocks_ok(const kpt_paged_plan *plan)
 {
     if (plan->q_per_block < 1 || plan->batch < 0)
         return false;
@@ -321,6 +321,13 @@ bool kpt_paged_plan_blocks_ok(const kpt_paged_plan *plan)
                (int64_t)plan->blocks == (int64_t)plan->batch * plan->q_blocks;
     return plan->max_tokens > 0 &&
            plan->blocks == packed_first(plan->max_tokens, plan->batch, plan->q_per_block);
+}
+
+bool kpt_paged_plan_ok(const kpt_paged_plan *plan, int rows, int dv)
+{
+    return plan->splits >= 1 && plan->splits <= KPT_PAGED_MAX_SPLITS && plan_blocks_ok(plan) &&
+           plan->workspace_bytes ==
+               (plan->splits > 1 ? kpt_paged_workspace_bytes(plan, rows, dv, NULL) : 0);
 }
 
 bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms)

@@ -55,9 +55,10 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
                               kpt_paged_plan *out, kpt_diag *diag);
 
-/* Whether `plan`'s block count is the one its other fields give (a plan made by
- * kpt_paged_plan_compute). */
-bool kpt_paged_plan_blocks_ok(const kpt_paged_plan *plan);
+/* Whether `plan`'s split count, blocks and workspace are ones kpt_paged_plan_compute makes
+ * (the block count its other fields give; the workspace of partial results of `rows` rows and
+ * `dv` columns). The backends check their own rows. */
+bool kpt_paged_plan_ok(const kpt_paged_plan *plan, int rows, int dv);
 
 /* Whether `plan`'s CTAs (query blocks x splits x kv heads) fit `sms` SMs one each. */
 bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms);

@@ -56,7 +56,7 @@ static void test_plan(void **state)
     assert_int_equal(pl.q_blocks, 0);
     assert_int_equal(pl.blocks, 4);
     assert_int_equal(pl.max_tokens, 34);
-    assert_true(kpt_paged_plan_blocks_ok(&pl));
+    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
     assert_int_equal(pl.splits, 21); /* 264 * 79 / (248 * 4 kv heads) */
     assert_int_equal(pl.workspace_bytes, kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128,
                                                                    NULL));
@@ -110,10 +110,18 @@ static void test_plan_packed(void **state)
     assert_int_equal(pl.q_blocks, 1);
     assert_int_equal(pl.blocks, 2);
     assert_int_equal(pl.max_tokens, 0);
-    assert_true(kpt_paged_plan_blocks_ok(&pl));
-    /* a plan whose blocks disagree with its other fields is not one kpt made */
-    pl.blocks = 3;
-    assert_false(kpt_paged_plan_blocks_ok(&pl));
+    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
+    /* a plan whose workspace is for other columns, or whose blocks disagree with its other
+     * fields (the workspace made to match), or with no split count, is not one kpt made */
+    assert_true(pl.splits > 1);
+    assert_false(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 64));
+    kpt_paged_plan bad = pl;
+    bad.blocks = 3;
+    bad.workspace_bytes = kpt_paged_workspace_bytes(&bad, KPT_PAGED_ROWS, 128, NULL);
+    assert_false(kpt_paged_plan_ok(&bad, KPT_PAGED_ROWS, 128));
+    bad = pl;
+    bad.splits = 0;
+    assert_false(kpt_paged_plan_ok(&bad, KPT_PAGED_ROWS, 128));
 }
 
 /* Random ragged batches: a packed plan gives every sequence its blocks in order, within the
@@ -141,7 +149,7 @@ static void test_plan_random(void **state)
         kpt_diag d = {0};
         if (kpt_paged_plan_sms(&s, 132, it % 2, 128, &pl, &d))
             fail_msg("%s", d.message);
-        assert_true(kpt_paged_plan_blocks_ok(&pl));
+        assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
         assert_true(pl.splits >= 1 && pl.splits <= KPT_PAGED_MAX_SPLITS);
         const int p = pl.q_per_block;
         for (int b = 0; b < B; b++) {
