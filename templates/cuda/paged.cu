@@ -326,6 +326,32 @@ __device__ __forceinline__ void kpt_pg_overflow(const kpt_args &A, const kpt_par
     }
 }
 
+// Head h's sink logit in log2 units (P.sinks non-null).
+__device__ __forceinline__ float kpt_pg_sink2(const kpt_pargs &P, int h)
+{
+    return ((const float *)P.sinks)[(i64)h * P.sink_stride] * KPT_LOG2E;
+}
+
+// A finished row's LSE (log2 units) with its head's sink joined, in tot, and the factor its
+// columns take: `base` times the sink's share (base without a sink; 0 for a row that kept no
+// key).
+__device__ __forceinline__ float kpt_pg_sink_join(const kpt_pargs &P, int h, float lse2, float L,
+                                                  float base, float &tot)
+{
+    tot = lse2;
+    if (!P.sinks) return base;
+    tot = kpt_sink_lse2(lse2, kpt_pg_sink2(P, h));
+    return L > 0.0f ? base * kpt_ex2(lse2 - tot) : 0.0f;
+}
+
+// Row r's slot among the partial results of the CTA's split (runtime/paged_args.h,
+// kpt_paged_workspace_bytes): ((block splits + split) Hkv + hk) rows + r.
+__device__ __forceinline__ i64 kpt_pg_slot(const kpt_args &A, const kpt_pargs &P,
+                                           const kpt_pg_work &w, int r)
+{
+    return (((i64)w.blk * P.splits + w.split) * A.Hkv + w.hk) * KPT_PG_ROWS + r;
+}
+
 // One row of the CTA: its head, logical position and row of q and o (t = -1: a padding row).
 struct kpt_pg_row {
     int h, qpos, t;
@@ -356,7 +382,7 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
     const int lane = threadIdx.x & 31;
     const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
     if (P.splits > 1) {
-        const i64 slot = (((i64)w.blk * P.splits + w.split) * A.Hkv + w.hk) * KPT_PG_ROWS + r;
+        const i64 slot = kpt_pg_slot(A, P, w, r);
         if (lane == 0) ((float *)P.part_lse)[slot] = lse2;
         for (int d0 = lane * V; d0 < KPT_DV; d0 += 32 * V) {
             float *dst = (float *)P.part_o + slot * KPT_DV + d0; // 16-byte aligned (workspace)
@@ -369,12 +395,8 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
         }
         return;
     }
-    float tot = lse2, scale = 1.0f;
-    if (P.sinks) {
-        const float s2 = ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E;
-        tot = kpt_sink_lse2(lse2, s2);
-        scale = L > 0.0f ? kpt_ex2(lse2 - tot) : 0.0f;
-    }
+    float tot;
+    const float scale = kpt_pg_sink_join(P, x.h, lse2, L, 1.0f, tot);
     if (lane == 0) kpt_pg_store(A, x.t, x.h, -1, tot * KPT_LN2);
     u16 *go = (u16 *)A.o + (i64)x.t * A.os[0] + (i64)x.h * A.os[1];
     for (int d0 = lane * V; d0 < KPT_DV; d0 += 32 * V) {
@@ -420,8 +442,7 @@ __device__ __forceinline__ void kpt_pg_finish_frags(const kpt_args &A, const kpt
         const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
         const int r = row0 + (lane >> 2) + rr * 8;
         if (P.splits > 1) {
-            const i64 slot = (((i64)w.blk * P.splits + w.split) * A.Hkv + w.hk) * KPT_PG_ROWS +
-                             r;
+            const i64 slot = kpt_pg_slot(A, P, w, r);
             if ((lane & 3) == 0 && col0 == 0) ((float *)P.part_lse)[slot] = lse2;
             float *dst = (float *)P.part_o + slot * KPT_DV + col0 + (lane & 3) * 2;
 #pragma unroll
@@ -429,12 +450,8 @@ __device__ __forceinline__ void kpt_pg_finish_frags(const kpt_args &A, const kpt
                 *(float2 *)(dst + n * 8) = make_float2(O[n][2 * rr] * inv, O[n][2 * rr + 1] * inv);
             continue;
         }
-        float tot = lse2, scale = inv;
-        if (P.sinks) {
-            const float s2 = ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E;
-            tot = kpt_sink_lse2(lse2, s2);
-            scale = L > 0.0f ? inv * kpt_ex2(lse2 - tot) : 0.0f;
-        }
+        float tot;
+        const float scale = kpt_pg_sink_join(P, x.h, lse2, L, inv, tot);
         if ((lane & 3) == 0 && col0 == 0) kpt_pg_store(A, x.t, x.h, -1, tot * KPT_LN2);
         u16 *go = (u16 *)A.o + (i64)x.t * A.os[0] + (i64)x.h * A.os[1];
         const int d0 = col0 + (lane & 3) * 2;
@@ -1039,9 +1056,7 @@ kpt_paged_combine(const kpt_args A, const kpt_pargs P)
         M = fmaxf(M, v);
     }
     M = kpt_pg_group_reduce<true>(M, s_red, wr, wpr);
-    const float s2 = live && P.sinks
-                         ? ((const float *)P.sinks)[(i64)x.h * P.sink_stride] * KPT_LOG2E
-                         : KPT_NINF;
+    const float s2 = live && P.sinks ? kpt_pg_sink2(P, x.h) : KPT_NINF;
     M = fmaxf(M, s2);
     const float Mu = M == KPT_NINF ? 0.0f : M;
     float den = 0.0f;
