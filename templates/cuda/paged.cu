@@ -229,10 +229,11 @@ struct kpt_pg_work {
 
 // A packed launch's first block of sequence b (runtime/paged_args.c, packed_first): blocks of
 // p queries, each sequence's from (cu[b] + b (p - 1)) / p, which grows by ceil(q_len / p) at
-// least from one sequence to the next.
+// least from one sequence to the next. In 32 unsigned bits: cu[b] < 2^31 and b (p - 1) < 2^26
+// (B up to 2^20, p up to 64), and a 64-bit division is a long subroutine.
 __device__ __forceinline__ int kpt_pg_first_block(const int *cu, int b, int p)
 {
-    return (int)(((i64)cu[b] + (i64)b * (p - 1)) / p);
+    return (int)(((u32)cu[b] + (u32)b * (u32)(p - 1)) / (u32)p);
 }
 
 // The sequence of packed block x: the last b whose first block is at most x. A warp's search, 32
@@ -288,41 +289,41 @@ __device__ __forceinline__ void kpt_pg_store(const kpt_args &A, int t, int h, in
     go[d] = (u16)(kpt_pack(x, 0.0f) & 0xffffu);
 }
 
-// NaN in every head and column (and the LSE) of n query rows from t0.
+// NaN in every head and column (and the LSE) of n query rows from t0: a warp a (row, head),
+// its lanes over the columns. Not unrolled: it runs only where a plan was made for fewer
+// queries, and its 64-bit divisions would be copied with it.
 __device__ __forceinline__ void kpt_pg_nan_rows(const kpt_args &A, const kpt_pargs &P, int t0,
                                                 int n)
 {
-    for (i64 e = threadIdx.x; e < (i64)n * A.Hq * (KPT_DV + 1); e += KPT_THREADS) {
-        const int d = (int)(e % (KPT_DV + 1)) - 1;
-        const i64 rh = e / (KPT_DV + 1);
+    const int lane = threadIdx.x & 31;
+#pragma unroll 1
+    for (i64 rh = threadIdx.x >> 5; rh < (i64)n * A.Hq; rh += KPT_THREADS / 32) {
         const int t = t0 + (int)(rh / A.Hq), h = (int)(rh % A.Hq);
-        if ((u32)t < (u32)P.T) kpt_pg_store(A, t, h, d, KPT_PG_NAN);
+        if ((u32)t >= (u32)P.T) continue;
+#pragma unroll 1
+        for (int d = lane - 1; d < KPT_DV; d += 32) kpt_pg_store(A, t, h, d, KPT_PG_NAN);
     }
 }
 
 // A sequence with more queries than the plan's blocks cover gets NaN in those rows (a plan made
 // for other lengths must not give a silent wrong answer): one CTA per sequence writes them, or
-// in a packed launch its last block's, for every sequence its blocks do not reach.
+// in a packed launch its last block's, for every sequence its blocks do not reach (the last
+// ones: every sequence before one that fits fits too). One call site of kpt_pg_nan_rows.
 __device__ __forceinline__ void kpt_pg_overflow(const kpt_args &A, const kpt_pargs &P,
                                                 const kpt_pg_work &w)
 {
     if (w.split != 0 || w.hk != 0) return;
-    if (!P.packed) {
-        const int cap = P.q_blocks * P.q_per_block;
-        if (w.qb == P.q_blocks - 1 && w.q_len > cap)
-            kpt_pg_nan_rows(A, P, w.t0 + cap, w.q_len - cap);
-        return;
-    }
-    // packed: the launch's last block, for the sequences (the last ones) whose blocks would
-    // run past the launch's, from the first query they do not reach
-    if (w.blk != P.q_blocks - 1) return;
+    if (P.packed ? w.blk != P.q_blocks - 1 : w.qb != P.q_blocks - 1) return;
     const int *cu = (const int *)P.cu_q;
-    for (int b = A.B - 1; b >= 0; b--) {
+#pragma unroll 1
+    for (int b = P.packed ? A.B - 1 : w.b; b >= 0; b--) {
         const int q = max(cu[b + 1] - cu[b], 0);
-        const i64 reach = max((i64)P.q_blocks - kpt_pg_first_block(cu, b, P.q_per_block),
-                              (i64)0) * P.q_per_block;
-        if (q <= reach) break; // and every sequence before it fits too
+        const int blocks = P.packed ? max(P.q_blocks - kpt_pg_first_block(cu, b, P.q_per_block), 0)
+                                    : P.q_blocks;
+        const i64 reach = (i64)blocks * P.q_per_block; // the queries its blocks hold
+        if (q <= reach) return;
         kpt_pg_nan_rows(A, P, cu[b] + (int)reach, q - (int)reach);
+        if (!P.packed) return;
     }
 }
 
