@@ -952,9 +952,9 @@ static int paged_splits(const vk_backend *v, const vk_kernel *k, const kpt_paged
 {
     const int64_t bn = k->plan.bn, n_kt = ((int64_t)pl->max_kv + bn - 1) / bn;
     const int group = pl->num_heads_q / pl->num_heads_kv;
-    int64_t work, longest;
-    kpt_paged_plan_work(shape, pl, (int)bn, &work, &longest);
-    int splits = kpt_paged_split_work(work * pl->num_heads_kv, longest, v->slots);
+    kpt_paged_work work;
+    kpt_paged_plan_work(shape, pl, (int)bn, &work);
+    int splits = kpt_paged_split_work(&work, pl->num_heads_kv, v->slots);
     while (splits < KPT_PAGED_MAX_SPLITS && splits < n_kt &&
            !paged_fits(v, k, n_kt, splits, group))
         splits++;

@@ -75,15 +75,28 @@ kpt_status kpt_kernel_paged_pack(const kpt_pattern *p, const kpt_kernel_plan *pl
                                  const kpt_paged_args *a, kpt_kernel_args *out,
                                  kpt_kernel_pargs *pout, kpt_diag *diag);
 
-/* How many parts each sequence's keys are split into so that `work` (tiles of keys summed over
- * the work items: query blocks x kv heads x sequences) fills `slots` (work items the device runs
- * at once) in parts no longer than the average share, the longest item (`longest` tiles) split
- * most: 1 to KPT_PAGED_MAX_SPLITS, each part at least two tiles. */
-int kpt_paged_split_work(int64_t work, int64_t longest, int64_t slots);
-/* The tiles of `tile` keys that plan pl's blocks for shape s hold in all (over the bounds, or
- * each sequence's own blocks and keys where s has host lengths), and the longest block's. */
+/* A CTA's fixed costs (its start, its end and its share of the combine), in tiles of keys
+ * streamed: what one more part of a split costs. Fitted on the H200 (bf16, D = 128, 32:8; the
+ * best split counts of ragged batches, docs/BENCHMARKS.md, "Serving: splits for ragged
+ * batches"). */
+#define KPT_PAGED_CTA_TILES 3
+
+/* The work of a plan's blocks, one kv head: tiles of keys in all, the longest block's, and the
+ * blocks that have keys and queries (work items). */
+typedef struct kpt_paged_work {
+    int64_t tiles, longest, items;
+} kpt_paged_work;
+
+/* The work of plan pl's blocks for shape s in tiles of `tile` keys (over the bounds, or each
+ * sequence's own blocks and keys where s has host lengths). */
 void kpt_paged_plan_work(const kpt_paged_shape *s, const kpt_paged_plan *pl, int tile,
-                         int64_t *work, int64_t *longest);
+                         kpt_paged_work *out);
+/* How many parts each sequence's keys are split into for work `w` of `heads` kv heads on
+ * `slots` (work items the device runs at once): enough that the work fills the slots once in
+ * parts no longer than the average share and, where the items differ in length, that the
+ * longest item's parts leave a short tail (KPT_PAGED_CTA_TILES weighs each part's cost). 1 to
+ * KPT_PAGED_MAX_SPLITS, each part at least two tiles. */
+int kpt_paged_split_work(const kpt_paged_work *w, int heads, int64_t slots);
 
 /* The workspace of a split plan whose work items have `rows` rows: the partial results' O (f32,
  * dv a row), then their LSEs (log2 units) from *lse_offset (256-byte aligned; may be NULL).

@@ -5,23 +5,39 @@
 
 #include "runtime/paged_args.h"
 
+static int split(int64_t tiles, int64_t longest, int64_t items, int heads, int64_t slots)
+{
+    const kpt_paged_work w = {.tiles = tiles, .longest = longest, .items = items};
+    return kpt_paged_split_work(&w, heads, slots);
+}
+
 static void test_split_work(void **state)
 {
     (void)state;
     /* enough parts to fill the slots once: one decoding sequence of 8 kv heads over 512 tiles,
      * 264 slots */
-    assert_int_equal(kpt_paged_split_work(8 * 512, 512, 264), 33);
+    assert_int_equal(split(512, 512, 1, 8, 264), 33);
     /* each part keeps two tiles at least */
-    assert_int_equal(kpt_paged_split_work(8 * 4, 4, 264), 2);
-    assert_int_equal(kpt_paged_split_work(8 * 2, 2, 264), 1);
+    assert_int_equal(split(4, 4, 1, 8, 264), 2);
+    assert_int_equal(split(2, 2, 1, 8, 264), 1);
     /* a batch that fills the device is not split; neither is an empty one */
-    assert_int_equal(kpt_paged_split_work(512 * 512, 512, 264), 1);
-    assert_int_equal(kpt_paged_split_work(0, 512, 264), 1);
-    assert_int_equal(kpt_paged_split_work(0, 0, 264), 1);
+    assert_int_equal(split(64 * 512, 512, 64, 8, 264), 1);
+    assert_int_equal(split(0, 512, 0, 8, 264), 1);
+    assert_int_equal(split(0, 0, 0, 8, 264), 1);
     /* at most KPT_PAGED_MAX_SPLITS */
-    assert_int_equal(kpt_paged_split_work(1 << 18, 1 << 18, 100000), KPT_PAGED_MAX_SPLITS);
-    /* the longest item decides: 512 tiles among 3273 a kv head, 8 kv heads */
-    assert_int_equal(kpt_paged_split_work(3273 * 8, 512, 264), 5);
+    assert_int_equal(split(1 << 18, 1 << 18, 1, 1, 100000), KPT_PAGED_MAX_SPLITS);
+    /* uniform batches split by the fill alone: their waves are whole (8 x 1 x 4k, 132 SMs) */
+    assert_int_equal(split(8 * 64, 64, 8, 8, 132), 2);
+    assert_int_equal(split(8 * 512, 512, 8, 8, 132), 2);
+    /* a ragged batch splits for its tail: 64 decodes over 1k to 32k keys (8950 tiles, the
+     * longest 512) fill 132 SMs unsplit, but the longest may start last: sqrt((512 - 140) *
+     * 132 / (3 * 512)) = 5.65 */
+    assert_int_equal(split(8950, 512, 64, 8, 132), 6);
+    /* a chunked prefill of 128 blocks over 64 tiles beside 63 decodes over 128: the tail is
+     * short next to a part's cost */
+    assert_int_equal(split(128 * 64 + 63 * 128, 128, 191, 8, 132), 1);
+    /* the fill decides where it asks for more: 512 tiles among 3273 a kv head over 32 items */
+    assert_int_equal(split(3273, 512, 32, 8, 264), 12);
 }
 
 static void test_plan(void **state)
@@ -88,7 +104,11 @@ static void test_plan_packed(void **state)
     assert_int_equal(pl.q_blocks, 0);
     assert_int_equal(pl.blocks, (2111 + 64 * 15) / 16);
     assert_int_equal(pl.max_tokens, 2111);
-    assert_int_equal(pl.splits, 1); /* 128 * 64 + 63 * 128 tiles fill the slots */
+    /* 128 * 64 + 63 * 128 tiles fill the slots; the tail (the decodes' 128 tiles against a
+     * mean of 85) asks for sqrt(42.7 * 264 / (3 * 1528)) = 1.57 parts, and on 132 SMs 1.1 */
+    assert_int_equal(pl.splits, 2);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 1);
     /* one long decode among short prefills: the long one's keys are split though the blocks
      * outnumber the slots (8 sequences: 300 queries over 9000 keys, 7 over 32768 and short
      * ones) */
@@ -99,9 +119,13 @@ static void test_plan_packed(void **state)
     assert_int_equal(kpt_paged_plan_compute(&s, 264, 64, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.q_blocks, 0);
     assert_int_equal(pl.blocks, (326 + 8 * 15) / 16);
-    /* 19 * 141 + 512 + 79 + 1 + 1 + 1 = 3273 tiles a kv head; the 512 into 5 */
-    assert_int_equal(pl.splits, 264 * 512 / (3273 * 8));
-    assert_int_equal(pl.splits, 5);
+    /* 19 * 141 + 512 + 79 + 1 + 1 + 1 = 3273 tiles a kv head in 24 blocks: the fill asks for
+     * 264 * 512 / (3273 * 8) = 5 parts, the tail for sqrt((512 - 136) * 264 / (3 * 192)) =
+     * 13.1 */
+    assert_int_equal(pl.splits, 13);
+    /* on 132 SMs: 9.3 parts; 13 for two CTAs an SM would leave parts under 64 tiles */
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 9);
     /* equal query counts stay uniform: packing would not save a block */
     const int32_t cu3[3] = {0, 16, 32}, kv3[2] = {4096, 4096};
     s = (kpt_paged_shape){.batch = 2, .cu_seqlens_q = cu3, .kv_lens = kv3, .num_heads_q = 32,
