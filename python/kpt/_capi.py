@@ -253,21 +253,49 @@ _NO_DIMS = (0, 0, 0, 0)
 assert _TENSOR_BYTES.size == ctypes.sizeof(_Tensor)
 
 
-def _tensor(t):
+def _struct_like(fmt, ctype):
+    """A struct.Struct of `fmt` padded to the size of `ctype` (struct adds no trailing padding)."""
+    pad = ctypes.sizeof(ctype) - struct.calcsize(fmt)
+    s = struct.Struct(fmt + f"{pad}x")
+    assert pad >= 0 and s.size == ctypes.sizeof(ctype)
+    return s
+
+
+# kpt_paged_args without scalars or aux, packed in one step: a serving step's call from Python
+# spent more time building its arguments than libkpt spent checking them and launching
+_PAGED_BYTES = _struct_like("@" + "Pii4q4q" * 9 + "dPiPi", _PagedArgs)
+
+
+_NULL_FIELDS = (0, 0, 0) + (0,) * 8
+_TORCH_CODES = {}  # torch dtype -> kpt_dtype code, filled from the dtype's name on first sight
+
+
+def _torch_code(dtype):
+    code = DTYPES.get(_TORCH_DTYPES.get(str(dtype)))
+    if code is None:
+        raise TypeError(f"kpt: unsupported tensor dtype {dtype}")
+    _TORCH_CODES[dtype] = code
+    return code
+
+
+def _tensor_fields(t):
+    """kpt_tensor's fields for t (None: no tensor) in _TENSOR_BYTES's order."""
     if t is None:
-        return _Tensor()
+        return _NULL_FIELDS
     if isinstance(t, Tensor):
-        address, dtype, shape, strides = t.address, t.dtype, tuple(t.shape), tuple(t.strides)
+        address, code, shape, strides = t.address, DTYPES[t.dtype], t.shape, t.strides
     else:  # a torch tensor, read directly
-        dtype = _TORCH_DTYPES.get(str(t.dtype))
-        if dtype is None:
-            raise TypeError(f"kpt: unsupported tensor dtype {t.dtype}")
-        address, shape, strides = t.data_ptr(), tuple(t.shape), t.stride()
-    if len(shape) > 4:
+        code = _TORCH_CODES.get(t.dtype) or _torch_code(t.dtype)
+        address, shape, strides = t.data_ptr(), t.shape, t.stride()
+    n = len(shape)
+    if n > 4:
         raise ValueError("kpt: tensors have rank 4 at most")
-    return _Tensor.from_buffer_copy(_TENSOR_BYTES.pack(address, DTYPES[dtype], len(shape),
-                                                       *(shape + _NO_DIMS)[:4],
-                                                       *(strides + _NO_DIMS)[:4]))
+    pad = _NO_DIMS[n:]
+    return (address, code, n, *shape, *pad, *strides, *pad)
+
+
+def _tensor(t):
+    return _Tensor.from_buffer_copy(_TENSOR_BYTES.pack(*_tensor_fields(t)))
 
 
 class _ArgsHolder:
@@ -516,15 +544,22 @@ class Kernel:
         o [T, Hq, Dv], i32 cu_seqlens_q [B + 1], kv_lens [B] and page_table [B, max_pages] on the
         device; lse [T, Hq] and sinks [Hq] f32, optional. workspace: a tensor of at least
         plan.workspace_bytes bytes, or None for a temporary one."""
-        scalars, aux = scalars or {}, aux or {}
-        names = [n.encode() for n in list(scalars) + list(aux)]
-        sv = (_ScalarValue * max(1, len(scalars)))(
-            *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
-        av = (_AuxTensor * max(1, len(aux)))(
-            *[_AuxTensor(n.encode(), _tensor(t)) for n, t in aux.items()])
-        a = _PagedArgs(_tensor(q), _tensor(o), _tensor(lse), _tensor(k), _tensor(v),
-                       _tensor(page_table), _tensor(cu_seqlens_q), _tensor(kv_lens),
-                       _tensor(sinks), float(scale), sv, len(scalars), av, len(aux))
+        f = _tensor_fields
+        if not scalars and not aux:  # the common call, in one step
+            a = _PagedArgs.from_buffer_copy(_PAGED_BYTES.pack(
+                *f(q), *f(o), *f(lse), *f(k), *f(v), *f(page_table), *f(cu_seqlens_q),
+                *f(kv_lens), *f(sinks), float(scale), 0, 0, 0, 0))
+            names = None
+        else:
+            scalars, aux = scalars or {}, aux or {}
+            names = [n.encode() for n in list(scalars) + list(aux)]
+            sv = (_ScalarValue * max(1, len(scalars)))(
+                *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
+            av = (_AuxTensor * max(1, len(aux)))(
+                *[_AuxTensor(n.encode(), _tensor(t)) for n, t in aux.items()])
+            tensors = (q, o, lse, k, v, page_table, cu_seqlens_q, kv_lens, sinks)
+            a = _PagedArgs(*[_tensor(t) for t in tensors], float(scale), sv, len(scalars), av,
+                           len(aux))
         ws = workspace.data_ptr() if workspace is not None else None
         nbytes = workspace.numel() * workspace.element_size() if workspace is not None else 0
         diag = _Diag()

@@ -257,6 +257,22 @@ def test_paged_attention_ragged_and_sinks():
             assert_close(lse[cu[b]:cu[b + 1]], want_l)
 
 
+def test_paged_attention_scalars_and_scale():
+    """The paged call with a runtime scalar and a scale (libkpt's arguments built the long way,
+    with a scalar array, rather than in one step)."""
+    q_lens, kv_lens = [2, 1, 3], [9, 17, 5]
+    q, kc, vc, cu, kvl, table, dense = _paged_batch(q_lens, kv_lens, seed=2)
+    for w in (2, 5):
+        o = kpt.paged_attention(q, kc, vc, cu, kvl, table, "sliding_window($w)",
+                                scalars={"w": w}, scale=0.3)
+        for b, (ql, kvn) in enumerate(zip(q_lens, kv_lens)):
+            qs = q[cu[b]:cu[b + 1]].transpose(1, 0, 2)[None]
+            i0 = kvn - ql  # logical position of the first query
+            want, _ = oracle(qs, *dense[b], lambda i, j: (j <= i + i0) & (i + i0 - j < w),
+                             scale=0.3)
+            assert_close(o[cu[b]:cu[b + 1]], want[0].transpose(1, 0, 2))
+
+
 def test_paged_attention_errors():
     q, kc, vc, cu, kvl, table, _ = _paged_batch([2], [1])  # more queries than keys
     with pytest.raises(kpt.Error, match="queries but 1 keys"):
