@@ -69,6 +69,10 @@ def timed_all(fns, burst_reps=20, sustained_reps=200):
         for n in names:
             fn = fns[n]
             flush_l2()
+            # the GPU spins ~100 us while this thread records the start and submits the call, so
+            # a burst times the GPU's work, not the host's: on a slow host FlashInfer's and
+            # SDPA's Python paths outlasted the flush, and their bursts read 2-4x too slow
+            torch.cuda._sleep(200_000)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fn()
