@@ -104,14 +104,16 @@ class Mixed:
         self.kern = kern
         self.plan = kern.paged_plan(hq, hkv, cu_seqlens_q=self.cu_q, kv_lens=self.kvlens)
         self.ws = torch.empty(max(1, self.plan.workspace_bytes), dtype=torch.uint8, device=dev)
-        self.stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else None
+        self.on_gpu = dev == "cuda"
 
     # kpt, one launch (two where the plan splits)
     def kpt(self, paged):
         k, v = (self.kp, self.vp) if paged else (self.kd, self.vd)
+        # the current stream at each call: a graph's capture runs on its own
+        stream = torch.cuda.current_stream().cuda_stream if self.on_gpu else None
         self.kern.paged(self.plan, self.q, k, v, self.o, self.cu_dev, self.kvl_dev,
                         page_table=self.pt if paged else None, workspace=self.ws,
-                        stream=self.stream)
+                        stream=stream)
         return self.o
 
     def varlen_setup(self):
@@ -243,6 +245,8 @@ def main():
                     help="FlexAttention too (torch.compile'd, a compilation per case)")
     ap.add_argument("--cpu", action="store_true",
                     help="a check of the script without a GPU (kpt's CPU backend, SDPA math)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each call in a replayed CUDA graph (sustained, no host)")
     ap.add_argument("--out")
     args = ap.parse_args()
     D = args.dim
@@ -317,6 +321,9 @@ def main():
             r = row["res"][n]
             r.update({"burst_us": burst * 1e3, "sustained_us": sus * 1e3,
                       "GBps": m.kv_bytes() / burst / 1e6, "TFLOPs": m.flops() / burst / 1e9})
+            if args.graph:
+                t = bp.graph_time(fns[n], calls=5)
+                r["graph_us"] = t * 1e3 if t else None
         kb = row["res"].get("kpt", {}).get("burst_us")
         for n, r in row["res"].items():
             if "error" in r:
@@ -326,8 +333,9 @@ def main():
             note = " (K, V expanded)" if n == "varlen" and getattr(m, "varlen_expanded", False) \
                 else ""
             print(f"{name:>22} | {n:>10} | {r['burst_us']:9.1f} {r['sustained_us']:9.1f} | "
-                  f"{r['GBps']:6.0f} {r['TFLOPs']:7.1f} | {ratio:7.2f} | {r['err']:.1e}{note}",
-                  flush=True)
+                  f"{r['GBps']:6.0f} {r['TFLOPs']:7.1f} | {ratio:7.2f} | {r['err']:.1e}{note}"
+                  + (f" | graph {r['graph_us']:.1f} us" if r.get("graph_us") else
+                     " | graph n/a" if args.graph else ""), flush=True)
         out["rows"].append(row)
         m = None  # the case's tensors go before the next case's
         torch.cuda.empty_cache()

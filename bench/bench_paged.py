@@ -92,6 +92,34 @@ def timed_all(fns, burst_reps=20, sustained_reps=200):
     return out
 
 
+def graph_time(fn, calls=20, replays=10):
+    """Time (ms) a call in a CUDA graph of `calls` calls back to back, replayed `replays` times:
+    sustained with no host in the way (what a server that captures its steps sees), or None
+    where the call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as torch asks
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        g.replay()
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 (a peer that does not capture: reported as n/a)
+        torch.cuda.synchronize()
+        return None
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / (calls * replays)
+
+
 def timed(fn, burst_reps=20, sustained_reps=200):
     """Median burst time (ms, one call after an L2 flush) and sustained time (ms a call)."""
     return timed_all({"": fn}, burst_reps, sustained_reps)[""]
@@ -135,11 +163,12 @@ class Case:
         self.plan = kern.paged_plan(hq, hkv, cu_seqlens_q=list(range(0, B * Sq + 1, Sq)),
                                     kv_lens=[Skv] * B)
         self.ws = torch.empty(max(1, self.plan.workspace_bytes), dtype=torch.uint8, device=dev)
-        self.stream = torch.cuda.current_stream().cuda_stream
 
     def kpt(self):
+        # the current stream at each call: a graph's capture runs on its own
         self.kern.paged(self.plan, self.q, self.kp, self.vp, self.o, self.cu, self.kvl,
-                        page_table=self.pt, lse=self.lse, workspace=self.ws, stream=self.stream)
+                        page_table=self.pt, lse=self.lse, workspace=self.ws,
+                        stream=torch.cuda.current_stream().cuda_stream)
         return self.o
 
     def sdpa(self, backend):
@@ -245,6 +274,8 @@ def main():
                     help="where the paged variants' pages lie in the cache")
     ap.add_argument("--dim", type=int, default=128, help="head dim (Dqk = Dv)")
     ap.add_argument("--heads", default="32:8", help="query heads:kv heads")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each call in a replayed CUDA graph (sustained, no host)")
     args = ap.parse_args()
     D = args.dim
     HQ, HKV = (int(x) for x in args.heads.split(":"))
@@ -325,6 +356,12 @@ def main():
                       + " ".join(fmt(res.get(n)) for n in paged) + " | "
                       + " ".join(fmt(res.get(n)) for n in peers)
                       + f" | {ratio:5.2f} {frac:5.2f}", flush=True)
+                if args.graph:
+                    g = {n: graph_time(fn) for n, fn in fns.items()}
+                    row.update({n + "_graph": c.kv_bytes() / t / 1e6 for n, t in g.items() if t})
+                    print("      graph GB/s: " + ", ".join(
+                        f"{n} {c.kv_bytes() / t / 1e6:.0f}" if t else f"{n} n/a"
+                        for n, t in g.items()), flush=True)
                 errs = {k: round(v, 4) for k, v in row.items() if k.endswith("_err")}
                 if errs:
                     print("      agreement (rel to SDPA math):", errs, flush=True)
