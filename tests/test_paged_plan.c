@@ -40,6 +40,35 @@ static void test_split_work(void **state)
     assert_int_equal(split(3273, 512, 32, 8, 264), 12);
 }
 
+/* The rule's properties over random work: uniform items split by the fill alone, ragged ones
+ * at least as much, and never past the bounds. */
+static void test_split_random(void **state)
+{
+    (void)state;
+    kpt_rng r;
+    kpt_rng_seed(&r, 7);
+    for (int it = 0; it < 5000; it++) {
+        const int64_t items = 1 + (int64_t)(kpt_rng_next(&r) % 600);
+        const int64_t longest = 1 + (int64_t)(kpt_rng_next(&r) % 2000);
+        const int heads = 1 + (int)(kpt_rng_next(&r) % 16);
+        const int64_t slots = 1 + (int64_t)(kpt_rng_next(&r) % 600);
+        /* uniform: every item `longest` tiles */
+        int64_t fill = slots * longest / (items * longest * heads);
+        fill = fill > longest / 2 ? longest / 2 : fill;
+        fill = fill > KPT_PAGED_MAX_SPLITS ? KPT_PAGED_MAX_SPLITS : fill;
+        fill = fill > 1 ? fill : 1;
+        assert_int_equal(split(items * longest, longest, items, heads, slots), fill);
+        /* ragged: the others shorter */
+        const int64_t rest = (int64_t)(kpt_rng_next(&r) % (uint64_t)((items - 1) * longest + 1));
+        const int n = split(longest + rest, longest, items, heads, slots);
+        int64_t rfill = slots * longest / ((longest + rest) * heads);
+        rfill = rfill > longest / 2 ? longest / 2 : rfill;
+        rfill = rfill > KPT_PAGED_MAX_SPLITS ? KPT_PAGED_MAX_SPLITS : rfill;
+        assert_true(n >= 1 && n >= rfill);
+        assert_true(n == 1 || (n <= longest / 2 && n <= KPT_PAGED_MAX_SPLITS));
+    }
+}
+
 static void test_plan(void **state)
 {
     (void)state;
@@ -302,6 +331,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_work),
+        cmocka_unit_test(test_split_random),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_packed),
         cmocka_unit_test(test_plan_random),
