@@ -261,9 +261,11 @@ def _struct_like(fmt, ctype):
     return s
 
 
-# kpt_paged_args without scalars or aux, packed in one step: a serving step's call from Python
-# spent more time building its arguments than libkpt spent checking them and launching
+# kpt_paged_args and kpt_attention_args without scalars or aux, packed in one step: a serving
+# step's call from Python spent more time building its arguments than libkpt spent checking
+# them and launching
 _PAGED_BYTES = _struct_like("@" + "Pii4q4q" * 9 + "dPiPi", _PagedArgs)
+_ARGS_BYTES = _struct_like("@" + "Pii4q4q" * 5 + "dPiPi" + "Pii4q4q", _Args)
 
 
 _NULL_FIELDS = (0, 0, 0) + (0,) * 8
@@ -302,6 +304,12 @@ class _ArgsHolder:
     """kpt_attention_args and the arrays and strings it points to (kept alive together)."""
 
     def __init__(self, q, k, v, o, lse, scale, scalars, aux, sinks=None):
+        if not scalars and not aux:  # the common call, in one step
+            f = _tensor_fields
+            self.names = self.scalars = self.aux = None
+            self.args = _Args.from_buffer_copy(_ARGS_BYTES.pack(
+                *f(q), *f(k), *f(v), *f(o), *f(lse), float(scale), 0, 0, 0, 0, *f(sinks)))
+            return
         self.names = [n.encode() for n in list(scalars) + list(aux)]
         self.scalars = (_ScalarValue * max(1, len(scalars)))(
             *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])

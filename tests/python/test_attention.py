@@ -61,6 +61,9 @@ def test_builtin_patterns_gqa_and_dv():
     want, _ = oracle(q, k, v, lambda i, j: (i >= j) & (i - j < 4),
                      lambda s, i, j, h: 5 * np.tanh(s / 5), scale=0.3)
     assert_close(o, want)
+    # a scale without scalars or aux (libkpt's arguments packed in one step)
+    o = kpt.attention(q, k, v, "causal", scale=0.3)
+    assert_close(o, oracle(q, k, v, lambda i, j: i >= j, scale=0.3)[0])
 
 
 def test_float16_strides_and_dlpack():
@@ -271,6 +274,12 @@ def test_paged_attention_scalars_and_scale():
             want, _ = oracle(qs, *dense[b], lambda i, j: (j <= i + i0) & (i + i0 - j < w),
                              scale=0.3)
             assert_close(o[cu[b]:cu[b + 1]], want[0].transpose(1, 0, 2))
+    # a scale alone (the arguments packed in one step)
+    o = kpt.paged_attention(q, kc, vc, cu, kvl, table, "causal", scale=0.3)
+    for b, (ql, kvn) in enumerate(zip(q_lens, kv_lens)):
+        qs = q[cu[b]:cu[b + 1]].transpose(1, 0, 2)[None]
+        want, _ = oracle(qs, *dense[b], lambda i, j: j <= i + kvn - ql, scale=0.3)
+        assert_close(o[cu[b]:cu[b + 1]], want[0].transpose(1, 0, 2))
 
 
 def test_paged_attention_errors():
