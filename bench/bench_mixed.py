@@ -317,13 +317,13 @@ def main():
                 for n, r in row["res"].items()) + f" | NaN rows {row['kpt_nan_rows']}", flush=True)
             out["rows"].append(row)
             continue
+        graph = bp.graph_times(fns, calls=5) if args.graph else {}
         for n, (burst, sus) in bp.timed_all(fns, 10, 50).items():
             r = row["res"][n]
             r.update({"burst_us": burst * 1e3, "sustained_us": sus * 1e3,
                       "GBps": m.kv_bytes() / burst / 1e6, "TFLOPs": m.flops() / burst / 1e9})
             if args.graph:
-                t = bp.graph_time(fns[n], calls=5)
-                r["graph_us"] = t * 1e3 if t else None
+                r["graph_us"] = graph[n] * 1e3 if graph.get(n) else None
         kb = row["res"].get("kpt", {}).get("burst_us")
         for n, r in row["res"].items():
             if "error" in r:
