@@ -33,8 +33,10 @@ static void test_split_work(void **state)
      * longest 512) fill 132 SMs unsplit, but the longest may start last: sqrt((512 - 140) *
      * 132 / (3 * 512)) = 5.65 */
     assert_int_equal(split(8950, 512, 64, 8, 132), 6);
-    /* a chunked prefill of 128 blocks over 64 tiles beside 63 decodes over 128: the tail is
-     * short next to a part's cost */
+    /* lengths close together (64 decodes over 3000 to 4096 keys, a mean of 55 tiles): the tail
+     * is short next to a part's cost, sqrt(9 * 132 / (3 * 512)) = 0.88 */
+    assert_int_equal(split(64 * 55, 64, 64, 8, 132), 1);
+    /* a chunked prefill of 128 blocks over 64 tiles beside 63 decodes over 128: the same */
     assert_int_equal(split(128 * 64 + 63 * 128, 128, 191, 8, 132), 1);
     /* the fill decides where it asks for more: 512 tiles among 3273 a kv head over 32 items */
     assert_int_equal(split(3273, 512, 32, 8, 264), 12);
