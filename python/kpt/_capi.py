@@ -404,7 +404,6 @@ class Context:
                                       flags=flags)
         _check(lib.kpt_context_create(self._params, ctypes.byref(self._h), diag), diag,
                "context")
-        self._kernels = []
         self._maps = weakref.WeakSet()  # live block maps: freed before the context
 
     @property

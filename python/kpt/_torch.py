@@ -23,6 +23,9 @@ _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 _lock = threading.Lock()
 _named_patterns = {}  # "kpt.Pattern#N" -> Pattern, for Pattern objects given to kpt.attention
 _blockmaps = {}
+# (context, pattern, dtype, head dims, backward) -> Kernel: libkpt's own lookup prints the
+# pattern's IR to make its key, a third of a small call's time in Python
+_kernels = {}
 
 
 def _pattern_key(pat):
@@ -51,6 +54,21 @@ def _context_of(t):
     if t.device.type == "cpu":
         return context("cpu")
     raise ValueError(f"kpt: tensors on {t.device} are not supported (cuda or cpu)")
+
+
+def _kernel(q, pat, dv, backward=False):
+    """The kernel of `pat` for q's device, dtype and head dims (cached; libkpt's cache below)."""
+    ctx = _context_of(q)
+    key = (ctx, pat, q.dtype, q.shape[3], dv, backward)
+    with _lock:
+        ker = _kernels.get(key)
+    if ker is None:
+        ker = ctx.kernel(pat, _DTYPES[q.dtype], q.shape[3], dv, backward=backward)
+        with _lock:
+            if len(_kernels) > 256:
+                _kernels.clear()
+            _kernels[key] = ker
+    return ker
 
 
 def _stream(t):
@@ -105,11 +123,11 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str
     scalar_names, aux_names = _names(scalar_names), _names(aux_names)
     _check(q, k, v, (aux_names, aux))
     pat = _resolve(pattern, param_names, param_values)
-    B, Hq, Sq, Dqk = q.shape
+    B, Hq, Sq, _ = q.shape
     o = torch.empty((B, Hq, Sq, v.shape[3]), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     scalars, auxd = dict(zip(scalar_names, scalar_values)), dict(zip(aux_names, aux))
-    ker = _context_of(q).kernel(pat, _DTYPES[q.dtype], Dqk, v.shape[3])
+    ker = _kernel(q, pat, v.shape[3])
     stream = _stream(q)
     bm = _blockmap(ker, q, k, v, o, scalars, auxd, stream)
     ker(q, k, v, o, lse, scale=scale, scalars=scalars, aux=auxd, blockmap=bm, stream=stream,
@@ -154,7 +172,7 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     daux = {n: torch.empty(t.shape, device=q.device, dtype=torch.float32)
             for n, t, want in zip(aux_names, aux, aux_grads) if want}
     scalars, auxd = dict(zip(scalar_names, scalar_values)), dict(zip(aux_names, aux))
-    ker = _context_of(q).kernel(pat, _DTYPES[q.dtype], q.shape[3], v.shape[3], backward=True)
+    ker = _kernel(q, pat, v.shape[3], backward=True)
     stream = _stream(q)
     bm = _blockmap(ker, q, k, v, o, scalars, auxd, stream)
     sk = _sinks(sinks, q)
