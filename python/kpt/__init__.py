@@ -72,6 +72,25 @@ def get_pattern(spec: Union[str, Pattern],
     return p
 
 
+_kernels = {}  # (context, pattern, dtype, head dims, kind) -> Kernel
+
+
+def _kernel_of(ctx, pat, dtype, head_dim, head_dim_v=0, backward=False, paged=False):
+    """ctx's kernel of `pat` for a dtype name and head dims, cached here: libkpt's own lookup
+    prints the pattern's IR to make its key, a third of a small call's time in Python. A key
+    holds the pattern itself, so no later pattern takes its place."""
+    key = (ctx, pat, dtype, head_dim, head_dim_v, backward, paged)
+    with _lock:
+        ker = _kernels.get(key)
+    if ker is None:
+        ker = ctx.kernel(pat, dtype, head_dim, head_dim_v, backward=backward, paged=paged)
+        with _lock:
+            if len(_kernels) > 256:
+                _kernels.clear()
+            _kernels[key] = ker
+    return ker
+
+
 def context(backend: str = "auto", device: int = 0) -> Context:
     """The shared context of a backend and device (created once; kernels cached in it and on
     disk). backend: "cuda", "cpu", "hip", "vulkan" or "auto"."""
@@ -193,9 +212,6 @@ def attention(q: Any, k: Any, v: Any, pattern: Union[str, Pattern] = "full", *,
 
 # ---- serving: ragged batches over a paged KV cache --------------------------------------------
 
-_paged_kernels = {}
-
-
 def _dtype_name(x):
     if _is_torch(x):
         return view(x).dtype
@@ -210,14 +226,8 @@ def paged_plan(pattern: Union[str, Pattern], dtype: str, head_dim: int, num_head
     cu_seqlens_q [B + 1], kv_lens [B]) or for bounds (batch, max_q, max_kv). Pass it to
     paged_attention to run without host synchronisation (for CUDA graphs, with a workspace of
     plan.workspace_bytes). Returns the plan; plan.kernel is its kernel."""
-    pat = get_pattern(pattern, params)
-    key = (backend, id(pat), dtype, head_dim)
-    ctx = context(backend)  # takes _lock itself
-    with _lock:
-        ker = _paged_kernels.get(key)
-        if ker is None:
-            ker = ctx.kernel(pat, dtype, head_dim, paged=True)
-            _paged_kernels[key] = ker
+    ker = _kernel_of(context(backend), get_pattern(pattern, params), dtype, head_dim,
+                     paged=True)
     cu = [int(x) for x in cu_seqlens_q] if cu_seqlens_q is not None else None
     kv = [int(x) for x in kv_lens] if kv_lens is not None else None
     plan = ker.paged_plan(num_heads_q, num_heads_kv, cu_seqlens_q=cu, kv_lens=kv,

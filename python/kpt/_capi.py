@@ -306,11 +306,10 @@ class _ArgsHolder:
     def __init__(self, q, k, v, o, lse, scale, scalars, aux, sinks=None):
         if not scalars and not aux:  # the common call, in one step
             f = _tensor_fields
-            self.names = self.scalars = self.aux = None
+            self.scalars = self.aux = None
             self.args = _Args.from_buffer_copy(_ARGS_BYTES.pack(
                 *f(q), *f(k), *f(v), *f(o), *f(lse), float(scale), 0, 0, 0, 0, *f(sinks)))
             return
-        self.names = [n.encode() for n in list(scalars) + list(aux)]
         self.scalars = (_ScalarValue * max(1, len(scalars)))(
             *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
         self.aux = (_AuxTensor * max(1, len(aux)))(
@@ -556,10 +555,8 @@ class Kernel:
             a = _PagedArgs.from_buffer_copy(_PAGED_BYTES.pack(
                 *f(q), *f(o), *f(lse), *f(k), *f(v), *f(page_table), *f(cu_seqlens_q),
                 *f(kv_lens), *f(sinks), float(scale), 0, 0, 0, 0))
-            names = None
-        else:
+        else:  # ctypes keeps the names' bytes and the arrays alive with the structure
             scalars, aux = scalars or {}, aux or {}
-            names = [n.encode() for n in list(scalars) + list(aux)]
             sv = (_ScalarValue * max(1, len(scalars)))(
                 *[_ScalarValue(n.encode(), float(x)) for n, x in scalars.items()])
             av = (_AuxTensor * max(1, len(aux)))(
@@ -572,7 +569,6 @@ class Kernel:
         diag = _Diag()
         _check(library().kpt_paged_run(self._handle("paged"), plan._plan, a, ws, nbytes, stream,
                                        diag), diag, "paged")
-        del names
         return o
 
     def blockmap(self, q, k, v, o, scalars=None, aux=None, stream=None):

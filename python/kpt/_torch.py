@@ -16,16 +16,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import _capi, context, get_pattern
+from . import _capi, _kernel_of, context, get_pattern
 from . import _check_shapes
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 _lock = threading.Lock()
 _named_patterns = {}  # "kpt.Pattern#N" -> Pattern, for Pattern objects given to kpt.attention
 _blockmaps = {}
-# (context, pattern, dtype, head dims, backward) -> Kernel: libkpt's own lookup prints the
-# pattern's IR to make its key, a third of a small call's time in Python
-_kernels = {}
 
 
 def _pattern_key(pat):
@@ -57,18 +54,8 @@ def _context_of(t):
 
 
 def _kernel(q, pat, dv, backward=False):
-    """The kernel of `pat` for q's device, dtype and head dims (cached; libkpt's cache below)."""
-    ctx = _context_of(q)
-    key = (ctx, pat, q.dtype, q.shape[3], dv, backward)
-    with _lock:
-        ker = _kernels.get(key)
-    if ker is None:
-        ker = ctx.kernel(pat, _DTYPES[q.dtype], q.shape[3], dv, backward=backward)
-        with _lock:
-            if len(_kernels) > 256:
-                _kernels.clear()
-            _kernels[key] = ker
-    return ker
+    """The kernel of `pat` for q's device, dtype and head dims."""
+    return _kernel_of(_context_of(q), pat, _DTYPES[q.dtype], q.shape[3], dv, backward=backward)
 
 
 def _stream(t):
