@@ -88,6 +88,50 @@ static kpt_buffer *upload(const void *src, size_t n)
     return b;
 }
 
+/* Random bytes into a fresh workspace: runs must not depend on what it held (CUDA's splits count
+ * their arrivals in it, templates/cuda/paged.cu kpt_pg_arrive). */
+static kpt_status garble(kpt_buffer *ws, size_t n, kpt_diag *d)
+{
+    unsigned char *g = malloc(n);
+    if (!g) {
+        snprintf(d->message, sizeof(d->message), "out of memory");
+        return KPT_ERR_NO_MEMORY;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        g[i] = (unsigned char)(x >> 56);
+    }
+    kpt_status st = kpt_buffer_write(ws, 0, g, n, d);
+    free(g);
+    return st;
+}
+
+/* A split run again, outputs poisoned, over the workspace the first run left: the same bits as
+ * the first's o and lse (what a CUDA graph's replays do). */
+static bool same_again(kpt_kernel *k, const kpt_paged_plan *plan, const kpt_paged_args *da,
+                       kpt_buffer *ws, kpt_buffer *dout, kpt_buffer *dl, const void *o,
+                       const void *lse, size_t obytes, size_t lbytes, int poison)
+{
+    unsigned char *o2 = malloc(obytes), *l2 = malloc(lbytes);
+    bool same = o2 && l2;
+    if (same) {
+        memset(o2, poison, obytes);
+        memset(l2, poison, lbytes);
+        same = !kpt_buffer_write(dout, 0, o2, obytes, NULL) &&
+               !kpt_buffer_write(dl, 0, l2, lbytes, NULL) &&
+               !kpt_paged_run(k, plan, da, ws ? kpt_buffer_data(ws) : NULL,
+                              ws ? plan->workspace_bytes : 0, NULL, NULL) &&
+               !kpt_context_synchronize(ctx, NULL) &&
+               !kpt_buffer_read(dout, 0, o2, obytes, NULL) &&
+               !kpt_buffer_read(dl, 0, l2, lbytes, NULL) && !memcmp(o, o2, obytes) &&
+               !memcmp(lse, l2, lbytes);
+    }
+    free(o2);
+    free(l2);
+    return same;
+}
+
 static int naux_of(const kpt_pattern *p, const kpt_paged_batch *pb, void *docs,
                    kpt_aux_tensor *aux)
 {
@@ -231,7 +275,8 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
     }
     res->splits = ok ? plan.splits : 0;
     if (ok && plan.workspace_bytes && c->bounds != 3 &&
-        kpt_buffer_create(ctx, plan.workspace_bytes, &ws, &d)) {
+        (kpt_buffer_create(ctx, plan.workspace_bytes, &ws, &d) ||
+         garble(ws, plan.workspace_bytes, &d))) {
         snprintf(res->why, sizeof(res->why), "workspace: %.150s", d.message);
         ok = false;
     }
@@ -254,6 +299,12 @@ static bool run_case(const pcase *c, uint64_t seed, outcome *res)
             kpt_context_synchronize(ctx, &d) || kpt_buffer_read(dout, 0, o, obytes, &d) ||
             kpt_buffer_read(dl, 0, lse, orows * 4, &d)) {
             snprintf(res->why, sizeof(res->why), "run: %.150s", d.message);
+            ok = false;
+        }
+        if (ok && plan.splits > 1 &&
+            !same_again(k, &plan, &da, ws, dout, dl, o, lse, obytes, orows * 4, poison)) {
+            snprintf(res->why, sizeof(res->why),
+                     "a second run (over the workspace the first left) differs from the first");
             ok = false;
         }
         if (ok && repeat)
