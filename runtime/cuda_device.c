@@ -178,6 +178,10 @@ static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
         if (st)
             return st;
     }
+    /* clusters of more than 8 CTAs are "non-portable": allowed per function */
+    k->paged_cluster = k->plan.cfg.wgmma && k->dev->cu->LaunchKernelEx &&
+                       !k->dev->cu->FuncSetAttribute(k->paged[0], KPT_CU_FUNC_NON_PORTABLE_CLUSTER,
+                                                     1);
     CUresult r = k->dev->cu->ModuleGetFunction(&k->paged_combine, k->module,
                                                KPT_CUDA_PAGED_COMBINE_ENTRY);
     return r ? kpt_cu_fail(diag, KPT_CUDA_PAGED_COMBINE_ENTRY, r) : KPT_OK;
@@ -648,6 +652,28 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
                               diag);
 }
 
+/* Whether a split run of the 16-row kernel (fi 0) launches each block's splits as one thread
+ * block cluster that combines their results in distributed shared memory (templates/cuda/
+ * paged.cu, kpt_pg_cluster_combine) instead of a combine launch. Pairs only, in one wave: a
+ * cluster's CTAs start together on one GPC, and larger clusters in a full wave lost more to that
+ * than the combine launch costs. H200, bf16, D = 128, 32:8, us a run in CUDA graphs, combine
+ * launch / cluster: 8 x 1 x 4k in 2 splits 39.7 / 38.0 (page 16: 40.6 / 38.3), 8 x 4 x 4k 41.3
+ * / 40.0; 4 x 1 x 8k in 4 splits 39.8 / 40.9; 2 x 4 x 16k in 8 splits 41.1 / 43.8; 1 x 1 x 4k
+ * in 16 splits 10.3 / 11.3 (docs/BENCHMARKS.md, "Serving: the combine in a cluster").
+ * KPT_CUDA_CLUSTER in the environment: 0 never, 1 wherever the kernel allows it (2 to 16
+ * splits, any grid: the tests' way to run the cluster combine everywhere). */
+#define KPT_CLUSTER_MAX_SPLITS 2
+static bool cluster_combine(const kpt_cuda_kernel *k, const kpt_paged_plan *plan, int fi)
+{
+    const char *e = getenv("KPT_CUDA_CLUSTER");
+    if (!k->paged_cluster || fi != 0 || plan->splits < 2 || plan->splits > 16 ||
+        (e && !strcmp(e, "0")))
+        return false;
+    if (e && !strcmp(e, "1"))
+        return true;
+    return plan->splits <= KPT_CLUSTER_MAX_SPLITS && kpt_paged_one_per_sm(plan, k->dev->sm_count);
+}
+
 kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
                           const kpt_paged_args *args, CUdeviceptr workspace,
                           CUstream stream, kpt_diag *diag)
@@ -710,10 +736,23 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
     pa.stages = deep ? k->plan.stages_deep : k->plan.stages;
     const size_t smem = deep ? k->plan.deep_smem_bytes : k->plan.smem_bytes;
     void *params[] = {&a, &pa};
-    CUresult r = cu->LaunchKernel(f, (unsigned)(blocks * plan->splits), (unsigned)a.Hkv, 1,
-                                  (unsigned)(k->plan.warps * 32), 1, 1, (unsigned)smem, stream,
-                                  params, NULL);
-    if (!r && plan->splits > 1)
+    const unsigned grid_x = (unsigned)(blocks * plan->splits), threads = k->plan.warps * 32u;
+    CUresult r = 1;
+    if (cluster_combine(k, plan, fi)) {
+        pa.cluster = 1;
+        kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_CLUSTER_DIM,
+                                   .value.dim = {(unsigned)plan->splits, 1, 1}};
+        kpt_cu_launch_config cfg = {.grid = {grid_x, (unsigned)a.Hkv, 1},
+                                    .block = {threads, 1, 1}, .shared_bytes = (unsigned)smem,
+                                    .stream = stream, .attrs = &attr, .num_attrs = 1};
+        r = cu->LaunchKernelEx(&cfg, f, params, NULL);
+        /* refused (no room for such a cluster): the combine launch instead */
+        pa.cluster = r == 0;
+    }
+    if (!pa.cluster)
+        r = cu->LaunchKernel(f, grid_x, (unsigned)a.Hkv, 1, threads, 1, 1, (unsigned)smem, stream,
+                             params, NULL);
+    if (!r && plan->splits > 1 && !pa.cluster)
         r = launch_dependent(k, k->paged_combine,
                              (const unsigned[3]){(unsigned)combine_ctas, (unsigned)a.Hkv, 1}, 128,
                              0, stream, params);

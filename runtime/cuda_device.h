@@ -40,6 +40,7 @@ typedef struct kpt_cuda_kernel {
     CUfunction bwd_dkdv_aux; /* plan.aux_grads: kpt_bwd_dkdv with the aux gradients' terms */
     CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
+    bool paged_cluster; /* paged[0] launches in clusters of up to 16 (cluster_combine) */
     /* the serving combine and the backward's dQ are programmatic dependent launches
      * (cuda_device.c, want_pdl) */
     bool pdl;

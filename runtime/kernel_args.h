@@ -89,9 +89,11 @@ typedef struct kpt_kernel_pargs {
     int32_t T, splits, q_blocks, q_per_block, rows, paged;
     int32_t stages; /* the ring's depth: plan.stages or plan.stages_deep (kpt_cuda_paged) */
     int32_t packed; /* blocks follow cu_q (a packed plan); q_blocks is then the launch's */
+    int32_t cluster; /* a block's splits are a thread block cluster and combine there */
+    int32_t reserved;
 } kpt_kernel_pargs;
 
-_Static_assert(sizeof(kpt_kernel_pargs) == 112, "kpt_kernel_pargs layout");
+_Static_assert(sizeof(kpt_kernel_pargs) == 120, "kpt_kernel_pargs layout");
 
 /* Validates `a` against the pattern and plan of a kernel (dtypes, head dims, strides, alignment,
  * sizes; `backend` names the backend in messages) and fills `out`; out->blockmap stays 0. */

@@ -26,6 +26,8 @@ enum {
     KPT_CU_ATTR_SMEM_OPTIN = 97,        /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     KPT_CU_FUNC_MAX_DYNAMIC_SMEM = 8,   /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
     KPT_CU_LAUNCH_PROGRAMMATIC = 6,     /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
+    KPT_CU_LAUNCH_CLUSTER_DIM = 4,      /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION */
+    KPT_CU_FUNC_NON_PORTABLE_CLUSTER = 14, /* CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
 };
 
 /* CUlaunchAttribute and CUlaunchConfig (cuLaunchKernelEx): the value is a 64-byte union whose
@@ -36,6 +38,7 @@ typedef struct kpt_cu_launch_attr {
     union {
         char bytes[64];
         int i;
+        unsigned dim[3]; /* clusterDim */
         void *align;
     } value;
 } kpt_cu_launch_attr;

@@ -26,8 +26,10 @@ struct kpt_pargs {
     int paged;                  // 0: no page table, sequence b's keys are the cache's row b
     int stages;                 // the ring's depth this launch: KPT_STAGES or plan.stages_deep
     int packed;                 // blocks follow cu_q (kpt_pg_seq_of); q_blocks: the launch's
+    int cluster;                // a block's splits are a cluster and combine there (KPT_PG_CLUSTER)
+    int reserved;
 };
-static_assert(sizeof(kpt_pargs) == 112, "kpt_pargs layout");
+static_assert(sizeof(kpt_pargs) == 120, "kpt_pargs layout");
 
 #define KPT_PG_ROWS 64 // rows of a CTA at most (and of each partial result in the workspace)
 #define KPT_PG_NAN __int_as_float(0x7fc00000)
@@ -521,6 +523,108 @@ __device__ __forceinline__ void kpt_cp_wait_n(int n)
         kpt_cp_wait<0>();
 }
 
+// The combine inside a cluster (P.cluster: sm_90, the 16-row kernel, 2 to 16 splits; the
+// runtime takes it for pairs in one wave: runtime/cuda_device.c, cluster_combine): a block's
+// splits are the CTAs of one thread block cluster, each leaves its merged partial result in its
+// own shared memory (where Q was: rows x Dv floats, then the rows' LSEs in log2 units), and
+// after a cluster barrier every CTA merges its share of the block's output columns from all of
+// them through distributed shared memory, then waits at a second barrier until the others have
+// read its own. No workspace and no second launch, whose start behind the attention's end costs
+// 2-3 us a run (H200, one decoding token a sequence); having the last split to arrive combine
+// from the workspace instead (a fence, an atomic and the loads from L2 on the path) cost more
+// (1 x 1 x 4k 10.3 -> 11.7 us; branch exp/fused-combine).
+#define KPT_PG_CLUSTER KPT_WGMMA
+#define KPT_PG_CL_ROWS 16 // rows of a cluster's block at most (the 16-row kernel)
+#if KPT_PG_CLUSTER
+static_assert((KPT_PG_CL_ROWS * KPT_DV + KPT_PG_CL_ROWS) * 4 <= KPT_PG_Q_BYTES,
+              "a split's partial result fits where Q was");
+__device__ __forceinline__ void kpt_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The address in the shared memory of cluster CTA `rank` of this CTA's shared address a.
+__device__ __forceinline__ u32 kpt_cluster_map(u32 a, int rank)
+{
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ float kpt_cluster_ld(u32 a)
+{
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float4 kpt_cluster_ld4(u32 a)
+{
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
+// Every thread of the cluster calls it once the CTA's partial result is at `cl` (this CTA's
+// shared address: KPT_PG_CL_ROWS rows of Dv floats, then their LSEs). The output's columns of
+// four go round the splits (element e to split e % splits) so that each SM reads a share.
+__device__ __forceinline__ void kpt_pg_cluster_combine(const kpt_args &A, const kpt_pargs &P,
+                                                       const kpt_pg_work &w,
+                                                       const kpt_pg_row *rows, u32 cl)
+{
+    kpt_cluster_sync(); // every split's partial result is in its shared memory
+    constexpr int CH = KPT_DV / 4;
+    const int S = P.splits, n = w.n_tok * A.group * CH;
+    const u32 lse_at = cl + KPT_PG_CL_ROWS * KPT_DV * 4;
+    for (int e = w.split + S * (int)threadIdx.x; e < n; e += S * KPT_THREADS) {
+        const int r = e / CH, d0 = e % CH * 4;
+        const kpt_pg_row x = rows[r];
+        if (x.t < 0)
+            continue;
+        float M = P.sinks ? kpt_pg_sink2(P, x.h) : KPT_NINF;
+        float L = M == KPT_NINF ? 0.0f : 1.0f, acc[4] = {};
+        for (int s0 = 0; s0 < S; s0 += 16) {
+            float lse[16];
+            float4 o[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) { // every load in flight before the first use
+                const bool in = s0 + j < S;
+                lse[j] = in ? kpt_cluster_ld(kpt_cluster_map(lse_at + r * 4, s0 + j)) : KPT_NINF;
+                o[j] = in ? kpt_cluster_ld4(kpt_cluster_map(cl + (r * KPT_DV + d0) * 4, s0 + j))
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            float Mn = M;
+#pragma unroll
+            for (int j = 0; j < 16; j++) Mn = fmaxf(Mn, lse[j]);
+            const float Mu = Mn == KPT_NINF ? 0.0f : Mn, c = kpt_ex2(M - Mu);
+            L *= c;
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] *= c;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const float p = kpt_ex2(lse[j] - Mu);
+                L += p;
+                if (p > 0.0f) { // an empty split has weight 0 and O 0; never 0 * NaN
+                    acc[0] += p * o[j].x;
+                    acc[1] += p * o[j].y;
+                    acc[2] += p * o[j].z;
+                    acc[3] += p * o[j].w;
+                }
+            }
+            M = Mn;
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) kpt_pg_store(A, x.t, x.h, d0 + i, acc[i] * inv);
+        if (d0 == 0)
+            kpt_pg_store(A, x.t, x.h, -1, L > 0.0f ? (M + __log2f(L)) * KPT_LN2 : KPT_NINF);
+    }
+    kpt_cluster_sync(); // the others have read this CTA's shared memory
+}
+#endif
+
 template <int WR>
 __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
 {
@@ -929,6 +1033,22 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
         for (int s = 0; s < WK; s++) a[s] *= inv;
+#if KPT_PG_CLUSTER
+        if constexpr (WR == 1) {
+            if (P.cluster) { // this split's result where Q was (kpt_pg_cluster_combine)
+                float *cl = (float *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
+                if (lane == 0)
+                    cl[KPT_PG_CL_ROWS * KPT_DV + r] = L > 0.0f ? M + __log2f(L) : KPT_NINF;
+                for (int d = lane; d < KPT_DV; d += 32) {
+                    float o = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * KPT_DV + d];
+                    cl[r * KPT_DV + d] = o;
+                }
+                continue;
+            }
+        }
+#endif
         kpt_pg_finish_row(A, P, w, r, x, M, L, [&](int d) {
             float o = 0.0f;
 #pragma unroll
@@ -936,6 +1056,11 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             return o;
         });
     }
+#if KPT_PG_CLUSTER
+    if constexpr (WR == 1)
+        if (P.cluster)
+            kpt_pg_cluster_combine(A, P, w, s_rows, sQ);
+#endif
 }
 
 // Up to head dim 128 the kernels say one CTA an SM is enough, which frees ptxas's register

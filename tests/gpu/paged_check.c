@@ -6,7 +6,8 @@
  * shorter lengths, one made for 50 times the longest kv length (most parts of the split empty)
  * run without a workspace, one made for fewer queries than a sequence has (the rows past what
  * it covers must be NaN, never wrong), and O with padded rows (unaligned for vector stores; the
- * pads must stay unwritten).
+ * pads must stay unwritten). Workspaces start as random bytes, and each split case runs a second
+ * time over the workspace the first left: its o and lse must repeat bit for bit.
  *
  *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N] [--repeat N]
  *
@@ -88,8 +89,8 @@ static kpt_buffer *upload(const void *src, size_t n)
     return b;
 }
 
-/* Random bytes into a fresh workspace: runs must not depend on what it held (CUDA's splits count
- * their arrivals in it, templates/cuda/paged.cu kpt_pg_arrive). */
+/* Random bytes into a fresh workspace: a run must not depend on what it held (a kernel that kept
+ * state there between runs, or read a partial result no split wrote, shows here). */
 static kpt_status garble(kpt_buffer *ws, size_t n, kpt_diag *d)
 {
     unsigned char *g = malloc(n);
@@ -108,7 +109,7 @@ static kpt_status garble(kpt_buffer *ws, size_t n, kpt_diag *d)
 }
 
 /* A split run again, outputs poisoned, over the workspace the first run left: the same bits as
- * the first's o and lse (what a CUDA graph's replays do). */
+ * the first's o and lse (what a CUDA graph's replays do: the combine's order is fixed). */
 static bool same_again(kpt_kernel *k, const kpt_paged_plan *plan, const kpt_paged_args *da,
                        kpt_buffer *ws, kpt_buffer *dout, kpt_buffer *dl, const void *o,
                        const void *lse, size_t obytes, size_t lbytes, int poison)

@@ -80,6 +80,11 @@ tail -3 "$OUT/backward_check.log"
 # serving reference (docs/serving.md)
 "$(dirname "$CHECK")/paged_check" >"$OUT/paged_check.log" 2>&1 || status=1
 grep -E "FAIL|passed" "$OUT/paged_check.log"
+# and with every split of the 16-row kernel combined in a thread block cluster (sm_90), which the
+# runtime takes for pairs only (runtime/cuda_device.c, cluster_combine)
+KPT_CUDA_CLUSTER=1 "$(dirname "$CHECK")/paged_check" --quick >"$OUT/paged_check_cluster.log" 2>&1 ||
+    status=1
+grep -E "FAIL|passed" "$OUT/paged_check_cluster.log"
 # the embedding example (a Lua script when Lua is built in, else a pattern string)
 EMBED="$(dirname "$CHECK")/../../examples/kpt-embedding"
 if [ -x "$EMBED" ]; then
@@ -116,6 +121,10 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool $tool --error-exitcode 3 "$(dirname "$CHECK")/paged_check" \
             --quick --filter "page 16" >"$OUT/sanitizer-paged-$tool.log" 2>&1 || status=1
         echo "compute-sanitizer $tool (serving): $(tail -1 "$OUT/sanitizer-paged-$tool.log")"
+        KPT_CUDA_CLUSTER=1 compute-sanitizer --tool $tool --error-exitcode 3 \
+            "$(dirname "$CHECK")/paged_check" --quick --filter "q0 1 kv0" \
+            >"$OUT/sanitizer-cluster-$tool.log" 2>&1 || status=1
+        echo "compute-sanitizer $tool (cluster combine): $(tail -1 "$OUT/sanitizer-cluster-$tool.log")"
     done
     # synccheck on the sm_90a forward's barriers, many items a CTA (the turns that run on across
     # items, the two slots of live tiles)
