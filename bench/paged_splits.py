@@ -3,11 +3,20 @@ overwritten (its workspace resized as libkpt sizes it: runtime/paged_args.c,
 kpt_paged_workspace_bytes), each count's output checked against the plan's own run, then every
 count timed in replayed CUDA graphs (bench_paged.graph_times: sustained, no host in the way).
 The batches: bench_paged.py's uniform ones (B sequences of Sq tokens over Skv keys, `full`) and
-bench_mixed.py's mixed ones (`causal`, bottom-right), bf16, pages of 16.
+bench_mixed.py's mixed ones (`causal`, bottom-right), bf16, pages of 16 (--page 0: the uniform
+batches on a contiguous cache).
 
     python3 bench/paged_splits.py --lib build/libkpt.so [--counts 1,2,4,8] [--out FILE.json]
 
-Prints a line a batch: microseconds a call for each count, `*` on the plan's own, and the best.
+--env NAME=V1,V2 times every count under each value of an environment variable that libkpt
+reads at each launch ("-": unset), in the same graphs' rounds; e.g. the combine launch against
+the cluster combine (docs/serving.md) at every split count of the one-token batches:
+
+    python3 bench/paged_splits.py --lib L --page 0 --env KPT_CUDA_CLUSTER=0,1 --counts 2,4,8,16 \
+        --only "1,1,4096;8,1,4096" --seeds ""
+
+Prints a line a batch: microseconds a call for each count (count/value with --env), `*` on the
+plan's own count, and the best.
 """
 import argparse
 import json
@@ -34,37 +43,59 @@ def workspace_bytes(plan, splits, dv):
     return ((slots * dv * 4 + 255) & ~255) + slots * 4
 
 
-def sweep(name, plan, run, dv, counts):
-    """Times of run() under `plan` split each of `counts` ways (and its own count); returns
-    {count: us or None} and the count the plan chose. run(workspace) returns the output."""
+def set_env(env, value):
+    """Sets (value "-": unsets) environment variable `env`; nothing where env is None."""
+    if env is None:
+        return
+    if value == "-":
+        os.environ.pop(env, None)
+    else:
+        os.environ[env] = value
+
+
+def sweep(name, plan, run, dv, counts, env=None, values=("-",)):
+    """Times of run() under `plan` split each of `counts` ways (and its own count), each under
+    every value of environment variable `env` (when given); returns {label: us or None}, labels
+    the count or "count/value", and the count the plan chose. run(workspace) returns the
+    output."""
     own = plan.splits
 
     def split(s):
         plan._plan.splits = s
         plan._plan.workspace_bytes = workspace_bytes(plan, s, dv)
+    set_env(env, values[0])
     ref = run(torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")).clone()
     fns = {}
     for s in sorted(set(counts) | {own}):
         split(s)
         ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
-        err = bp.agree(run(ws), ref)
-        if not err < 2e-2:  # bf16 sums in another order; NaN fails too
-            print(f"{name}: {s} splits disagree with the plan's own run ({err:.1e})", flush=True)
-            continue
-        # libkpt reads the plan at the call, so each count's graph holds its own split
-        fns[s] = lambda s=s, ws=ws: (split(s), run(ws))
+        for v in values:
+            label = f"{s}/{v}" if env else s
+            set_env(env, v)
+            err = bp.agree(run(ws), ref)
+            if not err < 2e-2:  # bf16 sums in another order; NaN fails too
+                print(f"{name}: {label} disagrees with the plan's own run ({err:.1e})",
+                      flush=True)
+                continue
+            # libkpt reads the plan and the variable at the call, so each graph holds its own
+            fns[label] = lambda s=s, v=v, ws=ws: (set_env(env, v), split(s), run(ws))
     times = bp.graph_times(fns, calls=5)
     split(own)
+    set_env(env, "-")
     return {s: (t * 1e3 if t else None) for s, t in times.items()}, own
 
 
 def report(name, times, own, out):
     ok = {s: t for s, t in times.items() if t}
     best = min(ok, key=ok.get) if ok else None
+    mine = [t for s, t in ok.items() if str(s).split("/")[0] == str(own)]
+
+    def mark(s):
+        return "*" if str(s).split("/")[0] == str(own) else ""
     print(f"{name:>34} | " + "  ".join(
-        f"{s}{'*' if s == own else ''}:{t:.0f}" if t else f"{s}:n/a" for s, t in times.items())
-        + (f" | best {best}: {ok[best]:.0f} us, the plan's {own}: {ok.get(own, float('nan')):.0f}"
-           if best else ""), flush=True)
+        f"{s}{mark(s)}:{t:.1f}" if t else f"{s}:n/a" for s, t in times.items())
+        + (f" | best {best}: {ok[best]:.1f} us, the plan's {own}: {min(mine):.1f}"
+           if best and mine else ""), flush=True)
     out.append({"batch": name, "plan_splits": own, "us": {str(s): t for s, t in times.items()}})
 
 
@@ -73,29 +104,43 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--counts", default="1,2,3,4,6,8,12,16,24,32",
                     help="split counts to try beside the plan's (comma list)")
-    ap.add_argument("--seeds", default="1,2", help="bench_mixed.py's seeds for its batches")
+    ap.add_argument("--seeds", default="1,2",
+                    help="bench_mixed.py's seeds for its batches (empty: no mixed batches)")
+    ap.add_argument("--page", type=int, default=16,
+                    help="the uniform batches' page size (0: a contiguous cache)")
+    ap.add_argument("--only", help="the uniform batches B,Sq,Skv to run, e.g. 1,1,4096;8,1,4096")
+    ap.add_argument("--env", help="NAME=V1,V2: every count under each value (-: unset)")
     ap.add_argument("--out")
     args = ap.parse_args()
     counts = [int(x) for x in args.counts.split(",")]
+    env, values = None, ("-",)
+    if args.env:
+        env, _, vals = args.env.partition("=")
+        values = tuple(vals.split(",")) if vals else ("-",)
+    uniform = UNIFORM
+    if args.only:
+        uniform = [tuple(int(x) for x in c.split(",")) for c in args.only.split(";")]
     capi = bp.load_kpt(args.lib)
     ctx = capi.Context("cuda")
     D, HQ, HKV, PAGE = 128, 32, 8, 16
-    out = {"device": torch.cuda.get_device_name(), "rows": []}
-    print(f"device: {out['device']}; bf16, D = {D}, {HQ}:{HKV}, page {PAGE}; us a call "
-          "(CUDA graphs of 5 calls)", flush=True)
+    out = {"device": torch.cuda.get_device_name(), "env": args.env, "page": args.page,
+           "rows": []}
+    print(f"device: {out['device']}; bf16, D = {D}, {HQ}:{HKV}, uniform batches page "
+          f"{args.page}, mixed page {PAGE}; us a call (CUDA graphs of 5 calls)"
+          + (f"; count/{env}" if env else ""), flush=True)
     full = ctx.kernel(capi.Pattern("full"), "bf16", D, paged=True)
-    for B, Sq, Skv in UNIFORM:
-        c = bp.Case(capi, ctx, full, B, Sq, Skv, page=PAGE)
+    for B, Sq, Skv in uniform:
+        c = bp.Case(capi, ctx, full, B, Sq, Skv, page=args.page)
 
         def run(ws, c=c):
             c.ws = ws
             return c.kpt()
-        times, own = sweep(f"{B} x {Sq} x {Skv}", c.plan, run, D, counts)
+        times, own = sweep(f"{B} x {Sq} x {Skv}", c.plan, run, D, counts, env, values)
         report(f"full {B} x {Sq} x {Skv}", times, own, out["rows"])
         del c
         torch.cuda.empty_cache()
     causal = ctx.kernel(capi.Pattern("causal"), "bf16", D, paged=True)
-    for seed in (int(x) for x in args.seeds.split(",")):
+    for seed in (int(x) for x in args.seeds.split(",") if x):
         rng = random.Random(seed)  # drawn in bench_mixed.py's order, for the same lengths
         for name in bm.CASES:
             m = bm.Mixed(capi, causal, bm.case_lengths(name, rng), HQ, HKV, D, PAGE)
@@ -104,7 +149,7 @@ def main():
             def run(ws, m=m, T=T):
                 m.ws = ws
                 return m.kpt(True)[:T]
-            times, own = sweep(name, m.plan, run, D, counts)
+            times, own = sweep(name, m.plan, run, D, counts, env, values)
             report(f"{name} (seed {seed})", times, own, out["rows"])
             m = None
             torch.cuda.empty_cache()
