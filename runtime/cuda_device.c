@@ -152,6 +152,17 @@ static bool want_pdl(const kpt_cuda_kernel *k)
            !(e && !strcmp(e, "0"));
 }
 
+/* Launches f with one launch attribute (cuLaunchKernelEx). */
+static CUresult launch_with(const kpt_cu_api *cu, CUfunction f, const unsigned grid[3],
+                           unsigned threads, unsigned smem, CUstream stream, void **params,
+                           kpt_cu_launch_attr attr)
+{
+    kpt_cu_launch_config cfg = {.grid = {grid[0], grid[1], grid[2]}, .block = {threads, 1, 1},
+                                .shared_bytes = smem, .stream = stream, .attrs = &attr,
+                                .num_attrs = 1};
+    return cu->LaunchKernelEx(&cfg, f, params, NULL);
+}
+
 /* Launches f after the stream's last kernel, as its programmatic dependent where k->pdl. */
 static CUresult launch_dependent(const kpt_cuda_kernel *k, CUfunction f, const unsigned grid[3],
                                  unsigned threads, unsigned smem, CUstream stream, void **params)
@@ -160,11 +171,8 @@ static CUresult launch_dependent(const kpt_cuda_kernel *k, CUfunction f, const u
     if (!k->pdl)
         return cu->LaunchKernel(f, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params,
                                 NULL);
-    kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1};
-    kpt_cu_launch_config cfg = {.grid = {grid[0], grid[1], grid[2]}, .block = {threads, 1, 1},
-                                .shared_bytes = smem, .stream = stream, .attrs = &attr,
-                                .num_attrs = 1};
-    return cu->LaunchKernelEx(&cfg, f, params, NULL);
+    return launch_with(cu, f, grid, threads, smem, stream, params,
+                       (kpt_cu_launch_attr){.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1});
 }
 
 static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
@@ -663,10 +671,11 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
  * KPT_CUDA_CLUSTER in the environment: 0 never, 1 wherever the kernel allows it (2 to 16
  * splits, any grid: the tests' way to run the cluster combine everywhere). */
 #define KPT_CLUSTER_MAX_SPLITS 2
+#define KPT_CLUSTER_MAX_CTAS 16 /* the largest cluster (non-portable) */
 static bool cluster_combine(const kpt_cuda_kernel *k, const kpt_paged_plan *plan, int fi)
 {
     const char *e = getenv("KPT_CUDA_CLUSTER");
-    if (!k->paged_cluster || fi != 0 || plan->splits < 2 || plan->splits > 16 ||
+    if (!k->paged_cluster || fi != 0 || plan->splits < 2 || plan->splits > KPT_CLUSTER_MAX_CTAS ||
         (e && !strcmp(e, "0")))
         return false;
     if (e && !strcmp(e, "1"))
@@ -736,21 +745,19 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
     pa.stages = deep ? k->plan.stages_deep : k->plan.stages;
     const size_t smem = deep ? k->plan.deep_smem_bytes : k->plan.smem_bytes;
     void *params[] = {&a, &pa};
-    const unsigned grid_x = (unsigned)(blocks * plan->splits), threads = k->plan.warps * 32u;
+    const unsigned grid[3] = {(unsigned)(blocks * plan->splits), (unsigned)a.Hkv, 1};
+    const unsigned threads = k->plan.warps * 32u;
     CUresult r = 1;
     if (cluster_combine(k, plan, fi)) {
         pa.cluster = 1;
-        kpt_cu_launch_attr attr = {.id = KPT_CU_LAUNCH_CLUSTER_DIM,
-                                   .value.dim = {(unsigned)plan->splits, 1, 1}};
-        kpt_cu_launch_config cfg = {.grid = {grid_x, (unsigned)a.Hkv, 1},
-                                    .block = {threads, 1, 1}, .shared_bytes = (unsigned)smem,
-                                    .stream = stream, .attrs = &attr, .num_attrs = 1};
-        r = cu->LaunchKernelEx(&cfg, f, params, NULL);
+        r = launch_with(cu, f, grid, threads, (unsigned)smem, stream, params,
+                        (kpt_cu_launch_attr){.id = KPT_CU_LAUNCH_CLUSTER_DIM,
+                                             .value.dim = {(unsigned)plan->splits, 1, 1}});
         /* refused (no room for such a cluster): the combine launch instead */
         pa.cluster = r == 0;
     }
     if (!pa.cluster)
-        r = cu->LaunchKernel(f, grid_x, (unsigned)a.Hkv, 1, threads, 1, 1, (unsigned)smem, stream,
+        r = cu->LaunchKernel(f, grid[0], grid[1], grid[2], threads, 1, 1, (unsigned)smem, stream,
                              params, NULL);
     if (!r && plan->splits > 1 && !pa.cluster)
         r = launch_dependent(k, k->paged_combine,

@@ -355,6 +355,13 @@ __device__ __forceinline__ i64 kpt_pg_slot(const kpt_args &A, const kpt_pargs &P
     return (((i64)w.blk * P.splits + w.split) * A.Hkv + w.hk) * KPT_PG_ROWS + r;
 }
 
+// A finished row's LSE in log2 units from its maximum M and sum L (-inf for a row that kept no
+// key).
+__device__ __forceinline__ float kpt_pg_lse2(float M, float L)
+{
+    return L > 0.0f ? M + __log2f(L) : KPT_NINF;
+}
+
 // One row of the CTA: its head, logical position and row of q and o (t = -1: a padding row).
 struct kpt_pg_row {
     int h, qpos, t;
@@ -383,7 +390,7 @@ __device__ __forceinline__ void kpt_pg_finish_row(const kpt_args &A, const kpt_p
 {
     constexpr int V = KPT_PG_VEC;
     const int lane = threadIdx.x & 31;
-    const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
+    const float lse2 = kpt_pg_lse2(M, L);
     if (P.splits > 1) {
         const i64 slot = kpt_pg_slot(A, P, w, r);
         if (lane == 0) ((float *)P.part_lse)[slot] = lse2;
@@ -442,7 +449,7 @@ __device__ __forceinline__ void kpt_pg_finish_frags(const kpt_args &A, const kpt
         const kpt_pg_row x = rw[rr];
         if (x.t < 0) continue; // a padding row
         const float M = m[rr], inv = L > 0.0f ? 1.0f / L : 0.0f;
-        const float lse2 = L > 0.0f ? M + __log2f(L) : KPT_NINF;
+        const float lse2 = kpt_pg_lse2(M, L);
         const int r = row0 + (lane >> 2) + rr * 8;
         if (P.splits > 1) {
             const i64 slot = kpt_pg_slot(A, P, w, r);
@@ -619,7 +626,7 @@ __device__ __forceinline__ void kpt_pg_cluster_combine(const kpt_args &A, const 
 #pragma unroll
         for (int i = 0; i < 4; i++) kpt_pg_store(A, x.t, x.h, d0 + i, acc[i] * inv);
         if (d0 == 0)
-            kpt_pg_store(A, x.t, x.h, -1, L > 0.0f ? (M + __log2f(L)) * KPT_LN2 : KPT_NINF);
+            kpt_pg_store(A, x.t, x.h, -1, kpt_pg_lse2(M, L) * KPT_LN2);
     }
     kpt_cluster_sync(); // the others have read this CTA's shared memory
 }
@@ -1033,28 +1040,23 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
         for (int s = 0; s < WK; s++) a[s] *= inv;
-#if KPT_PG_CLUSTER
-        if constexpr (WR == 1) {
-            if (P.cluster) { // this split's result where Q was (kpt_pg_cluster_combine)
-                float *cl = (float *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
-                if (lane == 0)
-                    cl[KPT_PG_CL_ROWS * KPT_DV + r] = L > 0.0f ? M + __log2f(L) : KPT_NINF;
-                for (int d = lane; d < KPT_DV; d += 32) {
-                    float o = 0.0f;
-#pragma unroll
-                    for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * KPT_DV + d];
-                    cl[r * KPT_DV + d] = o;
-                }
-                continue;
-            }
-        }
-#endif
-        kpt_pg_finish_row(A, P, w, r, x, M, L, [&](int d) {
+        auto col = [&](int d) { // column d of the row: the slices' O, weighted
             float o = 0.0f;
 #pragma unroll
             for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * KPT_DV + d];
             return o;
-        });
+        };
+#if KPT_PG_CLUSTER
+        if constexpr (WR == 1) {
+            if (P.cluster) { // this split's result where Q was (kpt_pg_cluster_combine)
+                float *cl = (float *)(kpt_smem + (sQ - kpt_smem_addr(kpt_smem)));
+                if (lane == 0) cl[KPT_PG_CL_ROWS * KPT_DV + r] = kpt_pg_lse2(M, L);
+                for (int d = lane; d < KPT_DV; d += 32) cl[r * KPT_DV + d] = col(d);
+                continue;
+            }
+        }
+#endif
+        kpt_pg_finish_row(A, P, w, r, x, M, L, col);
     }
 #if KPT_PG_CLUSTER
     if constexpr (WR == 1)
