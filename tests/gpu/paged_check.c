@@ -9,8 +9,11 @@
  * pads must stay unwritten). Workspaces start as random bytes, and each split case runs a second
  * time over the workspace the first left: its o and lse must repeat bit for bit.
  *
- *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--seed N] [--repeat N]
+ *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--shard K/N] [--seed N]
+ *               [--repeat N]
  *
+ * --shard K/N: only the cases whose index is K modulo N (0 <= K < N), so that N processes
+ * share the matrix (the CPU reference of the long cases dominates a run's time).
  * --repeat N: after a case passes, runs it N times more and prints the median wall time of a
  * run (launch to synchronisation) and the GB/s of K and V read: a rough timing, for backends
  * (Vulkan) that bench/ does not cover.
@@ -574,8 +577,10 @@ int main(int argc, char **argv)
     const char *filter = NULL, *backend = "cuda";
     uint64_t seed = 1;
     bool quick = false;
+    int shard = 0, shards = 1;
     static const struct option opts[] = {{"quick", no_argument, NULL, 'q'},
                                          {"filter", required_argument, NULL, 'f'},
+                                         {"shard", required_argument, NULL, 'k'},
                                          {"seed", required_argument, NULL, 's'},
                                          {"backend", required_argument, NULL, 'b'},
                                          {"repeat", required_argument, NULL, 'r'},
@@ -592,12 +597,15 @@ int main(int argc, char **argv)
             backend = optarg;
         else if (c == 'r')
             repeat = atoi(optarg);
+        else if (c == 'k')
+            bad |= sscanf(optarg, "%d/%d", &shard, &shards) != 2 || shards < 1 || shard < 0 ||
+                   shard >= shards;
         else
             bad = true; /* getopt_long said what was wrong */
     }
     if (bad || optind != argc) {
         fprintf(stderr, "usage: paged_check [--backend cuda|vulkan|cpu] [--quick] "
-                        "[--filter TEXT] [--seed N] [--repeat N]\n");
+                        "[--filter TEXT] [--shard K/N (0 <= K < N)] [--seed N] [--repeat N]\n");
         return 2;
     }
     const bool vulkan = !strcmp(backend, "vulkan");
@@ -639,7 +647,7 @@ int main(int argc, char **argv)
                  : c->bounds == 4 ? " packed-short-plan"
                                   : "",
                  c->o_pad ? " o-padded" : "", sc);
-        if (filter && !strstr(name, filter))
+        if ((filter && !strstr(name, filter)) || i % shards != shard)
             continue;
         outcome res;
         if (run_case(c, seed + (uint64_t)i, &res)) {
@@ -661,7 +669,7 @@ int main(int argc, char **argv)
         }
         fflush(stdout);
     }
-    if (vulkan && !filter && !split) {
+    if (vulkan && !filter && shards == 1 && !split) {
         printf("  FAIL no case split the keys: the combine went unchecked\n");
         fail++;
     }
