@@ -284,7 +284,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--pages", default="16", help="page sizes of the paged variants (comma list)")
     ap.add_argument("--flex", action="store_true", help="FlexAttention too (compiled per shape)")
-    ap.add_argument("--only", help="B,Sq,Skv cases only, e.g. 8,1,32768;8,4,32768")
+    ap.add_argument("--only", help="B,Sq,Skv cases only (any sizes), e.g. 8,1,32768;9,4,32768")
     ap.add_argument("--page-order", choices=["random", "linear"], default="random",
                     help="where the paged variants' pages lie in the cache")
     ap.add_argument("--dim", type=int, default=128, help="head dim (Dqk = Dv)")
@@ -317,72 +317,70 @@ def main():
         from torch.nn.attention.flex_attention import flex_attention
         FLEX.append(torch.compile(flex_attention, dynamic=False))
         peers["flex"] = None
-    only = {tuple(int(x) for x in c.split(",")) for c in args.only.split(";")} if args.only else None
+    only = [tuple(int(x) for x in c.split(",")) for c in args.only.split(";")] if args.only else None
     pages = [int(x) for x in args.pages.split(",")]
     print(f"{'B':>3} {'Sq':>3} {'Skv':>6} | {'kpt':>14} " + " ".join(f"{'kpt p%d' % p:>14}" for p in pages) + " | "
           + " ".join(f"{n:>14}" for n in peers) + " | ratio  frac  (GB/s burst/sustained)")
-    for B in Bs:
-        for Sq in Sqs:
-            for Skv in Skvs:
-                if only and (B, Sq, Skv) not in only:
+    # --only: its cases in its order (any B, Sq and Skv); else the grid
+    cases = only or [(B, Sq, Skv) for B in Bs for Sq in Sqs for Skv in Skvs]
+    for B, Sq, Skv in cases:
+        c = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D)
+        # the paged variant over the same data
+        paged = {}
+        for ps in pages:
+            cp = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D, page=ps,
+                      page_order=args.page_order)
+            cp.q.copy_(c.q)
+            cp.kp[cp.pt.view(-1).long()] = c.kd.view(-1, ps, HKV, D)
+            cp.vp[cp.pt.view(-1).long()] = c.vd.view(-1, ps, HKV, D)
+            paged[f"kpt_p{ps}"] = cp
+        row = {"B": B, "Sq": Sq, "Skv": Skv}
+        ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
+        res, fns = {}, {}
+        fi_case = paged[f"kpt_p{pages[0]}"]
+        setups = [("kpt", lambda: c.kpt)] + \
+            [(n, lambda x=x: x.kpt) for n, x in paged.items()] + \
+            [(n, peer_setup(c, fi_case, fi, b)) for n, b in peers.items()]
+        for name, setup in setups:
+            try:  # a peer's setup may refuse the shape too
+                fn = setup()
+                if fn is None:
                     continue
-                c = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D)
-                # the paged variant over the same data
-                paged = {}
-                for ps in pages:
-                    cp = Case(capi, ctx, kern, B, Sq, Skv, hq=HQ, hkv=HKV, d=D, page=ps,
-                              page_order=args.page_order)
-                    cp.q.copy_(c.q)
-                    cp.kp[cp.pt.view(-1).long()] = c.kd.view(-1, ps, HKV, D)
-                    cp.vp[cp.pt.view(-1).long()] = c.vd.view(-1, ps, HKV, D)
-                    paged[f"kpt_p{ps}"] = cp
-                row = {"B": B, "Sq": Sq, "Skv": Skv}
-                ref = c.sdpa(SDPBackend.MATH) if B * Skv <= 8 * 32768 else None
-                res, fns = {}, {}
-                fi_case = paged[f"kpt_p{pages[0]}"]
-                setups = [("kpt", lambda: c.kpt)] + \
-                    [(n, lambda x=x: x.kpt) for n, x in paged.items()] + \
-                    [(n, peer_setup(c, fi_case, fi, b)) for n, b in peers.items()]
-                for name, setup in setups:
-                    try:  # a peer's setup may refuse the shape too
-                        fn = setup()
-                        if fn is None:
-                            continue
-                        o = fn()
-                        torch.cuda.synchronize()
-                    except Exception as e:  # a backend that refuses the shape
-                        res[name] = None
-                        row[name + "_error"] = str(e).splitlines()[0][:120]
-                        continue
-                    if ref is not None:
-                        flat = name.startswith("kpt") or name.startswith("fi_")
-                        o2 = o.view(B, Sq, HQ, D) if flat else o
-                        row[name + "_err"] = agree(o2, ref)
-                    fns[name] = fn
-                for name, (burst, sus) in timed_all(fns).items():
-                    res[name] = (c.kv_bytes() / burst / 1e6, c.kv_bytes() / sus / 1e6)
-                row.update({k: v for k, v in res.items()})
-                best = max((v[0] for n, v in res.items() if n in peers and v), default=None)
-                fmt = lambda v: f"{v[0]:6.0f}/{v[1]:6.0f}" if v else f"{'n/a':>14}"
-                ratio = res["kpt"][0] / best if best and res.get("kpt") else float("nan")
-                frac = res["kpt"][0] / bw if res.get("kpt") else float("nan")
-                row["ratio_best_peer"], row["frac_copy"] = ratio, frac
-                print(f"{B:>3} {Sq:>3} {Skv:>6} | {fmt(res.get('kpt'))} "
-                      + " ".join(fmt(res.get(n)) for n in paged) + " | "
-                      + " ".join(fmt(res.get(n)) for n in peers)
-                      + f" | {ratio:5.2f} {frac:5.2f}", flush=True)
-                if args.graph:
-                    g = graph_times(fns)
-                    row.update({n + "_graph": c.kv_bytes() / t / 1e6 for n, t in g.items() if t})
-                    print("      graph GB/s: " + ", ".join(
-                        f"{n} {c.kv_bytes() / t / 1e6:.0f}" if t else f"{n} n/a"
-                        for n, t in g.items()), flush=True)
-                errs = {k: round(v, 4) for k, v in row.items() if k.endswith("_err")}
-                if errs:
-                    print("      agreement (rel to SDPA math):", errs, flush=True)
-                out["rows"].append(row)
-                del c, paged, cp
-                torch.cuda.empty_cache()
+                o = fn()
+                torch.cuda.synchronize()
+            except Exception as e:  # a backend that refuses the shape
+                res[name] = None
+                row[name + "_error"] = str(e).splitlines()[0][:120]
+                continue
+            if ref is not None:
+                flat = name.startswith("kpt") or name.startswith("fi_")
+                o2 = o.view(B, Sq, HQ, D) if flat else o
+                row[name + "_err"] = agree(o2, ref)
+            fns[name] = fn
+        for name, (burst, sus) in timed_all(fns).items():
+            res[name] = (c.kv_bytes() / burst / 1e6, c.kv_bytes() / sus / 1e6)
+        row.update({k: v for k, v in res.items()})
+        best = max((v[0] for n, v in res.items() if n in peers and v), default=None)
+        fmt = lambda v: f"{v[0]:6.0f}/{v[1]:6.0f}" if v else f"{'n/a':>14}"
+        ratio = res["kpt"][0] / best if best and res.get("kpt") else float("nan")
+        frac = res["kpt"][0] / bw if res.get("kpt") else float("nan")
+        row["ratio_best_peer"], row["frac_copy"] = ratio, frac
+        print(f"{B:>3} {Sq:>3} {Skv:>6} | {fmt(res.get('kpt'))} "
+              + " ".join(fmt(res.get(n)) for n in paged) + " | "
+              + " ".join(fmt(res.get(n)) for n in peers)
+              + f" | {ratio:5.2f} {frac:5.2f}", flush=True)
+        if args.graph:
+            g = graph_times(fns)
+            row.update({n + "_graph": c.kv_bytes() / t / 1e6 for n, t in g.items() if t})
+            print("      graph GB/s: " + ", ".join(
+                f"{n} {c.kv_bytes() / t / 1e6:.0f}" if t else f"{n} n/a"
+                for n, t in g.items()), flush=True)
+        errs = {k: round(v, 4) for k, v in row.items() if k.endswith("_err")}
+        if errs:
+            print("      agreement (rel to SDPA math):", errs, flush=True)
+        out["rows"].append(row)
+        del c, paged, cp
+        torch.cuda.empty_cache()
     # a sliding window decode: time follows the window, not the cache
     win = ctx.kernel(capi.Pattern("sliding_window(1024)"), "bf16", D, paged=True)
     for Skv in [4096, 32768]:

@@ -15,6 +15,10 @@ the cluster combine (docs/serving.md) at every split count of the one-token batc
     python3 bench/paged_splits.py --lib L --page 0 --env KPT_CUDA_CLUSTER=0,1 --counts 2,4,8,16 \
         --only "1,1,4096;8,1,4096" --seeds ""
 
+--heads HQ:HKV sets the uniform batches' GQA (32:8 by default), e.g. 8:1 for one kv head a GPU
+(tensor parallel); --only takes any B, Sq and Skv: thin waves (fewer work items than SMs) are
+where the plan's count matters most (docs/serving.md, "Split-KV").
+
 Prints a line a batch: microseconds a call for each count (count/value with --env), `*` on the
 plan's own count, and the best.
 """
@@ -110,6 +114,7 @@ def main():
                     help="the uniform batches' page size (0: a contiguous cache)")
     ap.add_argument("--only", help="the uniform batches B,Sq,Skv to run, e.g. 1,1,4096;8,1,4096")
     ap.add_argument("--env", help="NAME=V1,V2: every count under each value (-: unset)")
+    ap.add_argument("--heads", default="32:8", help="query heads:kv heads")
     ap.add_argument("--out")
     args = ap.parse_args()
     counts = [int(x) for x in args.counts.split(",")]
@@ -122,7 +127,8 @@ def main():
         uniform = [tuple(int(x) for x in c.split(",")) for c in args.only.split(";")]
     capi = bp.load_kpt(args.lib)
     ctx = capi.Context("cuda")
-    D, HQ, HKV, PAGE = 128, 32, 8, 16
+    D, PAGE = 128, 16
+    HQ, HKV = (int(x) for x in args.heads.split(":"))
     out = {"device": torch.cuda.get_device_name(), "env": args.env, "page": args.page,
            "rows": []}
     print(f"device: {out['device']}; bf16, D = {D}, {HQ}:{HKV}, uniform batches page "
@@ -130,7 +136,7 @@ def main():
           + (f"; count/{env}" if env else ""), flush=True)
     full = ctx.kernel(capi.Pattern("full"), "bf16", D, paged=True)
     for B, Sq, Skv in uniform:
-        c = bp.Case(capi, ctx, full, B, Sq, Skv, page=args.page)
+        c = bp.Case(capi, ctx, full, B, Sq, Skv, hq=HQ, hkv=HKV, page=args.page)
 
         def run(ws, c=c):
             c.ws = ws
