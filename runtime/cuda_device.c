@@ -186,6 +186,19 @@ static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
         if (st)
             return st;
     }
+    /* the fewest CTAs of a serving kernel an SM holds, at the plain ring's shared memory (the
+     * deeper ring runs only where a plan keeps one CTA an SM); 1 where the driver cannot say */
+    const kpt_cu_api *cu = k->dev->cu;
+    k->paged_per_sm = cu->OccupancyMaxActiveBlocksPerMultiprocessor ? 1 << 16 : 1;
+    for (int i = 0; i < 3 && k->paged_per_sm > 1; i++) {
+        int n = 0;
+        if (cu->OccupancyMaxActiveBlocksPerMultiprocessor(&n, k->paged[i], k->plan.warps * 32,
+                                                          k->plan.smem_bytes))
+            n = 1;
+        k->paged_per_sm = n < k->paged_per_sm ? n : k->paged_per_sm;
+    }
+    if (k->paged_per_sm < 1)
+        k->paged_per_sm = 1;
     /* clusters of more than 8 CTAs are "non-portable": allowed per function */
     k->paged_cluster = k->plan.cfg.wgmma && k->dev->cu->LaunchKernelEx &&
                        !k->dev->cu->FuncSetAttribute(k->paged[0], KPT_CU_FUNC_NON_PORTABLE_CLUSTER,
@@ -655,8 +668,16 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * sustained: 3466-3478 -> 4071-4079 GB/s contiguous, page 16 3268-3281 -> 3838-3855;
      * docs/BENCHMARKS.md, "Serving: two CTAs an SM for 64 rows"). Only where each part keeps
      * KPT_PAGED_TWO_TILES tiles: shorter parts were level on the H200 (1 x 16 x 32k, 8 x 16 x
-     * 4k), and there the fixed costs above decide. */
-    return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->plan.cfg.dv, out,
+     * 4k), and there the fixed costs above decide.
+     * Before both: where the batch has too few work items for one CTA an SM (under 90 % of
+     * the SMs busy: 9 sequences x 8 kv heads, unsplit, left 60 of 132 SMs idle), it is split
+     * for one wave of two CTAs an SM instead, when two fit (paged_per_sm): a CTA streams at
+     * most ~40 GB/s (its ring's loads in flight), so the bandwidth needs more CTAs than a thin
+     * wave has (H200, bf16, D = 128, 32:8, page 16, us in CUDA graphs: 9 x 1 x 32k 435 -> 280
+     * at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x 1 x 8k 115 -> 86, 14 x 1 x 16k 239 -> 220,
+     * 9 x 16 x 32k 575 -> 291; docs/BENCHMARKS.md, "Serving: split counts for thin waves"). */
+    return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->paged_per_sm,
+                              k->plan.cfg.dv, out,
                               diag);
 }
 

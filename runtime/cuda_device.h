@@ -41,6 +41,7 @@ typedef struct kpt_cuda_kernel {
     CUfunction bwd_dq_store; /* sm_90a: dq from its atomic sums */
     CUfunction paged[3], paged_combine; /* serving kernels: 16, 32 and 64 rows a CTA */
     bool paged_cluster; /* paged[0] launches in clusters of up to 16 (cluster_combine) */
+    int paged_per_sm;   /* CTAs of every serving kernel an SM holds at once (at least 1) */
     /* the serving combine and the backward's dQ are programmatic dependent launches
      * (cuda_device.c, want_pdl) */
     bool pdl;

@@ -319,13 +319,27 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
     return KPT_OK;
 }
 
-kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
-                              kpt_paged_plan *out, kpt_diag *diag)
+static int64_t plan_ctas(const kpt_paged_plan *plan)
+{
+    return (int64_t)plan->blocks * plan->splits * plan->num_heads_kv;
+}
+
+kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int per_sm,
+                              int dv, kpt_paged_plan *out, kpt_diag *diag)
 {
     kpt_status st = kpt_paged_plan_compute(s, sms, KPT_PAGED_ROWS, dv, out, diag);
-    if (st || !two_wide || out->rows <= 32 || out->splits < 2)
+    if (st)
         return st;
     kpt_paged_plan two;
+    if (per_sm >= 2 && plan_ctas(out) * 10 < (int64_t)sms * KPT_PAGED_THIN) {
+        /* a thin wave: split further, for one wave of two CTAs an SM */
+        st = kpt_paged_plan_compute(s, 2 * sms, KPT_PAGED_ROWS, dv, &two, diag);
+        if (!st && two.splits > out->splits && plan_ctas(&two) <= 2 * (int64_t)sms)
+            *out = two;
+        return st;
+    }
+    if (!two_wide || out->rows <= 32 || out->splits < 2)
+        return KPT_OK;
     st = kpt_paged_plan_compute(s, 2 * sms, KPT_PAGED_ROWS, dv, &two, diag);
     if (!st && (int64_t)two.splits * KPT_PAGED_TWO_TILES * KPT_PAGED_TILE <= two.max_kv)
         *out = two;

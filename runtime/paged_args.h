@@ -22,6 +22,8 @@
 #define KPT_PAGED_MAX_SPLITS 256
 /* tiles a part keeps at least where a plan splits for two CTAs an SM (kpt_paged_plan_sms) */
 #define KPT_PAGED_TWO_TILES 64
+/* tenths of the SMs a plan must keep busy, or it splits for two CTAs an SM (a thin wave) */
+#define KPT_PAGED_THIN 9
 
 typedef struct kpt_paged_binding {
     int64_t B, T, Hq, Hkv, Dqk, Dv;
@@ -51,9 +53,12 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
 /* A plan for a device of `sms` SMs, one CTA each (kpt_paged_plan_compute with sms slots); where
  * `two_wide`, a plan whose CTAs hold more than 32 rows and split anyway is made for two CTAs an
  * SM instead, as long as each part keeps KPT_PAGED_TWO_TILES tiles (the CUDA 64-row warpgroup
- * kernel: cuda_device.c, kpt_cuda_paged_plan). */
-kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int dv,
-                              kpt_paged_plan *out, kpt_diag *diag);
+ * kernel: cuda_device.c, kpt_cuda_paged_plan). Before that, a plan whose CTAs keep fewer
+ * than KPT_PAGED_THIN of every 10 SMs busy is made for two CTAs an SM where `per_sm` (CTAs of
+ * each serving kernel an SM holds) is 2 or more, if that splits it further within one such
+ * wave. */
+kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int per_sm,
+                              int dv, kpt_paged_plan *out, kpt_diag *diag);
 
 /* Whether `plan`'s split count, blocks and workspace are ones kpt_paged_plan_compute makes
  * (the block count its other fields give; the workspace of partial results of `rows` rows and

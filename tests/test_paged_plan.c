@@ -138,7 +138,7 @@ static void test_plan_packed(void **state)
     /* 128 * 64 + 63 * 128 tiles fill the slots; the tail (the decodes' 128 tiles against a
      * mean of 85) asks for sqrt(42.7 * 264 / (3 * 1528)) = 1.57 parts, and on 132 SMs 1.1 */
     assert_int_equal(pl.splits, 2);
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 1);
     /* one long decode among short prefills: the long one's keys are split though the blocks
      * outnumber the slots (8 sequences: 300 queries over 9000 keys, 7 over 32768 and short
@@ -155,7 +155,7 @@ static void test_plan_packed(void **state)
      * 13.1 */
     assert_int_equal(pl.splits, 13);
     /* on 132 SMs: 9.3 parts; 13 for two CTAs an SM would leave parts under 64 tiles */
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 9);
     /* equal query counts stay uniform: packing would not save a block */
     const int32_t cu3[3] = {0, 16, 32}, kv3[2] = {4096, 4096};
@@ -202,7 +202,7 @@ static void test_plan_random(void **state)
                              .num_heads_q = 8 * group, .num_heads_kv = 8};
         kpt_paged_plan pl;
         kpt_diag d = {0};
-        if (kpt_paged_plan_sms(&s, 132, it % 2, 128, &pl, &d))
+        if (kpt_paged_plan_sms(&s, 132, it % 2, 1 + it % 3, 128, &pl, &d))
             fail_msg("%s", d.message);
         assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
         assert_true(pl.splits >= 1 && pl.splits <= KPT_PAGED_MAX_SPLITS);
@@ -235,36 +235,85 @@ static void test_plan_two_wide(void **state)
      * SM for the wide kernel (4 parts of 128 tiles), one otherwise */
     kpt_paged_shape s = {.batch = 8, .max_q = 16, .max_kv = 32768, .num_heads_q = 32,
                          .num_heads_kv = 8};
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.rows, 64);
     assert_int_equal(pl.splits, 4);
     assert_false(kpt_paged_one_per_sm(&pl, 132));
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, false, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, false, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 2);
     assert_true(kpt_paged_one_per_sm(&pl, 132));
     /* parts shorter than KPT_PAGED_TWO_TILES tiles keep one CTA an SM: one sequence (33
      * parts of 16 tiles), or 4k keys (4 parts of 16) */
     s.batch = 1;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 16);
     s.batch = 8;
     s.max_kv = 4096;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 2);
     /* CTAs of 16 rows (4 tokens) keep one an SM; so does a batch that is not split */
     s.max_kv = 32768;
     s.max_q = 4;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.rows, 16);
     assert_int_equal(pl.splits, 2);
     s.max_q = 16;
     s.batch = 64;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 1);
     assert_false(kpt_paged_one_per_sm(&pl, 132));
     /* refusals pass through */
     s.num_heads_q = 30;
-    assert_int_not_equal(kpt_paged_plan_sms(&s, 132, true, 128, &pl, &d), KPT_OK);
+    assert_int_not_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
+}
+
+static void test_plan_thin_wave(void **state)
+{
+    (void)state;
+    kpt_diag d = {0};
+    kpt_paged_plan pl;
+    /* one token of 9 sequences over 32k keys, GQA 32:8 (16 rows a CTA), 132 SMs: 72 work
+     * items, unsplit, keep 55 % of the SMs busy; where two CTAs fit an SM, 3 parts (216 CTAs,
+     * one wave of two an SM) */
+    kpt_paged_shape s = {.batch = 9, .max_q = 1, .max_kv = 32768, .num_heads_q = 32,
+                         .num_heads_kv = 8};
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.rows, 16);
+    assert_int_equal(pl.splits, 1);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 3);
+    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
+    assert_int_equal(pl.workspace_bytes, kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128, NULL));
+    /* 12 sequences (96 items, 73 %): 2 parts; 14 (112, 85 %): 2 parts */
+    s.batch = 12;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 2);
+    s.batch = 14;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 2);
+    /* waves at 90 % or more stay as they were: one sequence (16 parts, 128 CTAs), 5 (3 parts,
+     * 120), 16 (unsplit, 128), 20 (unsplit, 160: more items than SMs) */
+    const int kept[4][2] = {{1, 16}, {5, 3}, {16, 1}, {20, 1}};
+    for (int i = 0; i < 4; i++) {
+        s.batch = kept[i][0];
+        assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+        assert_int_equal(pl.splits, kept[i][1]);
+    }
+    /* 32 and 64 rows (8 and 16 tokens) too */
+    s.batch = 9;
+    s.max_q = 8;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.rows, 32);
+    assert_int_equal(pl.splits, 3);
+    s.max_q = 16;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.rows, 64);
+    assert_int_equal(pl.splits, 3);
+    /* short sequences: each part keeps two tiles (9 x 200 keys: 4 tiles, 2 parts at most) */
+    s.max_q = 1;
+    s.max_kv = 200;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 2);
 }
 
 /* `call` (which reports into d_) fails with a message holding `text` */
@@ -338,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_plan_packed),
         cmocka_unit_test(test_plan_random),
         cmocka_unit_test(test_plan_two_wide),
+        cmocka_unit_test(test_plan_thin_wave),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_row_checks),
     };

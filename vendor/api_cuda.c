@@ -70,6 +70,9 @@ static bool bind(void *lib)
     *(void **)&api.TensorMapEncodeTiled = dlsym(lib, "cuTensorMapEncodeTiled");
     /* optional: without it the serving combine is launched the plain way */
     *(void **)&api.LaunchKernelEx = dlsym(lib, "cuLaunchKernelEx");
+    /* optional: without it the serving plans assume one CTA an SM */
+    *(void **)&api.OccupancyMaxActiveBlocksPerMultiprocessor =
+        dlsym(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     return true;
 }
 

@@ -93,6 +93,9 @@ typedef struct kpt_cu_api {
     /* cuLaunchKernelEx (CUDA 12+ drivers; NULL on older ones): launches with attributes, here
      * programmatic dependent launch on sm_90 */
     CUresult (*LaunchKernelEx)(const kpt_cu_launch_config *, CUfunction, void **, void **);
+    /* cuOccupancyMaxActiveBlocksPerMultiprocessor (NULL where missing): how many CTAs of a
+     * kernel an SM holds at once, for the serving plans */
+    CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction, int, size_t);
 } kpt_cu_api;
 
 /* Loads libcuda.so.1 ($KPT_LIBCUDA overrides) and runs cuInit once; thread-safe. Returns NULL
