@@ -15,7 +15,7 @@ the cluster combine (docs/serving.md) at every split count of the one-token batc
     python3 bench/paged_splits.py --lib L --page 0 --env KPT_CUDA_CLUSTER=0,1 --counts 2,4,8,16 \
         --only "1,1,4096;8,1,4096" --seeds ""
 
---heads HQ:HKV sets the uniform batches' GQA (32:8 by default), e.g. 8:1 for one kv head a GPU
+--heads HQ:HKV sets the uniform batches' GQA (32:8 by default) and --dim their head dim (128), e.g. 8:1 for one kv head a GPU
 (tensor parallel); --only takes any B, Sq and Skv: thin waves (fewer work items than SMs) are
 where the plan's count matters most (docs/serving.md, "Split-KV").
 
@@ -115,6 +115,7 @@ def main():
     ap.add_argument("--only", help="the uniform batches B,Sq,Skv to run, e.g. 1,1,4096;8,1,4096")
     ap.add_argument("--env", help="NAME=V1,V2: every count under each value (-: unset)")
     ap.add_argument("--heads", default="32:8", help="query heads:kv heads")
+    ap.add_argument("--dim", type=int, default=128, help="head dim (Dqk = Dv)")
     ap.add_argument("--out")
     args = ap.parse_args()
     counts = [int(x) for x in args.counts.split(",")]
@@ -127,7 +128,7 @@ def main():
         uniform = [tuple(int(x) for x in c.split(",")) for c in args.only.split(";")]
     capi = bp.load_kpt(args.lib)
     ctx = capi.Context("cuda")
-    D, PAGE = 128, 16
+    D, PAGE = args.dim, 16
     HQ, HKV = (int(x) for x in args.heads.split(":"))
     out = {"device": torch.cuda.get_device_name(), "env": args.env, "page": args.page,
            "rows": []}
@@ -136,7 +137,7 @@ def main():
           + (f"; count/{env}" if env else ""), flush=True)
     full = ctx.kernel(capi.Pattern("full"), "bf16", D, paged=True)
     for B, Sq, Skv in uniform:
-        c = bp.Case(capi, ctx, full, B, Sq, Skv, hq=HQ, hkv=HKV, page=args.page)
+        c = bp.Case(capi, ctx, full, B, Sq, Skv, hq=HQ, hkv=HKV, d=D, page=args.page)
 
         def run(ws, c=c):
             c.ws = ws

@@ -671,11 +671,13 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * 4k), and there the fixed costs above decide.
      * Before both: where the batch has too few work items for one CTA an SM (under 90 % of
      * the SMs busy: 9 sequences x 8 kv heads, unsplit, left 60 of 132 SMs idle), it is split
-     * for one wave of two CTAs an SM instead, when two fit (paged_per_sm): a CTA streams at
-     * most ~40 GB/s (its ring's loads in flight), so the bandwidth needs more CTAs than a thin
-     * wave has (H200, bf16, D = 128, 32:8, page 16, us in CUDA graphs: 9 x 1 x 32k 435 -> 280
-     * at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x 1 x 8k 115 -> 86, 14 x 1 x 16k 239 -> 220,
-     * 9 x 16 x 32k 575 -> 291; docs/BENCHMARKS.md, "Serving: split counts for thin waves"). */
+     * for one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 128 and 256, 3
+     * at 64): a CTA streams at most ~40 GB/s at D = 128 (its ring's loads in flight), less at
+     * 64, so the bandwidth needs more CTAs than a thin wave has (H200, bf16, 32:8, page 16, us
+     * in CUDA graphs: 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x 1 x 8k
+     * 115 -> 86, 14 x 1 x 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1 x 32k 336 ->
+     * 150 at 5 parts, 12 x 1 x 8k 92 -> 57; docs/BENCHMARKS.md, "Serving: split counts for
+     * thin waves"). */
     return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->paged_per_sm,
                               k->plan.cfg.dv, out,
                               diag);

@@ -332,9 +332,11 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
         return st;
     kpt_paged_plan two;
     if (per_sm >= 2 && plan_ctas(out) * 10 < (int64_t)sms * KPT_PAGED_THIN) {
-        /* a thin wave: split further, for one wave of two CTAs an SM */
-        st = kpt_paged_plan_compute(s, 2 * sms, KPT_PAGED_ROWS, dv, &two, diag);
-        if (!st && two.splits > out->splits && plan_ctas(&two) <= 2 * (int64_t)sms)
+        /* a thin wave: split further, for one wave of as many CTAs an SM as fit */
+        const int64_t slots = (int64_t)sms * (per_sm < KPT_PAGED_THIN_PER_SM ? per_sm
+                                                                            : KPT_PAGED_THIN_PER_SM);
+        st = kpt_paged_plan_compute(s, (int)slots, KPT_PAGED_ROWS, dv, &two, diag);
+        if (!st && two.splits > out->splits && plan_ctas(&two) <= slots)
             *out = two;
         return st;
     }

@@ -22,8 +22,10 @@
 #define KPT_PAGED_MAX_SPLITS 256
 /* tiles a part keeps at least where a plan splits for two CTAs an SM (kpt_paged_plan_sms) */
 #define KPT_PAGED_TWO_TILES 64
-/* tenths of the SMs a plan must keep busy, or it splits for two CTAs an SM (a thin wave) */
+/* tenths of the SMs a plan must keep busy, or it splits for a wave of several CTAs an SM (a thin
+ * wave); and the most CTAs an SM such a plan counts on (the most measured: 3, at head dim 64) */
 #define KPT_PAGED_THIN 9
+#define KPT_PAGED_THIN_PER_SM 4
 
 typedef struct kpt_paged_binding {
     int64_t B, T, Hq, Hkv, Dqk, Dv;
@@ -54,9 +56,9 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
  * `two_wide`, a plan whose CTAs hold more than 32 rows and split anyway is made for two CTAs an
  * SM instead, as long as each part keeps KPT_PAGED_TWO_TILES tiles (the CUDA 64-row warpgroup
  * kernel: cuda_device.c, kpt_cuda_paged_plan). Before that, a plan whose CTAs keep fewer
- * than KPT_PAGED_THIN of every 10 SMs busy is made for two CTAs an SM where `per_sm` (CTAs of
- * each serving kernel an SM holds) is 2 or more, if that splits it further within one such
- * wave. */
+ * than KPT_PAGED_THIN of every 10 SMs busy is made for `per_sm` CTAs an SM (the CTAs of each
+ * serving kernel an SM holds, at most KPT_PAGED_THIN_PER_SM) where that is 2 or more, if that
+ * splits it further within one such wave. */
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int per_sm,
                               int dv, kpt_paged_plan *out, kpt_diag *diag);
 

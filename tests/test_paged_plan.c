@@ -284,6 +284,13 @@ static void test_plan_thin_wave(void **state)
     assert_int_equal(pl.splits, 3);
     assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
     assert_int_equal(pl.workspace_bytes, kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128, NULL));
+    /* three an SM (head dim 64): 5 parts, 360 CTAs; more than KPT_PAGED_THIN_PER_SM count as
+     * that many (7 parts, 504 CTAs) */
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 5);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 8, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 7);
+    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 64));
     /* 12 sequences (96 items, 73 %): 2 parts; 14 (112, 85 %): 2 parts */
     s.batch = 12;
     assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
