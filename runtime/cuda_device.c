@@ -677,7 +677,11 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * in CUDA graphs: 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x 1 x 8k
      * 115 -> 86, 14 x 1 x 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1 x 32k 336 ->
      * 150 at 5 parts, 12 x 1 x 8k 92 -> 57; docs/BENCHMARKS.md, "Serving: split counts for
-     * thin waves"). */
+     * thin waves"). Where three CTAs fit an SM (head dim 64, whose CTA streams ~10-20 GB/s),
+     * full waves of one CTA an SM fall short too, and every plan is made for the three, while
+     * each part keeps 4 tiles (8 x 1 x 32k 160 -> 131 us at 6 parts, 16 x 1 x 32k 359 -> 251,
+     * 2 x 1 x 8k 17.5 -> 14.4; one sequence of 4k keys keeps 16 parts, 9.8 us, where 32 ran
+     * 10.1). */
     return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->paged_per_sm,
                               k->plan.cfg.dv, out,
                               diag);

@@ -331,11 +331,19 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
     if (st)
         return st;
     kpt_paged_plan two;
-    if (per_sm >= 2 && plan_ctas(out) * 10 < (int64_t)sms * KPT_PAGED_THIN) {
-        /* a thin wave: split further, for one wave of as many CTAs an SM as fit */
+    const bool thin = plan_ctas(out) * 10 < (int64_t)sms * KPT_PAGED_THIN;
+    if ((thin && per_sm >= 2) || per_sm >= 3) {
+        /* a thin wave, or small CTAs: split further, for one wave of as many CTAs an SM as fit
+         * (small CTAs in parts of KPT_PAGED_WIDE_TILES tiles at least) */
         const int64_t slots = (int64_t)sms * (per_sm < KPT_PAGED_THIN_PER_SM ? per_sm
                                                                             : KPT_PAGED_THIN_PER_SM);
         st = kpt_paged_plan_compute(s, (int)slots, KPT_PAGED_ROWS, dv, &two, diag);
+        const int cap = two.max_kv / (KPT_PAGED_WIDE_TILES * KPT_PAGED_TILE);
+        if (!st && !thin && two.splits > cap) {
+            two.splits = cap > 1 ? cap : 1;
+            two.workspace_bytes =
+                two.splits > 1 ? kpt_paged_workspace_bytes(&two, KPT_PAGED_ROWS, dv, NULL) : 0;
+        }
         if (!st && two.splits > out->splits && plan_ctas(&two) <= slots)
             *out = two;
         return st;

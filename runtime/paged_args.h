@@ -26,6 +26,9 @@
  * wave); and the most CTAs an SM such a plan counts on (the most measured: 3, at head dim 64) */
 #define KPT_PAGED_THIN 9
 #define KPT_PAGED_THIN_PER_SM 4
+/* where three or more CTAs fit an SM (head dim 64) every plan is made for that many, as long
+ * as each part keeps this many tiles (kpt_paged_plan_sms) */
+#define KPT_PAGED_WIDE_TILES 4
 
 typedef struct kpt_paged_binding {
     int64_t B, T, Hq, Hkv, Dqk, Dv;
@@ -58,7 +61,8 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
  * kernel: cuda_device.c, kpt_cuda_paged_plan). Before that, a plan whose CTAs keep fewer
  * than KPT_PAGED_THIN of every 10 SMs busy is made for `per_sm` CTAs an SM (the CTAs of each
  * serving kernel an SM holds, at most KPT_PAGED_THIN_PER_SM) where that is 2 or more, if that
- * splits it further within one such wave. */
+ * splits it further within one such wave; and where `per_sm` is 3 or more, every plan is, if
+ * each part keeps KPT_PAGED_WIDE_TILES tiles. */
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int per_sm,
                               int dv, kpt_paged_plan *out, kpt_diag *diag);
 

@@ -291,6 +291,27 @@ static void test_plan_thin_wave(void **state)
     assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 8, 64, &pl, &d), KPT_OK);
     assert_int_equal(pl.splits, 7);
     assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 64));
+    /* three an SM split full waves too, in parts of 4 tiles at least: 8 sequences (64 items,
+     * 2 parts one an SM) in 6 parts; one sequence of 32k keys in 49 (392 CTAs); of 4k keys it
+     * keeps 16 (32 would leave parts of 2 tiles), and two sequences of 4k keys take 16, not
+     * 24; two an SM leave full waves alone */
+    s.batch = 8;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 6);
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 2);
+    s.batch = 1;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 49);
+    s.max_kv = 4096;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 16);
+    s.batch = 2;
+    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
+    assert_int_equal(pl.splits, 16);
+    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 64));
+    s.batch = 1;
+    s.max_kv = 32768;
     /* 12 sequences (96 items, 73 %): 2 parts; 14 (112, 85 %): 2 parts */
     s.batch = 12;
     assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
