@@ -466,6 +466,10 @@ static void build(bool quick)
              * a packed plan for fewer queries than the run has */
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 8, qp, kvs, 0);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qp, kvs, 4);
+            /* 6 sequences x 8 kv heads of 5000 keys: a thin wave on a GPU of 132 SMs (2 parts,
+             * 96 CTAs; kpt_paged_plan_sms splits it in 5 for two CTAs an SM) */
+            static const int kvu[8] = {5000, 5000, 5000, 5000, 5000, 5000, 5000, 5000};
+            add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, false, 6, q1, kvu, 0);
             /* negative scales, on the 16-, 32- and 64-row kernels */
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, qr, kvr, 0);
             with_scale(-0.07f);
