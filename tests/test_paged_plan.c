@@ -270,78 +270,43 @@ static void test_plan_two_wide(void **state)
 static void test_plan_thin_wave(void **state)
 {
     (void)state;
-    kpt_diag d = {0};
-    kpt_paged_plan pl;
-    /* one token of 9 sequences over 32k keys, GQA 32:8 (16 rows a CTA), 132 SMs: 72 work
-     * items, unsplit, keep 55 % of the SMs busy; where two CTAs fit an SM, 3 parts (216 CTAs,
-     * one wave of two an SM) */
-    kpt_paged_shape s = {.batch = 9, .max_q = 1, .max_kv = 32768, .num_heads_q = 32,
-                         .num_heads_kv = 8};
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 1, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.rows, 16);
-    assert_int_equal(pl.splits, 1);
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 3);
-    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
-    assert_int_equal(pl.workspace_bytes, kpt_paged_workspace_bytes(&pl, KPT_PAGED_ROWS, 128, NULL));
-    /* three an SM (head dim 64): 5 parts, 360 CTAs; more than KPT_PAGED_THIN_PER_SM count as
-     * that many (7 parts, 504 CTAs) */
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 5);
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 8, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 7);
-    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 64));
-    /* three an SM split full waves too, in parts of 4 tiles at least: 8 sequences (64 items,
-     * 2 parts one an SM) in 6 parts; one sequence of 32k keys in 49 (392 CTAs); of 4k keys it
-     * keeps 16 (32 would leave parts of 2 tiles), and two sequences of 4k keys take 16, not
-     * 24; two an SM leave full waves alone */
-    s.batch = 8;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 6);
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 2);
-    s.batch = 1;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 49);
-    s.max_kv = 4096;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 16);
-    s.batch = 2;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 3, 64, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 16);
-    assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 64));
-    s.batch = 1;
-    s.max_kv = 32768;
-    /* 12 sequences (96 items, 73 %): 2 parts; 14 (112, 85 %): 2 parts */
-    s.batch = 12;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 2);
-    s.batch = 14;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 2);
-    /* waves at 90 % or more stay as they were: one sequence (16 parts, 128 CTAs), 5 (3 parts,
-     * 120), 16 (unsplit, 128), 20 (unsplit, 160: more items than SMs) */
-    const int kept[4][2] = {{1, 16}, {5, 3}, {16, 1}, {20, 1}};
-    for (int i = 0; i < 4; i++) {
-        s.batch = kept[i][0];
-        assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-        assert_int_equal(pl.splits, kept[i][1]);
+    /* GQA 32:8 on 132 SMs: sequences, queries and keys each, the CTAs of a serving kernel an SM
+     * holds, the value head dim; the plan's rows and split count */
+    static const struct {
+        int batch, q, kv, per_sm, dv, rows, splits;
+        const char *why;
+    } cases[] = {
+        {9, 1, 32768, 1, 128, 16, 1, "72 items, 55 % of the SMs: one an SM is all there is"},
+        {9, 1, 32768, 2, 128, 16, 3, "a wave of two an SM: 216 CTAs"},
+        {12, 1, 32768, 2, 128, 16, 2, "96 items, 73 %"},
+        {14, 1, 32768, 2, 128, 16, 2, "112 items, 85 %"},
+        {1, 1, 32768, 2, 128, 16, 16, "128 CTAs, 97 %: kept"},
+        {5, 1, 32768, 2, 128, 16, 3, "120 CTAs, 91 %: kept"},
+        {16, 1, 32768, 2, 128, 16, 1, "128 CTAs: kept"},
+        {20, 1, 32768, 2, 128, 16, 1, "more items than SMs: kept"},
+        {9, 8, 32768, 2, 128, 32, 3, "32 rows"},
+        {9, 16, 32768, 2, 128, 64, 3, "64 rows"},
+        {9, 1, 200, 2, 128, 16, 2, "4 tiles: parts of two at least"},
+        {9, 1, 32768, 3, 64, 16, 5, "three an SM: 360 CTAs"},
+        {9, 1, 32768, 8, 64, 16, 7, "eight count as KPT_PAGED_THIN_PER_SM: 504 CTAs"},
+        {8, 1, 32768, 3, 64, 16, 6, "three an SM split full waves too (2 parts one an SM)"},
+        {8, 1, 32768, 2, 64, 16, 2, "two an SM leave full waves alone"},
+        {1, 1, 32768, 3, 64, 16, 49, "392 CTAs"},
+        {1, 1, 4096, 3, 64, 16, 16, "parts of 4 tiles at least: kept (32 would leave 2)"},
+        {2, 1, 4096, 3, 64, 16, 16, "parts of 4 tiles: 16, not 24"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kpt_paged_shape s = {.batch = cases[i].batch, .max_q = cases[i].q,
+                             .max_kv = cases[i].kv, .num_heads_q = 32, .num_heads_kv = 8};
+        kpt_paged_plan pl;
+        kpt_diag d = {0};
+        if (kpt_paged_plan_sms(&s, 132, true, cases[i].per_sm, cases[i].dv, &pl, &d))
+            fail_msg("case %zu: %s", i, d.message);
+        if (pl.rows != cases[i].rows || pl.splits != cases[i].splits)
+            fail_msg("case %zu (%s): %d rows in %d parts, expected %d in %d", i, cases[i].why,
+                     pl.rows, pl.splits, cases[i].rows, cases[i].splits);
+        assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, cases[i].dv));
     }
-    /* 32 and 64 rows (8 and 16 tokens) too */
-    s.batch = 9;
-    s.max_q = 8;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.rows, 32);
-    assert_int_equal(pl.splits, 3);
-    s.max_q = 16;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.rows, 64);
-    assert_int_equal(pl.splits, 3);
-    /* short sequences: each part keeps two tiles (9 x 200 keys: 4 tiles, 2 parts at most) */
-    s.max_q = 1;
-    s.max_kv = 200;
-    assert_int_equal(kpt_paged_plan_sms(&s, 132, true, 2, 128, &pl, &d), KPT_OK);
-    assert_int_equal(pl.splits, 2);
 }
 
 /* `call` (which reports into d_) fails with a message holding `text` */
