@@ -5,8 +5,9 @@
  * dims (64, 128, 256, Dqk != Dv), with and without sinks, a plan made from bounds reused for
  * shorter lengths, one made for 50 times the longest kv length (most parts of the split empty)
  * run without a workspace, one made for fewer queries than a sequence has (the rows past what
- * it covers must be NaN, never wrong), and O with padded rows (unaligned for vector stores; the
- * pads must stay unwritten). Workspaces start as random bytes, and each split case runs a second
+ * it covers must be NaN, never wrong), O with padded rows (unaligned for vector stores; the
+ * pads must stay unwritten), and a batch too small to fill the GPU one CTA an SM (split for
+ * several an SM: kpt_paged_plan_sms). Workspaces start as random bytes, and each split case runs a second
  * time over the workspace the first left: its o and lse must repeat bit for bit.
  *
  *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--shard K/N] [--seed N]
