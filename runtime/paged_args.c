@@ -331,7 +331,9 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
     if (st)
         return st;
     kpt_paged_plan two;
-    const bool thin = plan_ctas(out) * 10 < (int64_t)sms * KPT_PAGED_THIN;
+    /* under 90 % of the SMs busy, or unsplit with some idle */
+    const bool thin = plan_ctas(out) * 10 < (int64_t)sms * KPT_PAGED_THIN ||
+                      (out->splits == 1 && plan_ctas(out) < sms);
     if ((thin && per_sm >= 2) || per_sm >= 3) {
         /* a thin wave, or small CTAs: split further, for one wave of as many CTAs an SM as fit
          * (small CTAs in parts of KPT_PAGED_WIDE_TILES tiles at least) */
