@@ -346,9 +346,13 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
             two.workspace_bytes =
                 two.splits > 1 ? kpt_paged_workspace_bytes(&two, KPT_PAGED_ROWS, dv, NULL) : 0;
         }
-        if (!st && two.splits > out->splits && plan_ctas(&two) <= slots)
+        if (st)
+            return st;
+        if (two.splits > out->splits && plan_ctas(&two) <= slots) {
             *out = two;
-        return st;
+            return KPT_OK;
+        }
+        /* past one such wave (a ragged batch's tail splits): the rule below */
     }
     if (!two_wide || out->rows <= 32 || out->splits < 2)
         return KPT_OK;

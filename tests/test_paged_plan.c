@@ -202,9 +202,16 @@ static void test_plan_random(void **state)
                              .num_heads_q = 8 * group, .num_heads_kv = 8};
         kpt_paged_plan pl;
         kpt_diag d = {0};
-        if (kpt_paged_plan_sms(&s, 132, it % 2, 1 + it % 3, 128, &pl, &d))
+        const int per_sm = 1 + it % 3;
+        kpt_paged_plan one;
+        if (kpt_paged_plan_sms(&s, 132, it % 2, per_sm, 128, &pl, &d) ||
+            kpt_paged_plan_sms(&s, 132, it % 2, 1, 128, &one, &d))
             fail_msg("%s", d.message);
         assert_true(kpt_paged_plan_ok(&pl, KPT_PAGED_ROWS, 128));
+        /* CTAs an SM only ever add splits, and those stay within one wave of them */
+        assert_true(pl.splits >= one.splits);
+        if (pl.splits != one.splits && (per_sm > 1 || it % 2 == 0))
+            assert_true((int64_t)pl.blocks * pl.splits * pl.num_heads_kv <= 132 * per_sm);
         assert_true(pl.splits >= 1 && pl.splits <= KPT_PAGED_MAX_SPLITS);
         const int p = pl.q_per_block;
         for (int b = 0; b < B; b++) {
