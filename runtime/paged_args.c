@@ -340,14 +340,14 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
         const int64_t slots = (int64_t)sms * (per_sm < KPT_PAGED_THIN_PER_SM ? per_sm
                                                                             : KPT_PAGED_THIN_PER_SM);
         st = kpt_paged_plan_compute(s, (int)slots, KPT_PAGED_ROWS, dv, &two, diag);
+        if (st)
+            return st;
         const int cap = two.max_kv / (KPT_PAGED_WIDE_TILES * KPT_PAGED_TILE);
-        if (!st && !thin && two.splits > cap) {
+        if (!thin && two.splits > cap) {
             two.splits = cap > 1 ? cap : 1;
             two.workspace_bytes =
                 two.splits > 1 ? kpt_paged_workspace_bytes(&two, KPT_PAGED_ROWS, dv, NULL) : 0;
         }
-        if (st)
-            return st;
         if (two.splits > out->splits && plan_ctas(&two) <= slots) {
             *out = two;
             return KPT_OK;
