@@ -15,9 +15,10 @@ the cluster combine (docs/serving.md) at every split count of the one-token batc
     python3 bench/paged_splits.py --lib L --page 0 --env KPT_CUDA_CLUSTER=0,1 --counts 2,4,8,16 \
         --only "1,1,4096;8,1,4096" --seeds ""
 
---heads HQ:HKV sets the uniform batches' GQA (32:8 by default) and --dim their head dim (128), e.g. 8:1 for one kv head a GPU
-(tensor parallel); --only takes any B, Sq and Skv: thin waves (fewer work items than SMs) are
-where the plan's count matters most (docs/serving.md, "Split-KV").
+--heads HQ:HKV sets the uniform batches' GQA (32:8 by default; 8:1 is one kv head a GPU, as
+in tensor parallel) and --dim their head dim (128); --only takes any B, Sq and Skv: thin waves
+(fewer work items than SMs) are where the plan's count matters most (docs/serving.md,
+"Split-KV").
 
 Prints a line a batch: microseconds a call for each count (count/value with --env), `*` on the
 plan's own count, and the best.

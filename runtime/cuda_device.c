@@ -175,6 +175,24 @@ static CUresult launch_dependent(const kpt_cuda_kernel *k, CUfunction f, const u
                        (kpt_cu_launch_attr){.id = KPT_CU_LAUNCH_PROGRAMMATIC, .value.i = 1});
 }
 
+/* The fewest CTAs of a serving kernel an SM holds, at the plain ring's shared memory (the deeper
+ * ring runs only where a plan keeps one CTA an SM); 1 where the driver cannot say. */
+static int paged_per_sm(const kpt_cuda_kernel *k)
+{
+    const kpt_cu_api *cu = k->dev->cu;
+    int least = 0;
+    for (int i = 0; i < 3; i++) {
+        int n = 0;
+        if (!cu->OccupancyMaxActiveBlocksPerMultiprocessor ||
+            cu->OccupancyMaxActiveBlocksPerMultiprocessor(&n, k->paged[i], k->plan.warps * 32,
+                                                          k->plan.smem_bytes) ||
+            n < 1)
+            return 1;
+        least = i == 0 || n < least ? n : least;
+    }
+    return least;
+}
+
 static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
 {
     static const char *const names[] = KPT_CUDA_PAGED_ENTRIES;
@@ -186,19 +204,7 @@ static kpt_status load_paged(kpt_cuda_kernel *k, kpt_diag *diag)
         if (st)
             return st;
     }
-    /* the fewest CTAs of a serving kernel an SM holds, at the plain ring's shared memory (the
-     * deeper ring runs only where a plan keeps one CTA an SM); 1 where the driver cannot say */
-    const kpt_cu_api *cu = k->dev->cu;
-    k->paged_per_sm = cu->OccupancyMaxActiveBlocksPerMultiprocessor ? 1 << 16 : 1;
-    for (int i = 0; i < 3 && k->paged_per_sm > 1; i++) {
-        int n = 0;
-        if (cu->OccupancyMaxActiveBlocksPerMultiprocessor(&n, k->paged[i], k->plan.warps * 32,
-                                                          k->plan.smem_bytes))
-            n = 1;
-        k->paged_per_sm = n < k->paged_per_sm ? n : k->paged_per_sm;
-    }
-    if (k->paged_per_sm < 1)
-        k->paged_per_sm = 1;
+    k->paged_per_sm = paged_per_sm(k);
     /* clusters of more than 8 CTAs are "non-portable": allowed per function */
     k->paged_cluster = k->plan.cfg.wgmma && k->dev->cu->LaunchKernelEx &&
                        !k->dev->cu->FuncSetAttribute(k->paged[0], KPT_CU_FUNC_NON_PORTABLE_CLUSTER,
@@ -669,24 +675,21 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * docs/BENCHMARKS.md, "Serving: two CTAs an SM for 64 rows"). Only where each part keeps
      * KPT_PAGED_TWO_TILES tiles: shorter parts were level on the H200 (1 x 16 x 32k, 8 x 16 x
      * 4k), and there the fixed costs above decide.
-     * Before both: where the batch has too few work items for one CTA an SM (under 90 % of
-     * the SMs busy: 9 sequences x 8 kv heads, unsplit, left 60 of 132 SMs idle; or unsplit
-     * with any SM idle: 16 x 8 kv heads, 16 x 1 x 32k 509 -> 480 us, 16 x 16 x 32k 584 ->
-     * 494), it is split
-     * for one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 128 and 256, 3
-     * at 64): a CTA streams at most ~40 GB/s at D = 128 (its ring's loads in flight), less at
-     * 64, so the bandwidth needs more CTAs than a thin wave has (H200, bf16, 32:8, page 16, us
-     * in CUDA graphs: 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x 1 x 8k
-     * 115 -> 86, 14 x 1 x 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1 x 32k 336 ->
-     * 150 at 5 parts, 12 x 1 x 8k 92 -> 57; docs/BENCHMARKS.md, "Serving: split counts for
-     * thin waves"). Where three CTAs fit an SM (head dim 64, whose CTA streams ~10-20 GB/s),
-     * full waves of one CTA an SM fall short too, and every plan is made for the three, while
-     * each part keeps 4 tiles (8 x 1 x 32k 160 -> 131 us at 6 parts, 16 x 1 x 32k 359 -> 251,
-     * 2 x 1 x 8k 17.5 -> 14.4; one sequence of 4k keys keeps 16 parts, 9.8 us, where 32 ran
-     * 10.1). */
+     * Before both: where the batch has too few work items for one CTA an SM (under 90 % of the SMs
+     * busy: 9 sequences x 8 kv heads, unsplit, left 60 of 132 SMs idle; or unsplit with any SM
+     * idle: 16 x 8 kv heads, 16 x 1 x 32k 509 -> 480 us, 16 x 16 x 32k 584 -> 494), it is split for
+     * one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 128 and 256, 3 at 64): a
+     * CTA streams at most ~40 GB/s at D = 128 (its ring's loads in flight), less at 64, so the
+     * bandwidth needs more CTAs than a thin wave has (H200, bf16, 32:8, page 16, us in CUDA graphs:
+     * 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x 1 x 8k 115 -> 86, 14 x 1 x
+     * 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1 x 32k 336 -> 150 at 5 parts, 12 x 1 x
+     * 8k 92 -> 57; docs/BENCHMARKS.md, "Serving: split counts for thin waves"). Where three CTAs
+     * fit an SM (head dim 64, whose CTA streams ~10-20 GB/s), full waves of one CTA an SM fall
+     * short too, and every plan is made for the three, while each part keeps 4 tiles (8 x 1 x 32k
+     * 160 -> 131 us at 6 parts, 16 x 1 x 32k 359 -> 251, 2 x 1 x 8k 17.5 -> 14.4; one sequence of
+     * 4k keys keeps 16 parts, 9.8 us, where 32 ran 10.1). */
     return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->paged_per_sm,
-                              k->plan.cfg.dv, out,
-                              diag);
+                              k->plan.cfg.dv, out, diag);
 }
 
 /* Whether a split run of the 16-row kernel (fi 0) launches each block's splits as one thread

@@ -337,8 +337,8 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
     if ((thin && per_sm >= 2) || per_sm >= 3) {
         /* a thin wave, or small CTAs: split further, for one wave of as many CTAs an SM as fit
          * (small CTAs in parts of KPT_PAGED_WIDE_TILES tiles at least) */
-        const int64_t slots = (int64_t)sms * (per_sm < KPT_PAGED_THIN_PER_SM ? per_sm
-                                                                            : KPT_PAGED_THIN_PER_SM);
+        const int fit = per_sm < KPT_PAGED_THIN_PER_SM ? per_sm : KPT_PAGED_THIN_PER_SM;
+        const int64_t slots = (int64_t)sms * fit;
         st = kpt_paged_plan_compute(s, (int)slots, KPT_PAGED_ROWS, dv, &two, diag);
         if (st)
             return st;

@@ -59,10 +59,11 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
  * `two_wide`, a plan whose CTAs hold more than 32 rows and split anyway is made for two CTAs an
  * SM instead, as long as each part keeps KPT_PAGED_TWO_TILES tiles (the CUDA 64-row warpgroup
  * kernel: cuda_device.c, kpt_cuda_paged_plan). Before that, a plan whose CTAs keep fewer
- * than KPT_PAGED_THIN of every 10 SMs busy, or fewer than all of them unsplit, is made for `per_sm` CTAs an SM (the CTAs of each
- * serving kernel an SM holds, at most KPT_PAGED_THIN_PER_SM) where that is 2 or more, if that
- * splits it further within one such wave; and where `per_sm` is 3 or more, every plan is, if
- * each part keeps KPT_PAGED_WIDE_TILES tiles. */
+ * than KPT_PAGED_THIN of every 10 SMs busy, or fewer than all of them unsplit, is made for
+ * `per_sm` CTAs an SM (the CTAs of each serving kernel an SM holds, at most
+ * KPT_PAGED_THIN_PER_SM) where that is 2 or more, if that splits it further within one such
+ * wave; and where `per_sm` is 3 or more, every plan is, in parts of KPT_PAGED_WIDE_TILES
+ * tiles at least. */
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int per_sm,
                               int dv, kpt_paged_plan *out, kpt_diag *diag);
 

@@ -7,8 +7,8 @@
  * run without a workspace, one made for fewer queries than a sequence has (the rows past what
  * it covers must be NaN, never wrong), O with padded rows (unaligned for vector stores; the
  * pads must stay unwritten), and a batch too small to fill the GPU one CTA an SM (split for
- * several an SM: kpt_paged_plan_sms). Workspaces start as random bytes, and each split case runs a second
- * time over the workspace the first left: its o and lse must repeat bit for bit.
+ * several an SM: kpt_paged_plan_sms). Workspaces start as random bytes, and each split case
+ * runs a second time over the workspace the first left: its o and lse must repeat bit for bit.
  *
  *   paged_check [--backend cuda|vulkan|cpu] [--quick] [--filter TEXT] [--shard K/N] [--seed N]
  *               [--repeat N]
