@@ -24,6 +24,7 @@ import sys
 INSN = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)\s*$")
 PRED = re.compile(r"^@!?U?P[T0-9]+\s+")
+FUNCTION = re.compile(r"\s+Function : (\S+)")
 
 
 def cuobjdump_path(given):
@@ -39,11 +40,21 @@ def cuobjdump_path(given):
 
 
 def instructions(cuobjdump, cubin):
-    """[(address, text)] of every function in the cubin, in order."""
+    """{function: [(address, text)]} of the cubin (each function's addresses start at 0)."""
     out = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"sass_loops: cuobjdump {cubin}: {out.stderr.strip()}")
-    return [(int(m.group(1), 16), m.group(2)) for m in map(INSN.match, out.stdout.splitlines()) if m]
+    funcs, name = {}, None
+    for line in out.stdout.splitlines():
+        f = FUNCTION.match(line)
+        if f:
+            name = f.group(1)
+            funcs[name] = []
+            continue
+        m = INSN.match(line)
+        if m and name is not None:
+            funcs[name].append((int(m.group(1), 16), m.group(2)))
+    return funcs
 
 
 def opcode(text):
@@ -84,13 +95,21 @@ def main():
     ap.add_argument("cubin", nargs="+", help="one cubin, or two to compare")
     ap.add_argument("--mix", action="store_true", help="the innermost loop's opcodes")
     ap.add_argument("--cuobjdump")
+    ap.add_argument("--function", help="the kernel to look at (default: every kernel's loops)")
     args = ap.parse_args()
     if len(args.cubin) > 2:
         sys.exit("sass_loops: one or two cubins")
     tool = cuobjdump_path(args.cuobjdump)
     inner = []
     for path in args.cubin:
-        found = loops(instructions(tool, path))
+        funcs = instructions(tool, path)
+        if args.function and args.function not in funcs:
+            sys.exit(f"sass_loops: {path}: no function {args.function} ({', '.join(funcs)})")
+        found = []
+        for name, ins in funcs.items():
+            if args.function in (None, name):
+                found += loops(ins)
+        found.sort(key=lambda l: len(l[2]))
         describe(path, found)
         if not found:
             sys.exit(f"sass_loops: {path}: no loop with MMAs")

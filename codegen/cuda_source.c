@@ -46,8 +46,10 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     kpt_sb_printf(sb, "#define KPT_MASK_UNROLL _Pragma(\"unroll%s\")", pl->mask_rolled ? " 1" : "");
     if (pl->cfg.kind == KPT_KERNEL_BACKWARD) /* the sm_90a kernels' shape, as the runtime's */
         kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d"
-                      "\n#define KPT_BWD_DQ_TILES %d\n#define KPT_PREP_ROWS %d",
-                      KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS, pl->dq_tiles, KPT_BWD_PREP_ROWS);
+                      "\n#define KPT_BWD_DQ_TILES %d\n#define KPT_PREP_ROWS %d"
+                      "\n#define KPT_DS_FINITE %d",
+                      KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS, pl->dq_tiles, KPT_BWD_PREP_ROWS,
+                      pl->ds_finite);
     if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
         kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_NUM_AUX %d", pl->bm_per_h,
                       p->num_aux);

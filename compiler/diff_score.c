@@ -15,11 +15,13 @@
  * on ties (a <= b for min, a >= b for max), select differentiates the branch taken. Masks are not
  * differentiated: they decide which pairs exist, not their values.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "base/diag.h"
 #include "compiler/passes.h"
 #include "compiler/pipeline.h"
+#include "ir/ir_eval.h"
 
 typedef struct diff_state {
     kpt_ir_graph *g;
@@ -37,7 +39,49 @@ static bool is_one(kpt_ir_graph *g, kpt_ir_ref r)
     return n->op == KPT_IR_CONST && n->type == KPT_IR_F32 && n->imm.f == 1.0f;
 }
 
-/* Products and sums where an operand may be zero (0) or one. */
+static bool const_f32(kpt_ir_graph *g, kpt_ir_ref r, float *v)
+{
+    const kpt_ir_node *n = kpt_ir_node_get(g, r);
+    if (n->op != KPT_IR_CONST || n->type != KPT_IR_F32)
+        return false;
+    *v = n->imm.f;
+    return true;
+}
+
+/* x when m is x * k or k * x with k a constant (its value in *k), else 0. */
+static kpt_ir_ref const_factor(kpt_ir_graph *g, kpt_ir_ref m, float *k)
+{
+    const kpt_ir_node *n = kpt_ir_node_get(g, m);
+    if (n->op != KPT_IR_MUL)
+        return 0;
+    if (const_f32(g, n->arg[1], k) && !const_f32(g, n->arg[0], k))
+        return n->arg[0];
+    if (const_f32(g, n->arg[0], k))
+        return n->arg[1];
+    return 0;
+}
+
+static kpt_ir_ref mul(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b);
+
+/* c * (x * k) as x * (c k), the constants multiplied first (in f32), where c k is a normal
+ * number; else 0. */
+static kpt_ir_ref mul_consts(kpt_ir_graph *g, float c, kpt_ir_ref m)
+{
+    float k;
+    kpt_ir_ref x = const_factor(g, m, &k);
+    if (!x)
+        return 0;
+    const float ck = c * k;
+    if (!isnormal(ck))
+        return 0;
+    return mul(g, x, cf(g, ck));
+}
+
+/* Products and sums where an operand may be zero (0) or one. A constant times a product with a
+ * constant factor multiplies the two constants first: softcap's c tanh(s / c) then has the
+ * derivative 1 - tanh^2 instead of c ((1 - tanh^2) (1 / c)), two multiplications a pair fewer
+ * (c (1 / c) rounds to 1 in f32 here). The derivative's value moves by a rounding at most; the
+ * kernels and the reference evaluate the same nodes, so they still agree. */
 static kpt_ir_ref mul(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
 {
     if (!a || !b)
@@ -46,7 +90,13 @@ static kpt_ir_ref mul(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
         return b;
     if (is_one(g, b))
         return a;
-    return kpt_ir_binop(g, KPT_IR_MUL, a, b);
+    float c;
+    kpt_ir_ref folded = 0;
+    if (const_f32(g, a, &c))
+        folded = mul_consts(g, c, b);
+    else if (const_f32(g, b, &c))
+        folded = mul_consts(g, c, a);
+    return folded ? folded : kpt_ir_binop(g, KPT_IR_MUL, a, b);
 }
 
 static kpt_ir_ref add(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
@@ -72,9 +122,18 @@ static kpt_ir_ref sub(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
     return kpt_ir_binop(g, KPT_IR_SUB, a, b);
 }
 
+/* a / b, computed now when both are constants (softcap's d(s / c) = 1 / c), so that mul's
+ * constant factors see a constant. */
 static kpt_ir_ref dquot(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b)
 {
-    return a ? kpt_ir_binop(g, KPT_IR_DIV, a, b) : 0;
+    if (!a)
+        return 0;
+    float x, y;
+    if (const_f32(g, a, &x) && const_f32(g, b, &y)) {
+        const kpt_ir_value v[3] = {{.f = x}, {.f = y}, {.f = 0}};
+        return cf(g, (float)kpt_ir_apply(KPT_IR_DIV, KPT_IR_F32, KPT_IR_F32, v).f);
+    }
+    return kpt_ir_binop(g, KPT_IR_DIV, a, b);
 }
 
 /* select(c, da, db) with zeros spelled as constants where only one side is zero. */

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "base/diag.h"
+#include "compiler/analyze_range.h"
 #include "compiler/plan_tiles.h"
 #include "ir/ir.h"
 
@@ -35,6 +36,10 @@ kpt_status kpt_plan_mask(const kpt_pattern *p, kpt_kernel_plan *pl, kpt_diag *di
 {
     pl->has_mask = p->mask != 0;
     pl->has_score = p->score != 0;
+    kpt_range dr = {0, 0, false};
+    if (p->dscore && !kpt_analyze_range(&p->g, p->dscore, &dr))
+        return kpt_diag_set(diag, KPT_ERR_NO_MEMORY, "out of memory");
+    pl->ds_finite = kpt_range_finite(&dr);
     if (pl->has_mask) {
         uint16_t *deps = calloc(p->g.count, sizeof(*deps));
         if (!deps)

@@ -52,6 +52,9 @@ typedef struct kpt_kernel_plan {
     int stages;        /* kv tiles in flight (cp.async ring) */
     bool q_in_regs;    /* Q fragments kept in registers across the kv loop */
     bool has_mask, has_score;
+    /* backward: the score mod's derivative d s'/d s is finite at every score that is not NaN
+     * (compiler/analyze_range.c), so dS needs no guard against 0 * inf on dropped pairs */
+    bool ds_finite;
     bool has_blockmap; /* tiles are classified by a block-map kernel: the mask reads aux tensors,
                           or mask_bits */
     bool mask_loads;   /* the mask reads aux tensors (the paged kernels classify tiles without a

@@ -483,9 +483,16 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
     }
 }
 
-// P times d s'/d s, in place, for kpt_bwd_ds<..., false> (dropped pairs stay 0, never 0 * inf):
-// folded in as soon as P's A fragments are made, D's registers are free while the products that
-// follow are in flight.
+// x * d s'/d s for a pair of probability p (0 for dropped pairs). Where the derivative may be
+// infinite or NaN at a finite score (KPT_DS_FINITE 0, compiler/analyze_range.c), dropped pairs
+// are kept at 0 instead of 0 * inf; otherwise that select, two instructions a pair, is left out.
+__device__ __forceinline__ float kpt_times_ds(float p, float x, float d)
+{
+    return KPT_DS_FINITE || p != 0.0f ? x * d : 0.0f;
+}
+
+// P times d s'/d s, in place, for kpt_bwd_ds<..., false>: folded in as soon as P's A fragments
+// are made, D's registers are free while the products that follow are in flight.
 template <int N>
 __device__ __forceinline__ void kpt_bwd_fold(float (&S)[N / 8][4], const float (&D)[N / 8][4])
 {
@@ -493,7 +500,7 @@ __device__ __forceinline__ void kpt_bwd_fold(float (&S)[N / 8][4], const float (
     for (int n = 0; n < N / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            S[n][e] = S[n][e] != 0.0f ? S[n][e] * D[n][e] : 0.0f;
+            S[n][e] = kpt_times_ds(S[n][e], S[n][e], D[n][e]);
 }
 
 // dS = P (dP - delta) (times d s'/d s where WITH_D, the default with a score mod; without, P
@@ -510,10 +517,9 @@ __device__ __forceinline__ void kpt_bwd_ds(float (&S)[N / 8][4], const float (&d
                                    : make_float2(0.0f, 0.0f); // the column pair's delta
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float g = S[n][e] * (dP[n][e] - (KEY_ROWS ? ((e & 1) ? dc.y : dc.x) : del_row[e >> 1]));
-            if (WITH_D)
-                g = S[n][e] != 0.0f ? g * D[n][e] : 0.0f; // no 0 * inf from dropped pairs
-            S[n][e] = g;
+            const float g =
+                S[n][e] * (dP[n][e] - (KEY_ROWS ? ((e & 1) ? dc.y : dc.x) : del_row[e >> 1]));
+            S[n][e] = WITH_D ? kpt_times_ds(S[n][e], g, D[n][e]) : g;
         }
     }
 }
