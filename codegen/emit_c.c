@@ -307,10 +307,9 @@ static bool uniform_analyse(const kpt_pattern *p, uniform_info *u)
 }
 
 /* The statements of the nodes in `live`; a node with inputs[r] = i + 1 is not computed but read
- * from kv[i] (the key values of a split mask, below), and one with raw[r] = k != 0 (s * k in the
- * IR) as sr * (A.scale * k) from the unscaled score sr (kpt_emit_score_grad_body). */
+ * from kv[i] (the key values of a split mask, below). */
 static void emit_live(kpt_strbuf *sb, const kpt_pattern *p, const uint8_t *live,
-                      const uint8_t *inputs, const float *raw, const kpt_c_dialect *d)
+                      const uint8_t *inputs, const kpt_c_dialect *d)
 {
     uniform_info u = {0};
     if (!uniform_analyse(p, &u)) {
@@ -327,11 +326,7 @@ static void emit_live(kpt_strbuf *sb, const kpt_pattern *p, const uint8_t *live,
             kpt_sb_printf(sb, t == KPT_IR_BOOL ? "kv[%d] != 0" : "kv[%d]", inputs[r] - 1);
         else if (u.uniform[r])
             kpt_sb_printf(sb, "U.u%u", (unsigned)r);
-        else if (raw && raw[r] != 0.0f) {
-            kpt_sb_puts(sb, "(sr * (A.scale * ");
-            emit_float(sb, raw[r], d);
-            kpt_sb_puts(sb, "))");
-        } else
+        else
             emit_value(sb, p, r, d);
         kpt_sb_puts(sb, ";\n");
     }
@@ -346,7 +341,7 @@ static void emit_values(kpt_strbuf *sb, const kpt_pattern *p, const kpt_ir_ref *
         sb->failed = true;
         return;
     }
-    emit_live(sb, p, live, NULL, NULL, d);
+    emit_live(sb, p, live, NULL, d);
     free(live);
 }
 
@@ -474,7 +469,7 @@ int kpt_emit_mask_split(kpt_strbuf *keys, kpt_strbuf *pair, const kpt_pattern *p
                     live[nd->arg[i]] = 1;
         }
         kpt_sb_puts(pair, "    (void)A, (void)U, (void)b, (void)h, (void)q, (void)k, (void)kv;\n");
-        emit_live(pair, p, live, inputs, NULL, d);
+        emit_live(pair, p, live, inputs, d);
         kpt_sb_printf(pair, "    return v%u;", (unsigned)p->mask);
     } else {
         n = 0;
@@ -487,92 +482,19 @@ int kpt_emit_mask_split(kpt_strbuf *keys, kpt_strbuf *pair, const kpt_pattern *p
     return n;
 }
 
-/* k when node r is s * k or s / c (k = 1 / c rounded, as emit_fdiv takes it) for a constant,
- * else 0. */
-static float s_factor(const kpt_ir_graph *g, kpt_ir_ref r, kpt_ir_ref s)
-{
-    const kpt_ir_node *n = kpt_ir_node_get(g, r);
-    if (n->type != KPT_IR_F32 || n->nargs != 2 || n->arg[0] == n->arg[1])
-        return 0.0f;
-    kpt_ir_ref other = n->arg[0] == s ? n->arg[1] : n->arg[1] == s ? n->arg[0] : 0;
-    if (!other || (n->op == KPT_IR_DIV && n->arg[0] != s))
-        return 0.0f;
-    const kpt_ir_node *c = kpt_ir_node_get(g, other);
-    if (c->op != KPT_IR_CONST || !isfinite(c->imm.f) || c->imm.f == 0.0f)
-        return 0.0f;
-    float k = n->op == KPT_IR_MUL ? c->imm.f : n->op == KPT_IR_DIV ? (float)(1.0 / (double)c->imm.f)
-                                                                    : 0.0f;
-    return isnormal(k) ? k : 0.0f;
-}
-
-/* raw[r] for every live node that multiplies s by a constant, when no other node reads s: those
- * then start from the unscaled score (a product fewer a pair). False when some node reads s
- * otherwise (raw is left zero). */
-static bool raw_factors(const kpt_pattern *p, const uint8_t *live, float *raw)
-{
-    const kpt_ir_graph *g = &p->g;
-    const kpt_ir_node leaf = {.op = KPT_IR_S, .type = KPT_IR_F32};
-    const kpt_ir_ref s = kpt_ir_find(g, &leaf);
-    if (!s || !live[s])
-        return false;
-    for (kpt_ir_ref r = 1; r < g->count; r++) {
-        const kpt_ir_node *n = kpt_ir_node_get(g, r);
-        bool reads = false;
-        for (int a = 0; a < n->nargs; a++)
-            reads = reads || n->arg[a] == s;
-        if (!live[r] || !reads)
-            continue;
-        if ((raw[r] = s_factor(g, r, s)) == 0.0f) {
-            memset(raw, 0, g->count * sizeof(*raw));
-            return false;
-        }
-    }
-    return true;
-}
-
-/* The score in log2 units: a constant factor of the root (softcap's c tanh) is multiplied by
- * log2(e) here, so the kernel's exponent is one fused multiply-add. */
-static void emit_return_log2(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
-{
-    const kpt_ir_node *n = kpt_ir_node_get(&p->g, p->score);
-    for (int i = 0; n->op == KPT_IR_MUL && i < 2; i++) {
-        const kpt_ir_node *c = kpt_ir_node_get(&p->g, n->arg[i]);
-        const float cl = c->op == KPT_IR_CONST ? c->imm.f * 1.44269504f : 0.0f;
-        if (c->type == KPT_IR_F32 && isnormal(cl) && n->arg[1 - i] != n->arg[i]) {
-            kpt_sb_printf(sb, "    return v%u * ", (unsigned)n->arg[1 - i]);
-            emit_float(sb, cl, d);
-            kpt_sb_puts(sb, ";");
-            return;
-        }
-    }
-    kpt_sb_printf(sb, "    return v%u * KPT_LOG2E;", (unsigned)p->score);
-}
-
 void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)
 {
-    kpt_sb_puts(sb, "    const float s = sr * A.scale;\n");
     if (!p->score) {
-        kpt_sb_puts(sb, "    (void)s;\n    ds = 1.0f;\n    return sr * A.scale_log2;");
+        kpt_sb_puts(sb, "    ds = 1.0f;\n    return s;");
         return;
     }
     kpt_ir_ref roots[2] = {p->score, p->dscore};
-    uint8_t *live = live_set(p, roots, p->dscore ? 2 : 1);
-    float *raw = calloc(p->g.count ? p->g.count : 1, sizeof(*raw));
-    if (!live || !raw) {
-        free(live);
-        free(raw);
-        sb->failed = true;
-        return;
-    }
-    emit_live(sb, p, live, NULL, raw_factors(p, live, raw) ? raw : NULL, d);
-    free(live);
-    free(raw);
-    kpt_sb_puts(sb, "    (void)s;\n");
+    emit_values(sb, p, roots, p->dscore ? 2 : 1, d);
     if (p->dscore)
         kpt_sb_printf(sb, "    ds = v%u;\n", (unsigned)p->dscore);
     else
         kpt_sb_puts(sb, "    ds = 1.0f;\n");
-    emit_return_log2(sb, p, d);
+    kpt_sb_printf(sb, "    return v%u;", (unsigned)p->score);
 }
 
 void kpt_emit_aux_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d)

@@ -65,10 +65,9 @@ void kpt_emit_mask_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialec
  * bodies are then trivial. */
 int kpt_emit_mask_split(kpt_strbuf *keys, kpt_strbuf *pair, const kpt_pattern *p,
                         const kpt_c_dialect *d);
-/* Body of `float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float sr, int b, int h,
- * int q, int k, float &ds)` for a derived pattern (kpt_diff_score): sr is the unscaled score
- * (q . k), s = sr * A.scale; returns the score mod's value at s times log2(e) (the exponent of
- * the kernel's exp2) and sets ds to its derivative d s'/d s. */
+/* Body of `float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float s, int b, int h,
+ * int q, int k, float &ds)` for a derived pattern (kpt_diff_score): returns the score mod's value
+ * at s and sets ds to its derivative d s'/d s. */
 void kpt_emit_score_grad_body(kpt_strbuf *sb, const kpt_pattern *p, const kpt_c_dialect *d);
 /* Body of `void kpt_aux_grads(const kpt_args &A, const kpt_uniform &U, const kpt_gargs &G, float s,
  * int b, int h, int q, int k, float g)` for a derived pattern: for each float aux load of the score

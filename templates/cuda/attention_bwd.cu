@@ -38,9 +38,8 @@ static_assert(sizeof(kpt_gargs) == 464, "kpt_gargs layout");
 
 #define KPT_INF __int_as_float(0x7f800000u)
 
-// The score mod and its derivative at one pair (generated from the pattern's derived IR): sr is
-// q . k before the softmax scale, the result in log2 units (codegen/emit_c.h).
-KPT_DEV float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float sr, int b, int h,
+// The score mod and its derivative at one pair (generated from the pattern's derived IR).
+KPT_DEV float kpt_score_grad(const kpt_args &A, const kpt_uniform &U, float s, int b, int h,
                              int q, int k, float &ds)
 {
 @GRAD@
@@ -471,16 +470,14 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
             const int r = row0 + (lane >> 2) + (e >> 1) * 8;
             const int c = n * 8 + (lane & 3) * 2 + (e & 1);
             const int qi = KEY_ROWS ? col0 + c : r, ki = KEY_ROWS ? r : col0 + c;
-            // the exponent in log2 units: the scale and log2(e) in one product (with a score mod,
-            // folded into its constants where it has them: kpt_score_grad)
+            float x = S[n][e] * A.scale;
 #if KPT_HAS_SCORE
-            const float x = kpt_score_grad(A, U, S[n][e], b, h, qi, ki, D[n][e]);
+            x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
 #else
             (void)qi, (void)ki;
-            const float x = S[n][e] * A.scale_log2;
 #endif
             const float lse = KEY_ROWS ? ((e & 1) ? lc.y : lc.x) : lse_row[e >> 1];
-            const float p = kpt_ex2(x - lse);
+            const float p = kpt_ex2(x * KPT_LOG2E - lse);
             S[n][e] = (keep >> (n * 4 + e)) & 1 ? p : 0.0f;
         }
     }
