@@ -5,6 +5,7 @@
 #include "tests/testutil.h"
 #include "compiler/analyze_range.h"
 #include "compiler/passes.h"
+#include "compiler/plan_tiles.h"
 
 static kpt_ir_env random_env(kpt_rng *rng, const kpt_ir_value *scalars)
 {
@@ -98,6 +99,31 @@ static void test_derivatives(void **state)
     free(ir);
 }
 
+/* The backward plan carries the answer (KPT_DS_FINITE in the kernel). */
+static bool plan_ds_finite(const char *source)
+{
+    kpt_diag d = {0};
+    kpt_pattern *p = NULL;
+    if (kpt_pattern_parse(source, &p, &d) != KPT_OK)
+        fail_msg("%s: %s", source, d.message);
+    assert_int_equal(kpt_diff_score(p, &d), KPT_OK);
+    kpt_kernel_config c = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = 128,
+                           .dv = 128, .sm = 90, .wgmma = true};
+    kpt_kernel_plan plan;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+    kpt_pattern_destroy(&p);
+    return plan.ds_finite;
+}
+
+static void test_plan(void **state)
+{
+    (void)state;
+    assert_true(plan_ds_finite("causal+softcap(30)"));
+    assert_true(plan_ds_finite("alibi+causal")); /* d s'/d s = 1 */
+    assert_true(plan_ds_finite("causal"));       /* no score mod */
+    assert_false(plan_ds_finite("causal+softcap($c=30)")); /* 1 / c of a runtime cap */
+}
+
 /* Soundness: the interpreter's value of random expressions (and of their derivatives) at random
  * points, scores of every magnitude and +-inf among them, lies inside the range. */
 static void check_point(const kpt_pattern *p, kpt_ir_ref root, const kpt_range *r,
@@ -163,6 +189,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixed),
         cmocka_unit_test(test_derivatives),
+        cmocka_unit_test(test_plan),
         cmocka_unit_test(test_random_sound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
