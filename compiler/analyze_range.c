@@ -101,8 +101,8 @@ static kpt_range binary(kpt_ir_op op, kpt_range a, kpt_range b)
         if ((has_zero(a) && has_inf(b)) || (has_inf(a) && has_zero(b)))
             return ANY;
         return corners(mul, a, b);
-    case KPT_IR_DIV:
-        if (has_zero(b) || (has_inf(a) && has_inf(b)))
+    case KPT_IR_DIV: /* the kernels take x * rcp(y), and rcp flushes to 0 past 2^126 */
+        if (has_zero(b) || (has_inf(a) && fmax(fabs(b.lo), fabs(b.hi)) >= 0x1p126))
             return ANY;
         return corners(quo, a, b);
     case KPT_IR_MIN:

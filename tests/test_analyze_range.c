@@ -65,6 +65,12 @@ static void test_fixed(void **state)
     assert_false(kpt_range_finite(&r));
     r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 const 0\n%3 = f32 mul %1 %2\nscore %3\n");
     assert_true(r.nan);
+    /* s / 1e38: the kernels' reciprocal of 1e38 flushes to 0, and inf * 0 is NaN */
+    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 const 1e38\n%3 = f32 div %1 %2\nscore %3\n");
+    assert_true(r.nan);
+    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 tanh %1\n%3 = f32 const 1e38\n"
+                    "%4 = f32 div %2 %3\nscore %4\n");
+    assert_true(kpt_range_finite(&r));
     /* a square is never NaN; exp(-s^2) is bounded: erf's derivative */
     r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 mul %1 %1\n%3 = f32 neg %2\n"
                     "%4 = f32 exp %3\nscore %4\n");
