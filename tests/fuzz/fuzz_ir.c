@@ -16,7 +16,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The passes, then the forward kernel's source for sm_80 (planning and emission; no NVRTC). */
+/* The passes, then the forward and backward kernels' source for sm_80 (planning and emission;
+ * no NVRTC): the backward's adds the score mod's derivatives (diff_score) and their range
+ * (analyze_range). */
 static void generate(kpt_pattern *p)
 {
     kpt_diag d = {0};
@@ -25,14 +27,17 @@ static void generate(kpt_pattern *p)
             abort(); /* every failure says why */
         return;
     }
-    const kpt_kernel_request rq = {.kind = KPT_KERNEL_FORWARD, .dtype = KPT_DTYPE_BF16,
-                                   .dqk = 64, .dv = 64};
-    kpt_kernel_plan plan;
-    char *src = NULL;
-    if (kpt_kernel_generate(kpt_target_find("cuda:sm_80"), p, &rq, &plan, &src, &d) != KPT_OK &&
-        !d.message[0])
-        abort();
-    free(src);
+    for (int kind = KPT_KERNEL_FORWARD; kind <= KPT_KERNEL_BACKWARD; kind++) {
+        const kpt_kernel_request rq = {.kind = (kpt_kernel_kind)kind, .dtype = KPT_DTYPE_BF16,
+                                       .dqk = 64, .dv = 64};
+        kpt_kernel_plan plan;
+        char *src = NULL;
+        if (kpt_kernel_generate(kpt_target_find("cuda:sm_80"), p, &rq, &plan, &src, &d) !=
+                KPT_OK &&
+            !d.message[0])
+            abort();
+        free(src);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
