@@ -7,20 +7,6 @@
 #include "compiler/passes.h"
 #include "compiler/plan_tiles.h"
 
-static kpt_ir_env random_env(kpt_rng *rng, const kpt_ir_value *scalars)
-{
-    return (kpt_ir_env){
-        .b = (int32_t)kpt_rng_range(rng, 0, 3),
-        .h = (int32_t)kpt_rng_range(rng, 0, 11),
-        .q = (int32_t)kpt_rng_range(rng, 0, 200),
-        .k = (int32_t)kpt_rng_range(rng, 0, 200),
-        .sq = (int32_t)kpt_rng_range(rng, 1, 201),
-        .skv = (int32_t)kpt_rng_range(rng, 1, 201),
-        .hq = (int32_t)kpt_rng_range(rng, 1, 12),
-        .scalars = scalars,
-    };
-}
-
 static kpt_range score_range(const char *ir)
 {
     kpt_diag d = {0};
@@ -50,44 +36,49 @@ static kpt_range dscore_range(const char *source, char **ir)
     return r;
 }
 
+/* Expressions of s (IR text), whether their range is finite and whether it may hold NaN, and a
+ * bound the range must lie within (0: none checked). */
+static const struct {
+    const char *ir;
+    bool finite, nan;
+    double bound;
+} fixed[] = {
+    {"%1 = f32 s\n%2 = f32 tanh %1\nscore %2\n", true, false, 1.05},
+    /* s * 2, s / s (inf / inf), 1 / s (0), s * 0 (inf * 0): not finite */
+    {"%1 = f32 s\n%2 = f32 const 2\n%3 = f32 mul %1 %2\nscore %3\n", false, false, 0},
+    {"%1 = f32 s\n%2 = f32 div %1 %1\nscore %2\n", false, true, 0},
+    {"%1 = f32 s\n%2 = f32 const 1\n%3 = f32 div %2 %1\nscore %3\n", false, true, 0},
+    {"%1 = f32 s\n%2 = f32 const 0\n%3 = f32 mul %1 %2\nscore %3\n", false, true, 0},
+    /* s / 1e38: the kernels' reciprocal of 1e38 flushes to 0, and inf * 0 is NaN */
+    {"%1 = f32 s\n%2 = f32 const 1e38\n%3 = f32 div %1 %2\nscore %3\n", false, true, 0},
+    {"%1 = f32 s\n%2 = f32 tanh %1\n%3 = f32 const 1e38\n%4 = f32 div %2 %3\nscore %4\n", true,
+     false, 0},
+    /* a square is never NaN; exp(-s^2) is bounded: erf's derivative */
+    {"%1 = f32 s\n%2 = f32 mul %1 %1\n%3 = f32 neg %2\n%4 = f32 exp %3\nscore %4\n", true, false,
+     1.05},
+    /* exp(s) overflows; sqrt of a negative is NaN */
+    {"%1 = f32 s\n%2 = f32 exp %1\nscore %2\n", false, false, 0},
+    {"%1 = f32 s\n%2 = f32 sqrt %1\nscore %2\n", false, true, 0},
+    /* positions are finite, and so is anything bounded made of them and tanh */
+    {"%1 = i32 q\n%2 = i32 k\n%3 = i32 sub %1 %2\n%4 = f32 to_f32 %3\n%5 = f32 s\n"
+     "%6 = f32 tanh %5\n%7 = f32 mul %4 %6\nscore %7\n", true, false, 0},
+    /* float aux data can be anything: tanh of NaN data is NaN */
+    {"aux bias f32 [16] range -1 1\n%1 = i32 const 3\n%2 = f32 load bias %1\n%3 = f32 s\n"
+     "%4 = f32 add %3 %2\n%5 = f32 tanh %4\nscore %5\n", false, true, 1.05},
+};
+
 static void test_fixed(void **state)
 {
     (void)state;
-    kpt_range r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 tanh %1\nscore %2\n");
-    assert_true(kpt_range_finite(&r) && r.lo >= -1.01 && r.hi <= 1.01);
-    /* s itself, s / s (inf / inf), 1 / s (0), s * 0 (inf * 0): not finite */
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 const 2\n%3 = f32 mul %1 %2\nscore %3\n");
-    assert_false(kpt_range_finite(&r));
-    assert_false(r.nan);
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 div %1 %1\nscore %2\n");
-    assert_true(r.nan);
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 const 1\n%3 = f32 div %2 %1\nscore %3\n");
-    assert_false(kpt_range_finite(&r));
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 const 0\n%3 = f32 mul %1 %2\nscore %3\n");
-    assert_true(r.nan);
-    /* s / 1e38: the kernels' reciprocal of 1e38 flushes to 0, and inf * 0 is NaN */
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 const 1e38\n%3 = f32 div %1 %2\nscore %3\n");
-    assert_true(r.nan);
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 tanh %1\n%3 = f32 const 1e38\n"
-                    "%4 = f32 div %2 %3\nscore %4\n");
-    assert_true(kpt_range_finite(&r));
-    /* a square is never NaN; exp(-s^2) is bounded: erf's derivative */
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 mul %1 %1\n%3 = f32 neg %2\n"
-                    "%4 = f32 exp %3\nscore %4\n");
-    assert_true(kpt_range_finite(&r) && r.lo >= 0 && r.hi <= 1.01);
-    /* exp(s) overflows; log and sqrt of a negative are NaN */
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 exp %1\nscore %2\n");
-    assert_false(kpt_range_finite(&r));
-    r = score_range("kpt-ir 1\n%1 = f32 s\n%2 = f32 sqrt %1\nscore %2\n");
-    assert_true(r.nan);
-    /* positions are finite, and so is anything bounded made of them and tanh */
-    r = score_range("kpt-ir 1\n%1 = i32 q\n%2 = i32 k\n%3 = i32 sub %1 %2\n%4 = f32 to_f32 %3\n"
-                    "%5 = f32 s\n%6 = f32 tanh %5\n%7 = f32 mul %4 %6\nscore %7\n");
-    assert_true(kpt_range_finite(&r));
-    /* float aux data can be anything */
-    r = score_range("kpt-ir 1\naux bias f32 [16] range -1 1\n%1 = i32 const 3\n%2 = f32 load bias %1\n"
-                    "%3 = f32 s\n%4 = f32 add %3 %2\n%5 = f32 tanh %4\nscore %5\n");
-    assert_true(r.nan && r.lo >= -1.01 && r.hi <= 1.01); /* tanh of NaN data is NaN */
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+        char ir[512];
+        snprintf(ir, sizeof(ir), "kpt-ir 1\n%s", fixed[i].ir);
+        const kpt_range r = score_range(ir);
+        if (kpt_range_finite(&r) != fixed[i].finite || r.nan != fixed[i].nan)
+            fail_msg("%s: [%g, %g] NaN %d", ir, r.lo, r.hi, r.nan);
+        if (fixed[i].bound && (r.lo < -fixed[i].bound || r.hi > fixed[i].bound))
+            fail_msg("%s: [%g, %g] is wider than +-%g", ir, r.lo, r.hi, fixed[i].bound);
+    }
 }
 
 static void test_derivatives(void **state)
@@ -174,7 +165,7 @@ static void test_random_sound(void **state)
         dfinite += G.p->dscore && kpt_range_finite(&rd);
         for (int n = 0; n < 40; n++) {
             sc[0].i = (int32_t)kpt_rng_range(&G.rng, -5, 50);
-            kpt_ir_env env = random_env(&G.rng, sc);
+            kpt_ir_env env = gen_env(&G.rng, sc);
             if (n < 2)
                 env.s = n ? -INFINITY : INFINITY;
             else if (n < 12)

@@ -14,29 +14,13 @@ static kpt_pattern *clone(const kpt_pattern *p)
     return c;
 }
 
-static kpt_ir_env random_env(kpt_rng *rng, const kpt_ir_value *scalars)
-{
-    kpt_ir_env env = {
-        .s = kpt_rng_normal(rng) * 3,
-        .b = (int32_t)kpt_rng_range(rng, 0, 3),
-        .h = (int32_t)kpt_rng_range(rng, 0, 11),
-        .q = (int32_t)kpt_rng_range(rng, 0, 200),
-        .k = (int32_t)kpt_rng_range(rng, 0, 200),
-        .sq = (int32_t)kpt_rng_range(rng, 1, 201),
-        .skv = (int32_t)kpt_rng_range(rng, 1, 201),
-        .hq = (int32_t)kpt_rng_range(rng, 1, 12),
-        .scalars = scalars,
-    };
-    return env;
-}
-
 static void check_same_meaning(const kpt_pattern *a, const kpt_pattern *b, kpt_rng *rng,
                                double tol, int points)
 {
     kpt_ir_value sc[1];
     for (int n = 0; n < points; n++) {
         sc[0].i = (int32_t)kpt_rng_range(rng, -5, 50);
-        kpt_ir_env env = random_env(rng, sc);
+        kpt_ir_env env = gen_env(rng, sc);
         for (int root = 0; root < 2; root++) {
             kpt_ir_ref ra = root ? a->mask : a->score, rb = root ? b->mask : b->score;
             kpt_ir_value va, vb;

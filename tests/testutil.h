@@ -36,6 +36,24 @@ static inline int64_t gr(gen *G, int64_t lo, int64_t hi)
     return kpt_rng_range(&G->rng, lo, hi);
 }
 
+/* A random environment for evaluating such expressions: small positions and lengths, s of
+ * magnitude about 3, the given scalars. */
+static inline kpt_ir_env gen_env(kpt_rng *rng, const kpt_ir_value *scalars)
+{
+    kpt_ir_env env = {
+        .s = kpt_rng_normal(rng) * 3,
+        .b = (int32_t)kpt_rng_range(rng, 0, 3),
+        .h = (int32_t)kpt_rng_range(rng, 0, 11),
+        .q = (int32_t)kpt_rng_range(rng, 0, 200),
+        .k = (int32_t)kpt_rng_range(rng, 0, 200),
+        .sq = (int32_t)kpt_rng_range(rng, 1, 201),
+        .skv = (int32_t)kpt_rng_range(rng, 1, 201),
+        .hq = (int32_t)kpt_rng_range(rng, 1, 12),
+        .scalars = scalars,
+    };
+    return env;
+}
+
 static kpt_ir_ref gen_expr(gen *G, kpt_ir_type t, int depth);
 
 static inline kpt_ir_ref gen_i32(gen *G, int depth)
