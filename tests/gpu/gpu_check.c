@@ -1,9 +1,11 @@
 /* gpu_check: every pattern x dtype x head dims x GQA ratio x lengths on the CUDA backend, against
  * the CPU reference, on fresh random inputs with poisoned outputs (tests/gpu/README.md).
  *
- *   gpu_check [--quick] [--filter TEXT] [--seed N] [--scripts DIR]
+ *   gpu_check [--quick] [--filter TEXT] [--shard K/N] [--seed N] [--scripts DIR]
  *
- * --quick runs a small subset (for compute-sanitizer). --scripts adds every Lua pattern script
+ * --quick runs a small subset (for compute-sanitizer). --shard K/N runs the cases whose index is
+ * K modulo N (0 <= K < N), so that N processes share the matrix (NVRTC's compiles and the CPU
+ * reference set its time: the full matrix took 341 s in one process on the H200). --scripts adds every Lua pattern script
  * of DIR (examples/patterns) with its default params; a build without Lua skips them. Prints one line per case and a summary;
  * exits 0 when every case passes, 1 when one fails, 77 (skip) when there is no CUDA device.
  */
@@ -344,7 +346,9 @@ int main(int argc, char **argv)
                                          {"filter", required_argument, NULL, 'f'},
                                          {"seed", required_argument, NULL, 's'},
                                          {"scripts", required_argument, NULL, 'd'},
+                                         {"shard", required_argument, NULL, 'k'},
                                          {NULL, 0, NULL, 0}};
+    int shard = 0, shards = 1;
     bool bad = false;
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         if (c == 'q')
@@ -355,11 +359,15 @@ int main(int argc, char **argv)
             seed = strtoull(optarg, NULL, 10);
         else if (c == 'd')
             scripts = optarg;
+        else if (c == 'k')
+            bad |= sscanf(optarg, "%d/%d", &shard, &shards) != 2 || shards < 1 || shard < 0 ||
+                   shard >= shards;
         else
             bad = true; /* getopt_long said what was wrong */
     }
     if (bad || optind != argc) {
-        fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--seed N] [--scripts DIR]\n");
+        fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--shard K/N (0 <= K < N)] "
+                        "[--seed N] [--scripts DIR]\n");
         return 2;
     }
     kpt_diag d = {0};
@@ -379,7 +387,7 @@ int main(int argc, char **argv)
            "Sq,Skv", "rel err", "lse err", "result");
     for (int i = 0; i < ncases; i++) {
         const gcase *c = &cases[i];
-        if (filter && !strstr(c->pattern, filter))
+        if ((filter && !strstr(c->pattern, filter)) || i % shards != shard)
             continue;
         result r;
         int rc = run_case(&dev, c, seed + (uint64_t)i * 7919, &r);
