@@ -2,7 +2,10 @@
 """kpt's backward, kernel by kernel: the GPU time of each of its kernels (CUPTI's durations,
 through torch.profiler) for one call with the L2 cache flushed before it, the median over
 --reps calls, in the default and the deterministic mode. For A/B work on the kernels: the sum
-leaves out launch gaps and host time, and one library per process keeps builds apart.
+leaves out launch gaps and host time, and one library per process keeps builds apart. Beside it,
+without the profiler: the wall time of a call (CUDA events around it, the L2 flush completed
+first) and the host's time in the call (its submission), where a burst figure differs from the
+kernels' sum.
 
     python3 bench/bwd_kernel_times.py --lib build-gpu/libkpt.so --cases full:16384,causal:4096
 
@@ -14,6 +17,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -51,6 +55,26 @@ def kernel_times(fn, flush, reps):
             each.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
     return (statistics.median(totals), {n: statistics.median(t) for n, t in each.items()},
             statistics.median(spans))
+
+
+def wall_times(fn, flush, reps):
+    """Per call, without the profiler: the CUDA events' time around it (the GPU's span plus any
+    wait for the host's first launch) and the host's time in fn (its submission), us, medians.
+    The L2 flush completes before each call, so the wait for the first launch shows whole."""
+    walls, hosts = [], []
+    for _ in range(reps):
+        flush.zero_()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        e1.record()
+        e1.synchronize()
+        walls.append(e0.elapsed_time(e1) * 1e3)
+        hosts.append((t1 - t0) * 1e6)
+    return statistics.median(walls), statistics.median(hosts)
 
 
 def parse_cases(text):
@@ -107,9 +131,11 @@ def main():
                 run()
                 torch.cuda.synchronize()
                 total, each, span = kernel_times(run, flush, args.reps)
+                wall, host = wall_times(run, flush, args.reps)
                 kernels = " ".join(f"{n.split('(')[0][:16]} {t:.0f}" for n, t in each.items())
                 parts.append(f"{'det.' if det else 'default'} {total:8.1f} us "
-                             f"{flops / total / 1e6:4.0f} TF/s, span {span:.1f} us ({kernels})")
+                             f"{flops / total / 1e6:4.0f} TF/s, span {span:.1f} us, wall "
+                             f"{wall:.1f} us, host {host:.0f} us ({kernels})")
             print(f"{name:14s} S={S:6d} | " + " | ".join(parts), flush=True)
 
 
