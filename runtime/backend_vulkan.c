@@ -1000,8 +1000,7 @@ static kpt_status vk_paged_plan(kpt_backend *b, void *kernel, const kpt_paged_sh
     out->splits = paged_splits(v, k, shape, out);
     if ((st = paged_budget(v, k, out->max_kv, (int)group, out->splits, diag)))
         return st;
-    if (out->splits > 1)
-        out->workspace_bytes = kpt_paged_workspace_bytes(out, (int)bm, k->plan.cfg.dv, NULL);
+    out->workspace_bytes = kpt_paged_plan_workspace(out, (int)bm, k->plan.cfg.dv);
     return KPT_OK;
 }
 

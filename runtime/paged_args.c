@@ -191,6 +191,17 @@ size_t kpt_paged_workspace_bytes(const kpt_paged_plan *plan, int rows, int dv,
     return off + slots * sizeof(float);
 }
 
+size_t kpt_paged_plan_workspace(const kpt_paged_plan *plan, int rows, int dv)
+{
+    return plan->splits > 1 ? kpt_paged_workspace_bytes(plan, rows, dv, NULL) : 0;
+}
+
+/* The CTAs a plan launches: blocks x splits x kv heads. */
+static int64_t plan_ctas(const kpt_paged_plan *plan)
+{
+    return (int64_t)plan->blocks * plan->splits * plan->num_heads_kv;
+}
+
 /* Parts for the tail of a ragged batch. Items start in launch order as slots free up, so the
  * longest can start last: the run then ends up to (longest - mean) / splits after the average
  * share, while each part adds KPT_PAGED_CTA_TILES to the share; their sum is least at
@@ -314,14 +325,8 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
     if ((int64_t)out->blocks * s->num_heads_kv * out->splits > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many query blocks (%d) for one launch",
                             out->blocks);
-    if (out->splits > 1)
-        out->workspace_bytes = kpt_paged_workspace_bytes(out, KPT_PAGED_ROWS, dv, NULL);
+    out->workspace_bytes = kpt_paged_plan_workspace(out, KPT_PAGED_ROWS, dv);
     return KPT_OK;
-}
-
-static int64_t plan_ctas(const kpt_paged_plan *plan)
-{
-    return (int64_t)plan->blocks * plan->splits * plan->num_heads_kv;
 }
 
 kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, int per_sm,
@@ -345,8 +350,7 @@ kpt_status kpt_paged_plan_sms(const kpt_paged_shape *s, int sms, bool two_wide, 
         const int cap = two.max_kv / (KPT_PAGED_WIDE_TILES * KPT_PAGED_TILE);
         if (!thin && two.splits > cap) {
             two.splits = cap > 1 ? cap : 1;
-            two.workspace_bytes =
-                two.splits > 1 ? kpt_paged_workspace_bytes(&two, KPT_PAGED_ROWS, dv, NULL) : 0;
+            two.workspace_bytes = kpt_paged_plan_workspace(&two, KPT_PAGED_ROWS, dv);
         }
         if (two.splits > out->splits && plan_ctas(&two) <= slots) {
             *out = two;
@@ -376,13 +380,12 @@ static bool plan_blocks_ok(const kpt_paged_plan *plan)
 bool kpt_paged_plan_ok(const kpt_paged_plan *plan, int rows, int dv)
 {
     return plan->splits >= 1 && plan->splits <= KPT_PAGED_MAX_SPLITS && plan_blocks_ok(plan) &&
-           plan->workspace_bytes ==
-               (plan->splits > 1 ? kpt_paged_workspace_bytes(plan, rows, dv, NULL) : 0);
+           plan->workspace_bytes == kpt_paged_plan_workspace(plan, rows, dv);
 }
 
 bool kpt_paged_one_per_sm(const kpt_paged_plan *plan, int sms)
 {
-    return (int64_t)plan->blocks * plan->splits * plan->num_heads_kv <= sms;
+    return plan_ctas(plan) <= sms;
 }
 
 kpt_status kpt_paged_check_plan(const kpt_paged_plan *plan, const kpt_paged_binding *pb,

@@ -116,5 +116,7 @@ int kpt_paged_split_work(const kpt_paged_work *w, int heads, int64_t slots);
  * the launch) and kv head hk: ((x splits + s) Hkv + hk) rows + r. Returns the bytes in all. */
 size_t kpt_paged_workspace_bytes(const kpt_paged_plan *plan, int rows, int dv,
                                  size_t *lse_offset);
+/* A plan's workspace_bytes: kpt_paged_workspace_bytes where it splits, else 0. */
+size_t kpt_paged_plan_workspace(const kpt_paged_plan *plan, int rows, int dv);
 
 #endif
