@@ -54,11 +54,9 @@ static kpt_ir_ref const_factor(kpt_ir_graph *g, kpt_ir_ref m, float *k)
     const kpt_ir_node *n = kpt_ir_node_get(g, m);
     if (n->op != KPT_IR_MUL)
         return 0;
-    if (const_f32(g, n->arg[1], k) && !const_f32(g, n->arg[0], k))
-        return n->arg[0];
     if (const_f32(g, n->arg[0], k))
         return n->arg[1];
-    return 0;
+    return const_f32(g, n->arg[1], k) ? n->arg[0] : 0;
 }
 
 static kpt_ir_ref mul(kpt_ir_graph *g, kpt_ir_ref a, kpt_ir_ref b);
