@@ -65,11 +65,12 @@ __device__ __forceinline__ u32 kpt_bwd_cols(int c, int cols, int rows)
 // blocks, ROWS * 128 bytes apart).
 template <int ROWS> __device__ __forceinline__ u64 kpt_desc_k(u32 t, int kk)
 {
-    return kpt_sw128_desc(t + (u32)((kk >> 2) * ROWS * 128 + (kk & 3) * 32), 16, 1024);
+    const u32 off = (u32)((kk >> 2) * ROWS * 128 + (kk & 3) * 32);
+    return kpt_desc_add(kpt_sw128_desc(t, 16, 1024), off);
 }
 template <int ROWS> __device__ __forceinline__ u64 kpt_desc_mn(u32 t, int kk)
 {
-    return kpt_sw128_desc(t + (u32)(kk * 16 * 128), ROWS * 128, 1024);
+    return kpt_desc_add(kpt_sw128_desc(t, ROWS * 128, 1024), (u32)(kk * 16 * 128));
 }
 
 // C (64 x N, N = 64 or 32) = A (64 rows at a, in a tile of RA rows) B^T (N rows at b, in a tile
@@ -304,7 +305,7 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
     kpt_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KPT_BN / 16; kk++)
-        kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_sw128_desc(tDS + kk * 16 * 128, 64 * 128, 1024),
+        kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_desc_mn<64>(tDS, kk),
                                kpt_desc_mn<KPT_BN>(sK + c * KPT_BN * 128, kk), kk > 0);
     kpt_wgmma_commit();
     kpt_wgmma_wait<0>();

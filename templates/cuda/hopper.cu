@@ -136,6 +136,15 @@ __device__ __forceinline__ u64 kpt_sw128_desc(u32 addr, u32 lbo, u32 sbo)
            (1ull << 62);
 }
 
+// desc (kpt_sw128_desc) of the operand `bytes` (a multiple of 16) further on: a 32-bit add to its
+// start address field, which does not carry (shared addresses stay below 256 KB). Built from one
+// base descriptor, the k steps of a product cost an add each instead of the add, mask, shift and
+// or of a fresh descriptor.
+__device__ __forceinline__ u64 kpt_desc_add(u64 desc, u32 bytes)
+{
+    return (desc & 0xffffffff00000000ull) | (u32)((u32)desc + (bytes >> 4));
+}
+
 // One k step of O (64 x 128, f32) += P (64 x 16, registers, the mma.sync A-fragment layout per
 // warp; operands pk) * V (16 x 128, shared, MN-major: N contiguous), V's descriptor %96 plus off
 // (in 16-byte units of the 14-bit address field, which does not carry: shared addresses stay
