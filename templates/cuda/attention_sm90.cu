@@ -268,11 +268,12 @@ __device__ __forceinline__ void kpt_issue_s(float (&S)[KPT_BN / 8][4], const kpt
                                             u32 tK)
 {
     kpt_wgmma_fence();
+    const u64 dk = kpt_sw128_desc(tK, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < KPT_DQK / 16; kk++) {
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
         const u64 da = dq.d[kk];
-        const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
+        const u64 db = kpt_desc_add(dk, (kk >> 2) * KPT_BN * 128 + kb);
 #if KPT_BN == 128
         kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
 #else

@@ -181,9 +181,10 @@ __device__ __forceinline__ void kpt_issue_pv(float (&O)[KPT_DV / 8][4],
 #if KPT_DV == 128 && KPT_BN == 128
     kpt_wgmma_pv128(&O[0][0], P, kpt_sw128_desc(tV, KPT_BN * 128, 1024));
 #else
+    const u64 dv0 = kpt_sw128_desc(tV, KPT_BN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < KPT_BN / 16; kk++) {
-        const u64 dv = kpt_sw128_desc(tV + kk * 16 * 128, KPT_BN * 128, 1024);
+        const u64 dv = kpt_desc_add(dv0, kk * 16 * 128);
 #if KPT_DV == 64
         kpt_wgmma_rs_n64(&O[0][0], P[kk], dv, 1);
 #elif KPT_DV == 128

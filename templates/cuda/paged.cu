@@ -496,11 +496,12 @@ static_assert(KPT_BN == 64 && KPT_DQK == KPT_DV && KPT_DV <= 128, "plan_paged's 
 __device__ __forceinline__ void kpt_pg_wg_s(float (&S)[KPT_BN / 8][4], u32 sQ, u32 tK)
 {
     kpt_wgmma_fence();
+    const u64 dq = kpt_sw128_desc(sQ, 16, 1024), dk = kpt_sw128_desc(tK, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < KPT_DQK / 16; kk++) {
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
-        const u64 da = kpt_sw128_desc(sQ + (kk >> 2) * KPT_PG_ROWS * 128 + kb, 16, 1024);
-        const u64 db = kpt_sw128_desc(tK + (kk >> 2) * KPT_BN * 128 + kb, 16, 1024);
+        const u64 da = kpt_desc_add(dq, (kk >> 2) * KPT_PG_ROWS * 128 + kb);
+        const u64 db = kpt_desc_add(dk, (kk >> 2) * KPT_BN * 128 + kb);
         kpt_wgmma_ss_n64(&S[0][0], da, db, kk > 0);
     }
     kpt_wgmma_commit();
