@@ -77,6 +77,40 @@ def wall_times(fn, flush, reps):
     return statistics.median(walls), statistics.median(hosts)
 
 
+def measure(ctx, flush, name, S, D, dtype_name, reps, with_daux=False):
+    """The case's backward in the default and the deterministic mode: for each, a dict of its
+    kernels' sum (us, TFLOP/s), each kernel's median (us, by name), the span and, without the
+    profiler, the wall and host times (us), as the functions above measure them."""
+    stream = torch.cuda.current_stream().cuda_stream
+    case, (q, k, v, o, lse, do), (dq, dk, dv), flops = inputs(name, S, D, dtype_name)
+    pat = case.pattern(kpt)
+    fk = ctx.kernel(pat, dtype_name, D)
+    bk = ctx.kernel(pat, dtype_name, D, backward=True)
+    sc, aux = case.scalars, case.aux
+    daux = {n: torch.zeros(t.shape, dtype=torch.float32, device="cuda")
+            for n, t in (aux or {}).items() if t.is_floating_point()} if with_daux else None
+    maps = [kk.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream)
+            if kk.needs_blockmap else None for kk in (fk, bk)]
+    ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, do, dq, dk, dv, scalars=sc, aux=aux,
+                                        daux=daux),
+                     dtype=torch.uint8, device="cuda")
+    fk(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=maps[0], stream=stream)
+    out = []
+    for det in (False, True):
+        def run():
+            bk.backward(q, k, v, o, lse, do, dq, dk, dv, scalars=sc, aux=aux, daux=daux,
+                        blockmap=maps[1], workspace=ws, stream=stream, deterministic=det)
+        run()
+        run()
+        torch.cuda.synchronize()
+        total, each, span = kernel_times(run, flush, reps)
+        wall, host = wall_times(run, flush, reps)
+        out.append({"deterministic": det, "us": total, "tflops": flops / total / 1e6,
+                    "kernels": {n.split("(")[0]: t for n, t in each.items()}, "span": span,
+                    "wall": wall, "host": host})
+    return out
+
+
 def parse_cases(text):
     """[(pattern, S)] from "full:16384,causal:4096"; ValueError naming the bad entry."""
     out = []
@@ -104,40 +138,15 @@ def main():
         ap.error(str(e))
     bench.setup_peers(args.lib)
     flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
     with kpt.Context(backend="cuda") as ctx:
         for name, S in todo:
-            case, (q, k, v, o, lse, do), (dq, dk, dv), flops = inputs(
-                name, S, args.dim, args.dtype)
-            pat = case.pattern(kpt)
-            fk = ctx.kernel(pat, args.dtype, args.dim)
-            bk = ctx.kernel(pat, args.dtype, args.dim, backward=True)
-            sc, aux = case.scalars, case.aux
-            daux = {n: torch.zeros(t.shape, dtype=torch.float32, device="cuda")
-                    for n, t in (aux or {}).items() if t.is_floating_point()} if args.daux else None
-            maps = [kk.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream)
-                    if kk.needs_blockmap else None for kk in (fk, bk)]
-            ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, do, dq, dk, dv, scalars=sc,
-                                                aux=aux, daux=daux),
-                             dtype=torch.uint8, device="cuda")
-            fk(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=maps[0], stream=stream)
             parts = []
-            for det in (False, True):
-                def run():
-                    bk.backward(q, k, v, o, lse, do, dq, dk, dv, scalars=sc, aux=aux,
-                                daux=daux, blockmap=maps[1], workspace=ws, stream=stream,
-                                deterministic=det)
-                run()
-                run()
-                torch.cuda.synchronize()
-                total, each, span = kernel_times(run, flush, args.reps)
-                wall, host = wall_times(run, flush, args.reps)
-                kernels = " ".join(f"{n.split('(')[0][:16]} {t:.0f}" for n, t in each.items())
-                parts.append(f"{'det.' if det else 'default'} {total:8.1f} us "
-                             f"{flops / total / 1e6:4.0f} TF/s, span {span:.1f} us, wall "
-                             f"{wall:.1f} us, host {host:.0f} us ({kernels})")
+            for m in measure(ctx, flush, name, S, args.dim, args.dtype, args.reps, args.daux):
+                kernels = " ".join(f"{n[:16]} {t:.0f}" for n, t in m["kernels"].items())
+                parts.append(f"{'det.' if m['deterministic'] else 'default'} {m['us']:8.1f} us "
+                             f"{m['tflops']:4.0f} TF/s, span {m['span']:.1f} us, wall "
+                             f"{m['wall']:.1f} us, host {m['host']:.0f} us ({kernels})")
             print(f"{name:14s} S={S:6d} | " + " | ".join(parts), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Builds of libkpt against each other on kernel time: the libraries take turns over --rounds
+rounds, one process per library and round (a process keeps the first libkpt it loads), and
+each figure is the mean over the rounds with its spread. On the H200 one round a build misled
+more than once: the same build's figures moved by 2-4 % from round to round.
+
+    python3 bench/kernel_ab.py --libs base/libkpt.so,new/libkpt.so --rounds 3 \\
+        --forward full:1024:128,causal:16384:128 --backward causal:16384,softcap+causal:16384
+
+--forward PATTERN:S:D: kpt's forward alone, TFLOP/s burst (the median of --reps calls, each
+after an L2 flush; bench.Timer) and sustained (the mean of --sustain calls back to back).
+--backward PATTERN:S: the sum of the backward's kernels for one call after an L2 flush
+(bench/bwd_kernel_times.py; D = 128), default and deterministic, TFLOP/s and the
+deterministic / default ratio, then each kernel's mean µs. Cases are bench.case_inputs's
+(16k tokens, B = 16k / S, H = 2048 / D), bf16.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_forward(text):
+    """[(pattern, S, D)] from "causal:1024:128,full:16384:64"; ValueError naming the bad one."""
+    out = []
+    for spec in filter(None, text.split(",")):
+        parts = spec.rsplit(":", 2)
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
+            raise ValueError(f"--forward: '{spec}' is not PATTERN:LENGTH:HEAD_DIM "
+                             "(as causal:1024:128)")
+        out.append((parts[0], int(parts[1]), int(parts[2])))
+    return out
+
+
+def measure_one(args):
+    """This process's turn: every case on args.one, one JSON record a line on stdout."""
+    import torch
+    sys.path.insert(0, HERE)
+    import bench
+    import bwd_kernel_times
+    from bench import kpt
+
+    bench.setup_peers(args.one)
+    timer = bench.Timer(args.reps, warmup=3)
+    stream = torch.cuda.current_stream().cuda_stream
+    with kpt.Context(backend="cuda") as ctx:
+        for name, S, D in parse_forward(args.forward):
+            case, _, q, k, v, o, _, flops = bench.case_inputs(name, S, D, "bf16")
+            ker = ctx.kernel(case.pattern(kpt), "bf16", D)
+            sc, aux = case.scalars, case.aux
+            bm = (ker.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream)
+                  if ker.needs_blockmap else None)
+            def fn():
+                ker(q, k, v, o, scalars=sc, aux=aux, blockmap=bm, stream=stream)
+            burst, sustained = timer(fn), timer.sustained(fn, args.sustain)
+            print(json.dumps({"case": f"fwd {name}:{S}:{D}", "burst": flops / burst / 1e9,
+                              "sustained": flops / sustained / 1e9}), flush=True)
+        flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
+        for name, S in bwd_kernel_times.parse_cases(args.backward) if args.backward else []:
+            ms = bwd_kernel_times.measure(ctx, flush, name, S, 128, "bf16", args.reps)
+            default, det = ms
+            print(json.dumps({"case": f"bwd {name}:{S}", "default": default["tflops"],
+                              "det": det["tflops"], "ratio": det["tflops"] / default["tflops"],
+                              "kernels": {("det " if m["deterministic"] else "") + n: t
+                                          for m in ms for n, t in m["kernels"].items()}}),
+                  flush=True)
+
+
+def spread(xs):
+    """mean (min-max) of a list of figures."""
+    if len(xs) == 1:
+        return f"{xs[0]:.0f}"
+    return f"{statistics.mean(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+
+
+def summarize(records, libs):
+    """The table of records ({lib: [record, ...]}, records of every round): per case, a row per
+    figure and a column per library. Returns the lines."""
+    names = [os.path.basename(os.path.dirname(os.path.abspath(l))) or l for l in libs]
+    if len(set(names)) < len(names):
+        names = libs
+    cases = []
+    for lib in libs:
+        for r in records.get(lib, []):
+            if r["case"] not in cases:
+                cases.append(r["case"])
+    lines = ["%-34s" % "case / figure" + "".join("%24s" % n[-24:] for n in names)]
+    for case in cases:
+        by_lib = {l: [r for r in records.get(l, []) if r["case"] == case] for l in libs}
+        keys = ["burst", "sustained"] if case.startswith("fwd") else ["default", "det", "ratio"]
+        kernels = []
+        for rs in by_lib.values():
+            for r in rs:
+                kernels += [k for k in r.get("kernels", {}) if k not in kernels]
+        for key in keys + kernels:
+            row = []
+            for l in libs:
+                xs = [r[key] if key in r else r["kernels"].get(key) for r in by_lib[l]]
+                xs = [x for x in xs if x is not None]
+                if key == "ratio":
+                    row.append("%24s" % (f"{statistics.mean(xs):.3f}" if xs else "-"))
+                else:
+                    row.append("%24s" % (spread(xs) if xs else "-"))
+            unit = "TF/s" if key in ("burst", "sustained", "default", "det") else \
+                ("" if key == "ratio" else "us")
+            lines.append("%-34s" % f"{case if key == keys[0] else ''} {key} {unit}"[:34] +
+                         "".join(row))
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--libs", help="libkpt.so builds, comma-separated (two or more)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--forward", default="", help="PATTERN:LENGTH:HEAD_DIM cases")
+    ap.add_argument("--backward", default="", help="PATTERN:LENGTH cases (D = 128)")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--sustain", type=int, default=50)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a turn: this process measures one build
+    args = ap.parse_args()
+    try:
+        parse_forward(args.forward)
+        if args.backward:
+            sys.path.insert(0, HERE)
+            from bwd_kernel_times import parse_cases
+            parse_cases(args.backward)
+    except ValueError as e:
+        ap.error(str(e))
+    except ImportError:  # no torch here: the turns will say so
+        pass
+    if args.one:
+        return measure_one(args)
+    libs = [l for l in (args.libs or "").split(",") if l]
+    if len(libs) < 2 or not (args.forward or args.backward):
+        ap.error("give --libs A,B[,...] and --forward or --backward cases")
+    for l in libs:
+        if not os.path.isfile(l):
+            ap.error(f"--libs: no such file '{l}'")
+    records = {}
+    for rnd in range(args.rounds):
+        for lib in libs:
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", lib,
+                   "--forward", args.forward, "--backward", args.backward,
+                   "--reps", str(args.reps), "--sustain", str(args.sustain)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            got = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+            if p.returncode:
+                sys.exit(f"kernel_ab: round {rnd + 1}, {lib}: exit status {p.returncode}\n"
+                         + "\n".join(p.stderr.splitlines()[-15:]))
+            records.setdefault(lib, []).extend(got)
+            print(f"# round {rnd + 1}/{args.rounds}, {lib}: "
+                  + ", ".join(f"{r['case']} " + (f"{r['burst']:.0f}" if "burst" in r else
+                                                   f"{r['default']:.0f}/{r['det']:.0f}")
+                              for r in got), flush=True)
+    print("\n".join(summarize(records, libs)))
+
+
+if __name__ == "__main__":
+    main()
