@@ -88,7 +88,7 @@ def summarize(records, libs):
         for r in records.get(lib, []):
             if r["case"] not in cases:
                 cases.append(r["case"])
-    lines = ["%-34s" % "case / figure" + "".join("%24s" % n[-24:] for n in names)]
+    lines = ["%-44s" % "case / figure" + "".join("%24s" % n[-24:] for n in names)]
     for case in cases:
         by_lib = {l: [r for r in records.get(l, []) if r["case"] == case] for l in libs}
         keys = ["burst", "sustained"] if case.startswith("fwd") else ["default", "det", "ratio"]
@@ -107,7 +107,7 @@ def summarize(records, libs):
                     row.append("%24s" % (spread(xs) if xs else "-"))
             unit = "TF/s" if key in ("burst", "sustained", "default", "det") else \
                 ("" if key == "ratio" else "us")
-            lines.append("%-34s" % f"{case if key == keys[0] else ''} {key} {unit}"[:34] +
+            lines.append("%-44s" % f"{case if key == keys[0] else ''} {key} {unit}"[:44] +
                          "".join(row))
     return lines
 
