@@ -6,7 +6,11 @@ first look before a device run: a change that moves the K and V descriptors out 
 registers, or that adds a branch to the tile loop, shows here as instructions a tile.
 
     build-gpu/kptc emit --emit cubin --target cuda:sm_90a --head-dim 128 full -o a.cubin
-    python3 bench/sass_loops.py a.cubin [b.cubin] [--mix] [--cuobjdump PATH]
+    python3 bench/sass_loops.py a.cubin [b.cubin] [--mix] [--order] [--cuobjdump PATH]
+
+--order prints the innermost loop's schedule in short: runs of MMAs (H16: sixteen), waits for
+warpgroup MMAs (|W0, |W1: at most that many groups left in flight) and runs of MUFU operations
+([10 EX2]), in ptxas's order; where ptxas put a wait among the exponentials shows there.
 
 A loop is a backward branch's range; loops nest, so the innermost one holding MMAs (the fewest
 instructions) is usually the tile loop. Needs cuobjdump (CUDA toolkit; --cuobjdump, else
@@ -81,6 +85,27 @@ def mix(body):
     return collections.Counter(opcode(t) for _, t in body)
 
 
+def order(body):
+    """The schedule of a loop body in short (see --order)."""
+    out = []
+    for _, text in body:
+        op = opcode(text)
+        if "MMA" in op:
+            item = "H"
+        elif op.startswith("WARPGROUP.DEPBAR"):
+            item = "|W" + str(int(text.split(",")[-1].strip(), 0))
+        elif op.startswith("MUFU."):
+            item = op[5:]
+        else:
+            continue
+        if out and out[-1][0] == item and not item.startswith("|"):
+            out[-1][1] += 1
+        else:
+            out.append([item, 1])
+    return " ".join(f"H{n}" if k == "H" else k if k.startswith("|") else f"[{n} {k}]"
+                    for k, n in out)
+
+
 def describe(name, found):
     print(f"{name}: {len(found)} loops with MMAs")
     for first, last, body in found:
@@ -94,6 +119,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cubin", nargs="+", help="one cubin, or two to compare")
     ap.add_argument("--mix", action="store_true", help="the innermost loop's opcodes")
+    ap.add_argument("--order", action="store_true",
+                    help="the innermost loop's MMAs, waits and MUFU operations, in order")
     ap.add_argument("--cuobjdump")
     ap.add_argument("--function", help="the kernel to look at (default: every kernel's loops)")
     args = ap.parse_args()
@@ -114,6 +141,8 @@ def main():
         if not found:
             sys.exit(f"sass_loops: {path}: no loop with MMAs")
         inner.append(mix(found[0][2]))
+        if args.order:
+            print("  order: " + order(found[0][2]))
     if args.mix:
         for k, v in inner[0].most_common():
             print(f"  {v:5d} {k}")
