@@ -148,5 +148,6 @@ def main():
                              f"{m['wall']:.1f} us, host {m['host']:.0f} us ({kernels})")
             print(f"{name:14s} S={S:6d} | " + " | ".join(parts), flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -33,12 +33,6 @@ static kpt_ir_ref cf(kpt_ir_graph *g, float v)
     return kpt_ir_const_f32(g, v);
 }
 
-static bool is_one(kpt_ir_graph *g, kpt_ir_ref r)
-{
-    const kpt_ir_node *n = kpt_ir_node_get(g, r);
-    return n->op == KPT_IR_CONST && n->type == KPT_IR_F32 && n->imm.f == 1.0f;
-}
-
 static bool const_f32(kpt_ir_graph *g, kpt_ir_ref r, float *v)
 {
     const kpt_ir_node *n = kpt_ir_node_get(g, r);
@@ -46,6 +40,12 @@ static bool const_f32(kpt_ir_graph *g, kpt_ir_ref r, float *v)
         return false;
     *v = n->imm.f;
     return true;
+}
+
+static bool is_one(kpt_ir_graph *g, kpt_ir_ref r)
+{
+    float v;
+    return const_f32(g, r, &v) && v == 1.0f;
 }
 
 /* x when m is x * k or k * x with k a constant (its value in *k), else 0. */

@@ -322,7 +322,7 @@ kpt_status kpt_paged_plan_compute(const kpt_paged_shape *s, int slots, int group
     kpt_paged_work work;
     kpt_paged_plan_work(s, out, KPT_PAGED_TILE, &work);
     out->splits = kpt_paged_split_work(&work, s->num_heads_kv, slots);
-    if ((int64_t)out->blocks * s->num_heads_kv * out->splits > INT32_MAX)
+    if (plan_ctas(out) > INT32_MAX)
         return kpt_diag_set(diag, KPT_ERR_LIMIT, "too many query blocks (%d) for one launch",
                             out->blocks);
     out->workspace_bytes = kpt_paged_plan_workspace(out, KPT_PAGED_ROWS, dv);
