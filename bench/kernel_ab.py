@@ -9,8 +9,8 @@ more than once: the same build's figures moved by 2-4 % from round to round.
 
 --forward PATTERN:S:D: kpt's forward alone, TFLOP/s burst (the median of --reps calls, each
 after an L2 flush; bench.Timer) and sustained (the mean of --sustain calls back to back).
---backward PATTERN:S: the sum of the backward's kernels for one call after an L2 flush
-(bench/bwd_kernel_times.py; D = 128), default and deterministic, TFLOP/s and the
+--backward PATTERN:S[:D]: the sum of the backward's kernels for one call after an L2 flush
+(bench/bwd_kernel_times.py; D = 128 unless given), default and deterministic, TFLOP/s and the
 deterministic / default ratio, then each kernel's mean µs. Cases are bench.case_inputs's
 (16k tokens, B = 16k / S, H = 2048 / D), bf16.
 """
@@ -33,6 +33,22 @@ def parse_forward(text):
             raise ValueError(f"--forward: '{spec}' is not PATTERN:LENGTH:HEAD_DIM "
                              "(as causal:1024:128)")
         out.append((parts[0], int(parts[1]), int(parts[2])))
+    return out
+
+
+def parse_backward(text):
+    """[(pattern, S, D)] from "causal:16384,full:16384:64" (D = 128 unless given); ValueError
+    naming the bad one."""
+    out = []
+    for spec in filter(None, text.split(",")):
+        parts = spec.rsplit(":", 2)
+        if len(parts) == 3 and not parts[1].isdigit():  # a pattern's colon, no D
+            parts = [parts[0] + ":" + parts[1], parts[2]]
+        nums = parts[1:]
+        if len(parts) < 2 or not parts[0] or not all(p.isdigit() and int(p) > 0 for p in nums):
+            raise ValueError(f"--backward: '{spec}' is not PATTERN:LENGTH[:HEAD_DIM] "
+                             "(as causal:16384 or causal:16384:64)")
+        out.append((parts[0], int(nums[0]), int(nums[1]) if len(nums) == 2 else 128))
     return out
 
 
@@ -60,10 +76,11 @@ def measure_one(args):
             print(json.dumps({"case": f"fwd {name}:{S}:{D}", "burst": flops / burst / 1e9,
                               "sustained": flops / sustained / 1e9}), flush=True)
         flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
-        for name, S in bwd_kernel_times.parse_cases(args.backward) if args.backward else []:
-            ms = bwd_kernel_times.measure(ctx, flush, name, S, 128, "bf16", args.reps)
+        for name, S, D in parse_backward(args.backward):
+            ms = bwd_kernel_times.measure(ctx, flush, name, S, D, "bf16", args.reps)
             default, det = ms
-            print(json.dumps({"case": f"bwd {name}:{S}", "default": default["tflops"],
+            label = f"bwd {name}:{S}" + (f":{D}" if D != 128 else "")
+            print(json.dumps({"case": label, "default": default["tflops"],
                               "det": det["tflops"], "ratio": det["tflops"] / default["tflops"],
                               "kernels": {("det " if m["deterministic"] else "") + n: t
                                           for m in ms for n, t in m["kernels"].items()}}),
@@ -117,21 +134,16 @@ def main():
     ap.add_argument("--libs", help="libkpt.so builds, comma-separated (two or more)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--forward", default="", help="PATTERN:LENGTH:HEAD_DIM cases")
-    ap.add_argument("--backward", default="", help="PATTERN:LENGTH cases (D = 128)")
+    ap.add_argument("--backward", default="", help="PATTERN:LENGTH[:HEAD_DIM] cases (D = 128)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--sustain", type=int, default=50)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a turn: this process measures one build
     args = ap.parse_args()
     try:
         parse_forward(args.forward)
-        if args.backward:
-            sys.path.insert(0, HERE)
-            from bwd_kernel_times import parse_cases
-            parse_cases(args.backward)
+        parse_backward(args.backward)
     except ValueError as e:
         ap.error(str(e))
-    except ImportError:  # no torch here: the turns will say so
-        pass
     if args.one:
         return measure_one(args)
     libs = [l for l in (args.libs or "").split(",") if l]

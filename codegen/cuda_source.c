@@ -47,9 +47,9 @@ static void emit_config(kpt_strbuf *sb, const kpt_pattern *p, const kpt_kernel_p
     if (pl->cfg.kind == KPT_KERNEL_BACKWARD) /* the sm_90a kernels' shape, as the runtime's */
         kpt_sb_printf(sb, "\n#define KPT_BWD_SUB %d\n#define KPT_BWD_PRODUCER_WARPS %d"
                       "\n#define KPT_BWD_DQ_TILES %d\n#define KPT_PREP_ROWS %d"
-                      "\n#define KPT_DS_FINITE %d",
+                      "\n#define KPT_DS_FINITE %d\n#define KPT_BWD_DKDV_TURNS %d",
                       KPT_BWD_STEP_ROWS, KPT_BWD_PRODUCER_WARPS, pl->dq_tiles, KPT_BWD_PREP_ROWS,
-                      pl->ds_finite);
+                      pl->ds_finite, pl->dkdv_turns);
     if (pl->cfg.kind == KPT_KERNEL_PAGED) /* rows of one CTA span heads: classify per head? */
         kpt_sb_printf(sb, "\n#define KPT_MASK_PER_H %d\n#define KPT_NUM_AUX %d", pl->bm_per_h,
                       p->num_aux);

@@ -77,22 +77,38 @@ static int dq_tiles(const kpt_pattern *p, const kpt_kernel_plan *pl, size_t aux_
     return aux_staging || p->num_aux || pl->has_blockmap ? 1 : 2;
 }
 
-/* The work of a score modification per score: the nodes of its cone that depend on s, q or k (a
- * per-head slope is computed once a tile), erf counting as the dozen instructions it expands to. */
-static uint32_t score_cost(const kpt_pattern *p)
+/* Transcendentals: an exponential-family function, whose per-score evaluations queue at the
+ * special-function units (MUFU) beside the softmax's own exponentials. */
+static bool transcendental(kpt_ir_op op)
+{
+    return op == KPT_IR_EXP || op == KPT_IR_LOG || op == KPT_IR_TANH || op == KPT_IR_SQRT ||
+           op == KPT_IR_POW || op == KPT_IR_ERF;
+}
+
+/* The work of a score modification per score: the nodes of its cone (with grad, of its
+ * derivative's too) that depend on s, q or k (a per-head slope is computed once a tile), erf
+ * counting as the dozen instructions it expands to. *special: whether one of them is a
+ * transcendental. */
+static uint32_t score_cost(const kpt_pattern *p, bool grad, bool *special)
 {
     const kpt_ir_graph *g = &p->g;
     uint16_t *deps = malloc(g->count * sizeof(*deps));
     uint8_t *live = malloc(g->count);
     uint32_t cost = 0;
+    *special = false;
     if (!deps || !live) {
         cost = UINT32_MAX; /* out of memory: no variant */
     } else {
+        const kpt_ir_ref roots[2] = {p->score, p->dscore};
         kpt_ir_deps(g, deps);
-        kpt_ir_mark_live(g, &p->score, 1, live);
-        for (kpt_ir_ref r = 1; r < g->count; r++)
-            if (live[r] && (deps[r] & (KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K)))
-                cost += kpt_ir_node_get(g, r)->op == KPT_IR_ERF ? 12 : 1;
+        kpt_ir_mark_live(g, roots, grad && p->dscore ? 2 : 1, live);
+        for (kpt_ir_ref r = 1; r < g->count; r++) {
+            const kpt_ir_op op = kpt_ir_node_get(g, r)->op;
+            if (!live[r] || !(deps[r] & (KPT_DEP_S | KPT_DEP_Q | KPT_DEP_K)))
+                continue;
+            cost += op == KPT_IR_ERF ? 12 : 1;
+            *special = *special || transcendental(op);
+        }
     }
     free(deps);
     free(live);
@@ -108,8 +124,9 @@ static uint32_t score_cost(const kpt_pattern *p)
  * gelu_scores.lua, cost 17, 133 / 146 -> 122-133 / 143-146). */
 static bool tall_offered(const kpt_pattern *p, const kpt_kernel_plan *pl, int dmax)
 {
+    bool special;
     return dmax <= 64 && pl->has_mask && !pl->has_blockmap &&
-           (!pl->has_score || score_cost(p) <= KPT_TALL_SCORE_MAX_COST);
+           (!pl->has_score || score_cost(p, false, &special) <= KPT_TALL_SCORE_MAX_COST);
 }
 
 /* A 64 x 64 tile of 16-bit P^T, dS^T or dS that the sm_90a backward's two consumer warpgroups
@@ -169,6 +186,17 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
         /* past 128 kpt_bwd_dkdv never sums dQ (a 64 x 256 f32 staging tile a warpgroup does not
          * fit beside its two stages): both modes run kpt_bwd_dq */
         pl.dq_tiles = wide ? 0 : dq_tiles(p, &pl, aux);
+        /* kpt_bwd_dkdv's consumers take turns issuing their first products (ping-pong, as
+         * kpt_bwd_dq's always do) at head dims 128 where the score mod adds transcendentals a
+         * score: there one warpgroup's exponentials hide under the other's products. Without
+         * them the turns only hold the warpgroups back, and at head dim 64 the default mode
+         * (its dQ sums a CTA-wide barrier a step) loses more than the deterministic one gains
+         * (H200, bf16, 16k, kpt_bwd_dkdv default / deterministic, us: D = 128 softcap+causal
+         * 5599 / 3759 -> 5493 / 3591, causal 4991 / 3294 -> 5019 / 3540; D = 64 softcap+causal
+         * 7339 / 5289 -> 8198 / 5116, causal 6720 / 4989 -> 7250 / 5033; docs/BENCHMARKS.md) */
+        bool special = false;
+        pl.dkdv_turns = cfg->dqk == 128 && cfg->dv == 128 && pl.has_score &&
+                        score_cost(p, true, &special) != UINT32_MAX && special;
         size_t dkdv = bwd_dkdv_smem(&pl, wide, row, aux);
         /* (its static shared memory: mbarriers and step records, under 256 bytes) */
         if (wide && 1024 + dkdv + 256 > 227 * 1024) { /* with aux staging */

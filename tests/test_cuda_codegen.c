@@ -341,6 +341,38 @@ static void test_plan_backward(void **state)
     kpt_pattern_destroy(&p);
 }
 
+/* Whether the sm_90a backward plan of the derived pattern has kpt_bwd_dkdv's consumers take
+ * turns (plan.dkdv_turns), at head dims d. */
+static bool dkdv_turns(const char *source, int dim)
+{
+    kpt_pattern *p = NULL;
+    kpt_diag d = {0};
+    assert_int_equal(kpt_pattern_parse(source, &p, &d), KPT_OK);
+    assert_int_equal(kpt_diff_score(p, &d), KPT_OK);
+    kpt_kernel_config c = {.kind = KPT_KERNEL_BACKWARD, .dtype = KPT_DTYPE_BF16, .dqk = dim,
+                           .dv = dim, .sm = 90, .wgmma = true};
+    kpt_kernel_plan plan;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 0, &plan, &d), KPT_OK);
+    kpt_pattern_destroy(&p);
+    return plan.dkdv_turns;
+}
+
+/* Turns at head dims 128 where the score mod evaluates a transcendental a score (softcap's
+ * tanh), not for cheaper ones (ALiBi's bias: its slope is per head), nor without a score mod,
+ * nor at head dim 64 or with split columns (past 128). */
+static void test_plan_backward_turns(void **state)
+{
+    (void)state;
+    assert_true(dkdv_turns("softcap(30)+causal", 128));
+    assert_true(dkdv_turns("softcap(30)", 128));
+    assert_false(dkdv_turns("softcap(30)+causal", 64));
+    assert_true(dkdv_turns("softcap($cap=30)+causal", 128));
+    assert_false(dkdv_turns("softcap(30)+causal", 256));
+    assert_false(dkdv_turns("alibi+causal", 128));
+    assert_false(dkdv_turns("causal", 128));
+    assert_false(dkdv_turns("full", 64));
+}
+
 /* The serving kernels' plans: two stages of 64-key tiles up to head dim 128 (every sm_80+
  * device holds them), of 32-key tiles past it (two CTAs an SM on the H100), a refusal with the
  * numbers on sm_86/89 (99 KB); the warps' merge scratch always fits after Q (Dv far above
@@ -1047,7 +1079,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_template_fill),
         cmocka_unit_test(test_deterministic_no_user_text),
         cmocka_unit_test(test_plan_refuses),
-        cmocka_unit_test(test_plan_backward), cmocka_unit_test(test_plan_paged),
+        cmocka_unit_test(test_plan_backward), cmocka_unit_test(test_plan_backward_turns),
+        cmocka_unit_test(test_plan_paged),
         cmocka_unit_test(test_plan_sm90_forward), cmocka_unit_test(test_plan_sm90_mask_bits),
         cmocka_unit_test(test_nvrtc_flags),
         cmocka_unit_test(test_nvrtc_matrix),

@@ -348,6 +348,39 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
 #define KPT_BWD_X_SMEM (KPT_BWD_DQ_TILES ? 2 * KPT_BWD_DS + 2 * KPT_BWD_DQ_TILES * KPT_BWD_DQB : 0)
 #endif
 
+// Ping-pong of the two consumer warpgroups around a step's first products (the forward's,
+// attention_sm90.cu): a warpgroup waits for its turn (named barrier id + c, 256 threads) before
+// issuing S and dP and gives the other its turn once they are issued, so the other's
+// exponentials and dS run under its products. Without turns the warpgroups drift into step and
+// their exponentials run side by side, the tensor cores idle: kpt_bwd_dq's step took about
+// their sum (H200, bf16, D = 128, 16k, deterministic kpt_bwd_dq: causal 2283 -> 2256 us,
+// softcap+causal 3096 -> 2796, full 4835 -> 4666; D = 64 alibi+causal 3687 -> 3374;
+// docs/BENCHMARKS.md). kpt_bwd_dkdv takes turns only where the plan says (plan.dkdv_turns:
+// a score mod's transcendentals at head dims 128; elsewhere they held it back). Consumer 1 gives
+// consumer 0 the first turn before the loop and consumer 0 takes consumer 1's last one after it:
+// the arrivals balance, as both take a turn every step. Not with split columns (their steps
+// exchange tiles through shared memory instead). `on` is a compile-time constant.
+__device__ __forceinline__ void kpt_bwd_turns_open(bool on, int id, int c)
+{
+    if (on && c == 1)
+        kpt_bar_arrive(id, 256);
+}
+__device__ __forceinline__ void kpt_bwd_turn_wait(bool on, int id, int c)
+{
+    if (on)
+        kpt_bar_sync(id + c, 256);
+}
+__device__ __forceinline__ void kpt_bwd_turn_give(bool on, int id, int c)
+{
+    if (on)
+        kpt_bar_arrive(id + 1 - c, 256);
+}
+__device__ __forceinline__ void kpt_bwd_turns_close(bool on, int id, int c)
+{
+    if (on && c == 0)
+        kpt_bar_sync(id, 256);
+}
+
 // The CTA of both kernels: a producer warpgroup before the two consumer warpgroups (KPT_THREADS);
 // the runtime launches the plan's warps and KPT_BWD_PRODUCER_WARPS (codegen, from
 // compiler/plan_tiles.h).
@@ -571,6 +604,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     }
 #endif
     kpt_mbar_wait(bar + 8 * KPT_BB_KV, 0);
+    kpt_bwd_turns_open(KPT_BWD_DKDV_TURNS && !KPT_BWD_SPLIT, 5, c);
     for (u32 i = 0;; i++) {
         const u32 st = i % KPT_STAGES;
         kpt_mbar_wait(bar + 8 * KPT_BB_F(st), (i / KPT_STAGES) & 1);
@@ -598,11 +632,13 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
 #else
         // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys against the step's queries.
         float S[8][4], dP[8][4];
+        kpt_bwd_turn_wait(KPT_BWD_DKDV_TURNS, 5, c);
         kpt_wgmma_fence();
         kpt_bwd_ss<KPT_DQK, KPT_BN, KPT_BWD_SUB>(S, wK, tQ);
         kpt_wgmma_commit();
         kpt_bwd_ss<KPT_DV, KPT_BN, KPT_BWD_SUB>(dP, wV, tO);
         kpt_wgmma_commit();
+        kpt_bwd_turn_give(KPT_BWD_DKDV_TURNS, 5, c);
         const bool partial = s.w != 2 || k0 + KPT_BN > A.Skv || q0 + KPT_BWD_SUB > A.Sq;
         const u32 keep = kpt_bwd_tile_keep<true>(A, U, b, h, krow, q0, s.z,
                                                  s.w >= 3 ? s.w - 3 : -1, partial, lane);
@@ -662,6 +698,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
     // tiles again, and the same thread waits for all its bulk groups before the CTA exits.)
     // Both warpgroups past their last step: the table (AUXG) holds every term, and no product
     // reads K or V any more (the default mode's dQ reads all 128 keys of K).
+    kpt_bwd_turns_close(KPT_BWD_DKDV_TURNS && !KPT_BWD_SPLIT, 5, c);
     kpt_bar_sync(4, KPT_THREADS);
 #if KPT_AUX_GRADS
     if (AUXG)
@@ -851,6 +888,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
     // slots), or -1
     int slot = kpt_bits_base(A, false, b, h, qt);
     kpt_mbar_wait(bar + 8 * KPT_BQ_QO, 0);
+    kpt_bwd_turns_open(!KPT_BWD_SPLIT, 1, c);
     for (int j = lo, i = 0; j <= hi; i++) {
         const int jn = kpt_next_tile(A, s_cls, b, h, qt, q0, q1, j, hi);
         const int cls = kpt_class_of(A, s_cls, b, h, qt, q0, q1, j);
@@ -873,11 +911,13 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
 #else
             // S = Q K^T and dP = dO V^T: this warpgroup's 64 queries against 64 keys
             float S[8][4], dP[8][4];
+            kpt_bwd_turn_wait(true, 1, c);
             kpt_wgmma_fence();
             kpt_bwd_ss<KPT_DQK, KPT_BM, KPT_BN>(S, wQ, hK);
             kpt_wgmma_commit();
             kpt_bwd_ss<KPT_DV, KPT_BM, KPT_BN>(dP, wO, hV);
             kpt_wgmma_commit();
+            kpt_bwd_turn_give(true, 1, c);
             const bool partial = cls != 2 || k0 + KPT_BWD_SUB > A.Skv || rows_out;
             const u32 keep =
                 kpt_bwd_tile_keep<false>(A, U, b, h, row0, k0, half, ts, partial, lane);
@@ -903,6 +943,7 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
         kpt_mbar_arrive(bar + 8 * KPT_BQ_E(i & 1));
         j = jn;
     }
+    kpt_bwd_turns_close(!KPT_BWD_SPLIT, 1, c);
     kpt_store_acc<KPT_BWD_CK>(dQ,
                               (u16 *)G.dq + (i64)b * G.dqs[0] + (i64)h * G.dqs[1] +
                                   (KPT_BWD_SPLIT ? c * KPT_BWD_CK : 0),
