@@ -4,7 +4,7 @@
 # and the BSHD layout. Each run compares dq, dk and dv of the backward kernels (outputs poisoned
 # first), and the aux gradients of the scripts' learnable parameters, with the CPU reference's,
 # and runs the backward twice: the bits must repeat. Then
-# compute-sanitizer memcheck and racecheck on a quick subset. Logs go to $OUT.
+# compute-sanitizer memcheck, racecheck and synccheck on a quick subset. Logs go to $OUT.
 #
 #   here:  meson setup build-gpu -Dtests=false --buildtype=release && ninja -C build-gpu
 #   there: KPTC=build-gpu/kptc sh tests/gpu/run_backward.sh [--jobs N] [--no-sanitizer]
@@ -164,13 +164,17 @@ if [ $SANITIZE = 0 ]; then
     exit $status
 fi
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    for tool in memcheck racecheck; do
+    for tool in memcheck racecheck synccheck; do
         for pat in document+causal 'alibi+softcap(20)' tests/gpu/learned_params.lua \
             tests/mask_bits.lua; do
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
                 --backend cuda "$pat" --shape 1,2,1,130,200,64 >"$OUT/san_$tool.log" 2>&1 ||
                 { status=1; echo "compute-sanitizer $tool: FAILED on $pat"; tail -20 "$OUT/san_$tool.log"; }
         done
+        # head dim 128 with a tanh a score: both kernels' consumers take turns (named barriers)
+        compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
+            --backend cuda 'softcap(30)+causal' --shape 1,2,1,130,200,128 >"$OUT/san_$tool.log" 2>&1 ||
+            { status=1; echo "compute-sanitizer $tool: FAILED on softcap (D 128)"; tail -20 "$OUT/san_$tool.log"; }
         for pat in document+causal tests/gpu/learned_params.lua causal; do # split columns
             compute-sanitizer --tool $tool --error-exitcode 3 "$KPTC" check --backward \
                 --backend cuda "$pat" --shape 1,2,1,193,200,256 >"$OUT/san_$tool.log" 2>&1 ||
