@@ -125,9 +125,9 @@ __device__ __forceinline__ void kpt_bwd_ts(float (&C)[N / 8][4], u32 a, u32 b)
 // Unless the launch asks for determinism, kpt_bwd_dkdv also adds each step's dQ = dS K into an
 // f32 accumulator in global memory (G.dqacc; kpt_bwd_dq_store converts it) and kpt_bwd_dq does
 // not run: five products a pair instead of seven. The warpgroups' dS^T (bf16, the A fragments
-// of dK += dS^T Q) go to shared memory, swizzled; warpgroup c then multiplies the whole 128-key
-// dS by K's 64-column block c and the TMA adds the 64 x 64 result to the accumulator
-// (kpt_bwd_dq_add). The order of the additions varies run to run.
+// of dK += dS^T Q) go to shared memory, swizzled; the whole 128-key dS times K's 64-column
+// blocks, by one warpgroup a step or each warpgroup its block (kpt_bwd_dq_add), and the TMA adds
+// the 64 x 64 results to the accumulator. The order of the additions varies run to run.
 
 // A step of kpt_bwd_dkdv: 64 queries (q0 on) of head h. Steps go head by head, q tile by q tile,
 // half by half, skipping the q tiles whose class is 0 and the halves of partial tiles with
@@ -277,61 +277,83 @@ static_assert(sizeof(kpt_bwd_tma) == 960, "kpt_bwd_tma layout");
 
 #define KPT_BWD_DQB (KPT_BWD_SUB * 64 * 4) // a warpgroup's dQ tile (64 columns, f32)
 
-// dQ (rows q0 on, of head h) += dS K for this step: dS^T of both warpgroups at tDS (published by
-// a barrier first), K resident at sK. Warpgroup c takes dQ's 64-column block c (head dims up to
-// 128), writes it to its staging tile `tile` (of KPT_BWD_DQ_TILES, codegen's: the plan's
-// dq_tiles, 1 or 2, taken in turn by step) at sDQ in the layout of T.dq's boxes (two of 32
-// columns, 128-byte swizzle) and its first warp hands it to the TMA, which adds it to the
-// accumulator in global memory (cp.reduce.async.bulk.tensor). Before the barrier the first
-// thread waits until the tile this step writes has been read (the previous step's may still be
-// read: with one tile, waiting for it took 2-3 % of the time), so the tile is free for every
-// thread after it. (The threads adding their products with red.global.add.v2.f32 instead spent
-// ~15 % of their time on it, the reductions waiting for the memory pipeline: H100, bf16,
-// D = 128, 16k, full.)
+// dQ (rows q0 on, of head h) += dS K for step i: dS^T of both warpgroups at tDS, K resident at
+// sK; the 64-column blocks of dQ go to staging tiles at sDQ in the layout of T.dq's boxes (two
+// of 32 columns, 128-byte swizzle), and a warpgroup's first thread hands them to the TMA, which
+// adds them to the accumulator in global memory (cp.reduce.async.bulk.tensor). Two schemes:
+// - KPT_BWD_DQ_ONE: one warpgroup a step (i's parity) computes all of dQ, a block at a time (two
+//   in flight take too many registers), into the two staging tiles it owns. The other only
+//   arrives at the step's barrier (named 7 + (i & 1): one that runs ahead arrives at the next
+//   step's) and goes on with its next step, so the warpgroups drift apart and the tensor cores
+//   stop draining at every step's end (H200, bf16, 16k, kpt_bwd_dkdv: full 10031 -> 9884 us,
+//   causal 4999 -> 4906, GQA causal 10121 -> 9988; full 4k 2593 -> 2546). Its first thread
+//   waits for its last reduction's read (two steps back) before the barrier.
+// - else warpgroup c < KPT_DQK / 64 computes block c into staging tile i % KPT_BWD_DQ_TILES, the
+//   first threads waiting before the barrier until the tile this step writes has been read. For
+//   one staging tile (codegen's KPT_BWD_DQ_TILES, the plan's dq_tiles: patterns with aux data
+//   or a block map), where the one-warpgroup scheme's reads waited in line (document 3706 ->
+//   4165 us), and where the consumers take turns (plan.dkdv_turns), which keep them in step.
+// (The threads adding their products with red.global.add.v2.f32 instead spent ~15 % of their
+// time on it, the reductions waiting for the memory pipeline: H100, bf16, D = 128, 16k, full.)
 #if KPT_BWD_DQ_TILES
+#define KPT_BWD_DQ_ONE (KPT_BWD_DQ_TILES == 2 && !KPT_BWD_DKDV_TURNS)
 __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int h, int q0,
                                                u32 tDS, u32 sK, u32 sDQ, int c, int cw, int lane,
-                                               u32 tile)
+                                               u32 i)
 {
-    static_assert(KPT_DQK <= 128, "a 64-column block of dQ per warpgroup");
-    const bool lead = (cw & 3) == 0; // this warpgroup's first warp
+    static_assert(KPT_DQK <= 128, "dQ's blocks of 64 columns: two staging tiles");
+    constexpr int NB = KPT_DQK / 64;
+    const bool one = KPT_BWD_DQ_ONE, lead = (cw & 3) == 0 && lane == 0;
+    const int id = one ? 7 + (int)(i & 1) : 1;
     kpt_fence_proxy_async();
-    if (lead && lane == 0)
-        kpt_bulk_wait<KPT_BWD_DQ_TILES - 1, true>();
-    kpt_bar_sync(1, KPT_THREADS);
-    if (c >= KPT_DQK / 64)
+    if (one && c != (int)(i & 1)) {
+        kpt_bar_arrive(id, KPT_THREADS);
         return;
-    float Q[8][4];
-    kpt_wgmma_fence();
+    }
+    if (lead)
+        kpt_bulk_wait<KPT_BWD_DQ_ONE ? 0 : KPT_BWD_DQ_TILES - 1, true>();
+    kpt_bar_sync(id, KPT_THREADS);
+    if (!one && c >= NB)
+        return;
+    const int m0 = one ? 0 : c, m1 = one ? NB : c + 1; // its blocks
+    const u32 t0 = sDQ + (one ? 2 * c : c + 2 * (int)(i % KPT_BWD_DQ_TILES)) * KPT_BWD_DQB;
 #pragma unroll
-    for (int kk = 0; kk < KPT_BN / 16; kk++)
-        kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_desc_mn<64>(tDS, kk),
-                               kpt_desc_mn<KPT_BN>(sK + c * KPT_BN * 128, kk), kk > 0);
-    kpt_wgmma_commit();
-    kpt_wgmma_wait<0>();
-    kpt_wgmma_regs<32>(&Q[0][0]);
-    const u32 t = sDQ + (c + 2 * tile) * KPT_BWD_DQB;
+    for (int m = m0; m < m1; m++) {
+        float Q[8][4];
+        kpt_wgmma_fence();
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+        for (int kk = 0; kk < KPT_BN / 16; kk++)
+            kpt_wgmma_ss_n64<1, 1>(&Q[0][0], kpt_desc_mn<64>(tDS, kk),
+                                   kpt_desc_mn<KPT_BN>(sK + m * KPT_BN * 128, kk), kk > 0);
+        kpt_wgmma_commit();
+        kpt_wgmma_wait<0>();
+        kpt_wgmma_regs<32>(&Q[0][0]);
+        const u32 t = t0 + (m - m0) * KPT_BWD_DQB;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = (cw & 3) * 16 + (lane >> 2) + r * 8;
-            const int ch = (n & 3) * 2 + ((lane & 3) >> 1); // 16-byte chunk of the 128-byte row
-            const u32 a = t + (u32)((n >> 2) * KPT_BWD_SUB * 128 + row * 128 +
-                                    ((ch ^ (row & 7)) << 4) + (lane & 1) * 8);
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(Q[n][2 * r]),
-                         "f"(Q[n][2 * r + 1])
-                         : "memory");
-        }
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int row = (cw & 3) * 16 + (lane >> 2) + r * 8;
+                const int ch = (n & 3) * 2 + ((lane & 3) >> 1); // 16-byte chunk of the row
+                const u32 a = t + (u32)((n >> 2) * KPT_BWD_SUB * 128 + row * 128 +
+                                        ((ch ^ (row & 7)) << 4) + (lane & 1) * 8);
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(Q[n][2 * r]),
+                             "f"(Q[n][2 * r + 1])
+                             : "memory");
+            }
+    }
     kpt_fence_proxy_async();
-    if (!lead) {
+    if ((cw & 3) != 0) {
         kpt_bar_arrive(2 + c, 128);
         return;
     }
     kpt_bar_sync(2 + c, 128);
     if (lane == 0) {
-        kpt_tma_add(&T.dq, t, c * 64, q0, h, b);
-        kpt_tma_add(&T.dq, t + KPT_BWD_SUB * 128, c * 64 + 32, q0, h, b);
+        for (int m = m0; m < m1; m++) {
+            const u32 t = t0 + (m - m0) * KPT_BWD_DQB;
+            kpt_tma_add(&T.dq, t, m * 64, q0, h, b);
+            kpt_tma_add(&T.dq, t + KPT_BWD_SUB * 128, m * 64 + 32, q0, h, b);
+        }
         kpt_bulk_commit();
     }
 }
@@ -683,7 +705,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         if (G.dqacc) {
             const u32 tDS = sDS + (i & 1) * KPT_BWD_DS;
             kpt_bwd_put_frags<64>(tDS, E, c * 64 + (cw & 3) * 16, 0, lane);
-            kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane, i % KPT_BWD_DQ_TILES);
+            kpt_bwd_dq_add(T, b, h, q0, tDS, sK, sDQ, c, cw, lane, i);
         }
 #else
         (void)sDQ;
