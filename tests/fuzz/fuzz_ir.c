@@ -16,9 +16,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The passes, then the forward and backward kernels' source for sm_80 (planning and emission;
- * no NVRTC): the backward's adds the score mod's derivatives (diff_score) and their range
- * (analyze_range). */
+/* The passes, then every kernel kind's source for sm_80 at head dim 64 and for sm_90a at 128
+ * (planning and emission; no NVRTC): the backward's adds the score mod's derivatives
+ * (diff_score) and their range (analyze_range), sm_90a's planner its keep bits, dQ staging and
+ * the consumers' turns (a score's transcendentals). */
 static void generate(kpt_pattern *p)
 {
     kpt_diag d = {0};
@@ -27,17 +28,24 @@ static void generate(kpt_pattern *p)
             abort(); /* every failure says why */
         return;
     }
-    for (int kind = KPT_KERNEL_FORWARD; kind <= KPT_KERNEL_BACKWARD; kind++) {
-        const kpt_kernel_request rq = {.kind = (kpt_kernel_kind)kind, .dtype = KPT_DTYPE_BF16,
-                                       .dqk = 64, .dv = 64};
-        kpt_kernel_plan plan;
-        char *src = NULL;
-        if (kpt_kernel_generate(kpt_target_find("cuda:sm_80"), p, &rq, &plan, &src, &d) !=
-                KPT_OK &&
-            !d.message[0])
-            abort();
-        free(src);
-    }
+    static const struct {
+        const char *target;
+        int dim;
+    } cfgs[] = {{"cuda:sm_80", 64}, {"cuda:sm_90a", 128}};
+    for (size_t t = 0; t < sizeof(cfgs) / sizeof(cfgs[0]); t++)
+        for (int kind = KPT_KERNEL_FORWARD; kind < KPT_KERNEL_NUM_KINDS; kind++) {
+            const kpt_kernel_request rq = {.kind = (kpt_kernel_kind)kind,
+                                           .dtype = KPT_DTYPE_BF16, .dqk = cfgs[t].dim,
+                                           .dv = cfgs[t].dim};
+            kpt_kernel_plan plan;
+            char *src = NULL;
+            d.message[0] = 0;
+            if (kpt_kernel_generate(kpt_target_find(cfgs[t].target), p, &rq, &plan, &src, &d) !=
+                    KPT_OK &&
+                !d.message[0])
+                abort();
+            free(src);
+        }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
