@@ -74,9 +74,9 @@ typedef struct kpt_kernel_plan {
      * turn (1 or 2); 0 past head dim 128, where kpt_bwd_dkdv does not sum dQ and both modes
      * run kpt_bwd_dq */
     int dq_tiles;
-    /* backward, sm_90a, head dims up to 128: kpt_bwd_dkdv's two consumer warpgroups take turns
-     * issuing a step's products S^T and dP^T (ping-pong: named barriers), for score mods that
-     * evaluate transcendentals per score (compiler/plan_tiles_cuda.c) */
+    /* backward, sm_90a, head dims 128: kpt_bwd_dkdv's two consumer warpgroups take turns issuing
+     * a step's products S^T and dP^T (ping-pong: named barriers), for score mods that evaluate
+     * transcendentals per score (compiler/plan_tiles_cuda.c) */
     bool dkdv_turns;
     /* backward: the score has aux gradients, and the module holds a second dK/dV kernel with
      * their terms (KPT_CUDA_BWD_DKDV_AUX_ENTRY), launched for calls that ask for any */

@@ -342,7 +342,7 @@ static void test_plan_backward(void **state)
 }
 
 /* Whether the sm_90a backward plan of the derived pattern has kpt_bwd_dkdv's consumers take
- * turns (plan.dkdv_turns), at head dims d. */
+ * turns (plan.dkdv_turns), at head dims dim. */
 static bool dkdv_turns(const char *source, int dim)
 {
     kpt_pattern *p = NULL;
