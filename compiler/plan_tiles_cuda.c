@@ -194,9 +194,10 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
          * (H200, bf16, 16k, kpt_bwd_dkdv default / deterministic, us: D = 128 softcap+causal
          * 5599 / 3759 -> 5493 / 3591, causal 4991 / 3294 -> 5019 / 3540; D = 64 softcap+causal
          * 7339 / 5289 -> 8198 / 5116, causal 6720 / 4989 -> 7250 / 5033; docs/BENCHMARKS.md) */
-        bool special = false;
-        pl.dkdv_turns = cfg->dqk == 128 && cfg->dv == 128 && pl.has_score &&
-                        score_cost(p, true, &special) != UINT32_MAX && special;
+        bool special = false; /* (stays false where score_cost runs out of memory) */
+        if (cfg->dqk == 128 && cfg->dv == 128 && pl.has_score)
+            score_cost(p, true, &special);
+        pl.dkdv_turns = special;
         size_t dkdv = bwd_dkdv_smem(&pl, wide, row, aux);
         /* (its static shared memory: mbarriers and step records, under 256 bytes) */
         if (wide && 1024 + dkdv + 256 > 227 * 1024) { /* with aux staging */

@@ -303,7 +303,8 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
 {
     static_assert(KPT_DQK <= 128, "dQ's blocks of 64 columns: two staging tiles");
     constexpr int NB = KPT_DQK / 64;
-    const bool one = KPT_BWD_DQ_ONE, lead = (cw & 3) == 0 && lane == 0;
+    constexpr bool one = KPT_BWD_DQ_ONE;
+    const bool lead = (cw & 3) == 0 && lane == 0; // this warpgroup's first thread
     const int id = one ? 7 + (int)(i & 1) : 1;
     kpt_fence_proxy_async();
     if (one && c != (int)(i & 1)) {
@@ -311,7 +312,7 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
         return;
     }
     if (lead)
-        kpt_bulk_wait<KPT_BWD_DQ_ONE ? 0 : KPT_BWD_DQ_TILES - 1, true>();
+        kpt_bulk_wait<one ? 0 : KPT_BWD_DQ_TILES - 1, true>();
     kpt_bar_sync(id, KPT_THREADS);
     if (!one && c >= NB)
         return;
