@@ -17,6 +17,7 @@ deterministic / default ratio, then each kernel's mean µs. Cases are bench.case
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -24,31 +25,18 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def parse_forward(text):
-    """[(pattern, S, D)] from "causal:1024:128,full:16384:64"; ValueError naming the bad one."""
+def parse_cases(text, option, dim=None):
+    """[(pattern, S, D)] from "causal:1024:128,full:16384" (PATTERN:LENGTH:HEAD_DIM; with dim,
+    the head dim may be left out and is dim); ValueError naming the bad one."""
+    form = "PATTERN:LENGTH:HEAD_DIM" if dim is None else "PATTERN:LENGTH[:HEAD_DIM]"
     out = []
     for spec in filter(None, text.split(",")):
-        parts = spec.rsplit(":", 2)
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
-            raise ValueError(f"--forward: '{spec}' is not PATTERN:LENGTH:HEAD_DIM "
-                             "(as causal:1024:128)")
-        out.append((parts[0], int(parts[1]), int(parts[2])))
-    return out
-
-
-def parse_backward(text):
-    """[(pattern, S, D)] from "causal:16384,full:16384:64" (D = 128 unless given); ValueError
-    naming the bad one."""
-    out = []
-    for spec in filter(None, text.split(",")):
-        parts = spec.rsplit(":", 2)
-        if len(parts) == 3 and not parts[1].isdigit():  # a pattern's colon, no D
-            parts = [parts[0] + ":" + parts[1], parts[2]]
-        nums = parts[1:]
-        if len(parts) < 2 or not parts[0] or not all(p.isdigit() and int(p) > 0 for p in nums):
-            raise ValueError(f"--backward: '{spec}' is not PATTERN:LENGTH[:HEAD_DIM] "
-                             "(as causal:16384 or causal:16384:64)")
-        out.append((parts[0], int(nums[0]), int(nums[1]) if len(nums) == 2 else 128))
+        m = re.fullmatch(r"(.+?):(\d+)(?::(\d+))?", spec)
+        S, D = (int(m[2]), int(m[3]) if m[3] else dim) if m else (0, None)
+        if not m or S < 1 or D is None or D < 1:
+            raise ValueError(f"{option}: '{spec}' is not {form} (as causal:1024:128"
+                             + (")" if dim is None else " or causal:16384)"))
+        out.append((m[1], S, D))
     return out
 
 
@@ -64,7 +52,7 @@ def measure_one(args):
     timer = bench.Timer(args.reps, warmup=3)
     stream = torch.cuda.current_stream().cuda_stream
     with kpt.Context(backend="cuda") as ctx:
-        for name, S, D in parse_forward(args.forward):
+        for name, S, D in parse_cases(args.forward, "--forward"):
             case, _, q, k, v, o, _, flops = bench.case_inputs(name, S, D, "bf16")
             ker = ctx.kernel(case.pattern(kpt), "bf16", D)
             sc, aux = case.scalars, case.aux
@@ -76,7 +64,7 @@ def measure_one(args):
             print(json.dumps({"case": f"fwd {name}:{S}:{D}", "burst": flops / burst / 1e9,
                               "sustained": flops / sustained / 1e9}), flush=True)
         flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
-        for name, S, D in parse_backward(args.backward):
+        for name, S, D in parse_cases(args.backward, "--backward", 128):
             ms = bwd_kernel_times.measure(ctx, flush, name, S, D, "bf16", args.reps)
             default, det = ms
             label = f"bwd {name}:{S}" + (f":{D}" if D != 128 else "")
@@ -140,8 +128,8 @@ def main():
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a turn: this process measures one build
     args = ap.parse_args()
     try:
-        parse_forward(args.forward)
-        parse_backward(args.backward)
+        parse_cases(args.forward, "--forward")
+        parse_cases(args.backward, "--backward", 128)
     except ValueError as e:
         ap.error(str(e))
     if args.one:
