@@ -26,6 +26,7 @@
 #include "runtime/cuda_device.h"
 #include "tools/rng.h"
 #include "tests/gpu/check_common.h"
+#include "tests/gpu/shard.h"
 #include "tests/covers_builtins.h"
 
 static const char *const all_patterns[] = {
@@ -348,7 +349,7 @@ int main(int argc, char **argv)
                                          {"scripts", required_argument, NULL, 'd'},
                                          {"shard", required_argument, NULL, 'k'},
                                          {NULL, 0, NULL, 0}};
-    int shard = 0, shards = 1;
+    shard sh = SHARD_ALL;
     bool bad = false;
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         if (c == 'q')
@@ -360,13 +361,12 @@ int main(int argc, char **argv)
         else if (c == 'd')
             scripts = optarg;
         else if (c == 'k')
-            bad |= sscanf(optarg, "%d/%d", &shard, &shards) != 2 || shards < 1 || shard < 0 ||
-                   shard >= shards;
+            bad |= !shard_parse(optarg, &sh);
         else
             bad = true; /* getopt_long said what was wrong */
     }
     if (bad || optind != argc) {
-        fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] [--shard K/N (0 <= K < N)] "
+        fprintf(stderr, "usage: gpu_check [--quick] [--filter TEXT] " SHARD_USAGE " "
                         "[--seed N] [--scripts DIR]\n");
         return 2;
     }
@@ -387,7 +387,7 @@ int main(int argc, char **argv)
            "Sq,Skv", "rel err", "lse err", "result");
     for (int i = 0; i < ncases; i++) {
         const gcase *c = &cases[i];
-        if ((filter && !strstr(c->pattern, filter)) || i % shards != shard)
+        if ((filter && !strstr(c->pattern, filter)) || !shard_has(sh, i))
             continue;
         result r;
         int rc = run_case(&dev, c, seed + (uint64_t)i * 7919, &r);

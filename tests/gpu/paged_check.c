@@ -38,6 +38,7 @@
 #include "base/numeric.h"
 #include "tools/paged_batch.h"
 #include "tools/rng.h"
+#include "tests/gpu/shard.h"
 
 typedef struct pcase {
     const char *pattern;
@@ -582,7 +583,7 @@ int main(int argc, char **argv)
     const char *filter = NULL, *backend = "cuda";
     uint64_t seed = 1;
     bool quick = false;
-    int shard = 0, shards = 1;
+    shard sh = SHARD_ALL;
     static const struct option opts[] = {{"quick", no_argument, NULL, 'q'},
                                          {"filter", required_argument, NULL, 'f'},
                                          {"shard", required_argument, NULL, 'k'},
@@ -603,14 +604,13 @@ int main(int argc, char **argv)
         else if (c == 'r')
             repeat = atoi(optarg);
         else if (c == 'k')
-            bad |= sscanf(optarg, "%d/%d", &shard, &shards) != 2 || shards < 1 || shard < 0 ||
-                   shard >= shards;
+            bad |= !shard_parse(optarg, &sh);
         else
             bad = true; /* getopt_long said what was wrong */
     }
     if (bad || optind != argc) {
         fprintf(stderr, "usage: paged_check [--backend cuda|vulkan|cpu] [--quick] "
-                        "[--filter TEXT] [--shard K/N (0 <= K < N)] [--seed N] [--repeat N]\n");
+                        "[--filter TEXT] " SHARD_USAGE " [--seed N] [--repeat N]\n");
         return 2;
     }
     const bool vulkan = !strcmp(backend, "vulkan");
@@ -652,7 +652,7 @@ int main(int argc, char **argv)
                  : c->bounds == 4 ? " packed-short-plan"
                                   : "",
                  c->o_pad ? " o-padded" : "", sc);
-        if ((filter && !strstr(name, filter)) || i % shards != shard)
+        if ((filter && !strstr(name, filter)) || !shard_has(sh, i))
             continue;
         outcome res;
         if (run_case(c, seed + (uint64_t)i, &res)) {
@@ -674,7 +674,7 @@ int main(int argc, char **argv)
         }
         fflush(stdout);
     }
-    if (vulkan && !filter && shards == 1 && !split) {
+    if (vulkan && !filter && sh.n == 1 && !split) {
         printf("  FAIL no case split the keys: the combine went unchecked\n");
         fail++;
     }
