@@ -8,7 +8,8 @@ more than once: the same build's figures moved by 2-4 % from round to round.
         --forward full:1024:128,causal:16384:128 --backward causal:16384,softcap+causal:16384
 
 --forward PATTERN:S:D: kpt's forward alone, TFLOP/s burst (the median of --reps calls, each
-after an L2 flush; bench.Timer) and sustained (the mean of --sustain calls back to back).
+after an L2 flush; bench.Timer) and sustained (the mean of --sustain calls back to back); with
+--lse the forward also writes the rows' log-sum-exp, as training's does (bench_backward.py's).
 --backward PATTERN:S[:D]: the sum of the backward's kernels for one call after an L2 flush
 (bench/bwd_kernel_times.py; D = 128 unless given), default and deterministic, TFLOP/s and the
 deterministic / default ratio, then each kernel's mean µs. Cases are bench.case_inputs's
@@ -58,10 +59,13 @@ def measure_one(args):
             sc, aux = case.scalars, case.aux
             bm = (ker.blockmap(q, k, v, o, scalars=sc, aux=aux, stream=stream)
                   if ker.needs_blockmap else None)
+            lse = (torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
+                   if args.lse else None)
             def fn():
-                ker(q, k, v, o, scalars=sc, aux=aux, blockmap=bm, stream=stream)
+                ker(q, k, v, o, lse=lse, scalars=sc, aux=aux, blockmap=bm, stream=stream)
             burst, sustained = timer(fn), timer.sustained(fn, args.sustain)
-            print(json.dumps({"case": f"fwd {name}:{S}:{D}", "burst": flops / burst / 1e9,
+            label = f"fwd {name}:{S}:{D}" + ("+lse" if args.lse else "")
+            print(json.dumps({"case": label, "burst": flops / burst / 1e9,
                               "sustained": flops / sustained / 1e9}), flush=True)
         flush = torch.empty(128 << 20, dtype=torch.int32, device="cuda")
         for name, S, D in parse_cases(args.backward, "--backward", 128):
@@ -119,10 +123,11 @@ def summarize(records, libs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--libs", help="libkpt.so builds, comma-separated (two or more)")
+    ap.add_argument("--libs", help="libkpt.so builds, comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--forward", default="", help="PATTERN:LENGTH:HEAD_DIM cases")
     ap.add_argument("--backward", default="", help="PATTERN:LENGTH[:HEAD_DIM] cases (D = 128)")
+    ap.add_argument("--lse", action="store_true", help="the forward also writes the LSE")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--sustain", type=int, default=50)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a turn: this process measures one build
@@ -135,8 +140,8 @@ def main():
     if args.one:
         return measure_one(args)
     libs = [l for l in (args.libs or "").split(",") if l]
-    if len(libs) < 2 or not (args.forward or args.backward):
-        ap.error("give --libs A,B[,...] and --forward or --backward cases")
+    if not libs or not (args.forward or args.backward):
+        ap.error("give --libs A[,B,...] and --forward or --backward cases")
     for l in libs:
         if not os.path.isfile(l):
             ap.error(f"--libs: no such file '{l}'")
@@ -145,7 +150,8 @@ def main():
         for lib in libs:
             cmd = [sys.executable, os.path.abspath(__file__), "--one", lib,
                    "--forward", args.forward, "--backward", args.backward,
-                   "--reps", str(args.reps), "--sustain", str(args.sustain)]
+                   "--reps", str(args.reps), "--sustain", str(args.sustain)] + \
+                (["--lse"] if args.lse else [])
             p = subprocess.run(cmd, capture_output=True, text=True)
             got = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
             if p.returncode:
