@@ -13,7 +13,8 @@ after an L2 flush; bench.Timer) and sustained (the mean of --sustain calls back 
 --backward PATTERN:S[:D]: the sum of the backward's kernels for one call after an L2 flush
 (bench/bwd_kernel_times.py; D = 128 unless given), default and deterministic, TFLOP/s and the
 deterministic / default ratio, then each kernel's mean µs. Cases are bench.case_inputs's
-(16k tokens, B = 16k / S, H = 2048 / D), bf16.
+(16k tokens, B = 16k / S, H = 2048 / D), bf16. --env NAME=V1,V2 runs each library once under
+each value of an environment switch (KPT_CUDA_PDL=0,1), in turns as the libraries.
 """
 import argparse
 import json
@@ -87,9 +88,14 @@ def spread(xs):
 
 
 def summarize(records, libs):
-    """The table of records ({lib: [record, ...]}, records of every round): per case, a row per
-    figure and a column per library. Returns the lines."""
-    names = [os.path.basename(os.path.dirname(os.path.abspath(l))) or l for l in libs]
+    """The table of records ({run: [record, ...]}, records of every round; a run is a library's
+    path, with " NAME=VALUE" after it under --env): per case, a row per figure and a column per
+    run. Returns the lines."""
+    def short(run):
+        lib, _, env = run.partition(" ")
+        name = os.path.basename(os.path.dirname(os.path.abspath(lib))) or lib
+        return name + (" " + env if env else "")
+    names = [short(l) for l in libs]
     if len(set(names)) < len(names):
         names = libs
     cases = []
@@ -128,6 +134,9 @@ def main():
     ap.add_argument("--forward", default="", help="PATTERN:LENGTH:HEAD_DIM cases")
     ap.add_argument("--backward", default="", help="PATTERN:LENGTH[:HEAD_DIM] cases (D = 128)")
     ap.add_argument("--lse", action="store_true", help="the forward also writes the LSE")
+    ap.add_argument("--env", default="",
+                    help="NAME=V1,V2,...: each library runs once under each value of NAME "
+                         "(a launch- or plan-time switch) in every round")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--sustain", type=int, default=50)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a turn: this process measures one build
@@ -145,24 +154,31 @@ def main():
     for l in libs:
         if not os.path.isfile(l):
             ap.error(f"--libs: no such file '{l}'")
+    env_name, _, env_values = args.env.partition("=")
+    if args.env and (not env_name or not env_values):
+        ap.error(f"--env: '{args.env}' is not NAME=V1,V2,...")
+    runs = [(l, v) for l in libs for v in (env_values.split(",") if args.env else [None])]
     records = {}
     for rnd in range(args.rounds):
-        for lib in libs:
+        for lib, value in runs:
+            run = lib if value is None else f"{lib} {env_name}={value}"
+            env = dict(os.environ, **({env_name: value} if value is not None else {}))
             cmd = [sys.executable, os.path.abspath(__file__), "--one", lib,
                    "--forward", args.forward, "--backward", args.backward,
                    "--reps", str(args.reps), "--sustain", str(args.sustain)] + \
                 (["--lse"] if args.lse else [])
-            p = subprocess.run(cmd, capture_output=True, text=True)
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             got = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
             if p.returncode:
-                sys.exit(f"kernel_ab: round {rnd + 1}, {lib}: exit status {p.returncode}\n"
+                sys.exit(f"kernel_ab: round {rnd + 1}, {run}: exit status {p.returncode}\n"
                          + "\n".join(p.stderr.splitlines()[-15:]))
-            records.setdefault(lib, []).extend(got)
-            print(f"# round {rnd + 1}/{args.rounds}, {lib}: "
+            records.setdefault(run, []).extend(got)
+            print(f"# round {rnd + 1}/{args.rounds}, {run}: "
                   + ", ".join(f"{r['case']} " + (f"{r['burst']:.0f}" if "burst" in r else
                                                    f"{r['default']:.0f}/{r['det']:.0f}")
                               for r in got), flush=True)
-    print("\n".join(summarize(records, libs)))
+    print("\n".join(summarize(records, [l if v is None else f"{l} {env_name}={v}"
+                                         for l, v in runs])))
 
 
 if __name__ == "__main__":
