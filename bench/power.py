@@ -74,8 +74,14 @@ def sustained(fn, seconds):
 
 def run_case(name, S, seconds):
     """[(label, flops, (start, end, ms))] of kpt's and cuDNN's forward and backward."""
+    with kpt.Context(backend="cuda") as ctx:
+        return run_in(ctx, name, S, seconds)
+
+
+def run_in(ctx, name, S, seconds):
+    """run_case's work in the context ctx."""
     D = 128
-    case, B, q, k, v, o, _, flops = bench.case_inputs(name, S, D, "bf16")
+    case, _, q, k, v, o, _, flops = bench.case_inputs(name, S, D, "bf16")
     if case.sdpa not in ("plain", "causal"):
         raise SystemExit(f"power.py: '{name}' needs a mask SDPA does not run fused "
                          "(full, causal or gqa_causal)")
@@ -83,7 +89,6 @@ def run_case(name, S, seconds):
     dout = torch.randn_like(q)
     lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    ctx = kpt.Context(backend="cuda")
     pat = case.pattern(kpt)
     fk, bk = ctx.kernel(pat, "bf16", D), ctx.kernel(pat, "bf16", D, backward=True)
     ws = torch.empty(bk.workspace_bytes(q, k, v, o, lse, dout, dq, dk, dv), dtype=torch.uint8,
@@ -108,7 +113,6 @@ def run_case(name, S, seconds):
              ("cuDNN bwd", 2.5 * flops,
               sustained(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True),
                         seconds))]
-    ctx.close()
     return runs
 
 
