@@ -157,11 +157,12 @@ def main():
     env_name, _, env_values = args.env.partition("=")
     if args.env and (not env_name or not env_values):
         ap.error(f"--env: '{args.env}' is not NAME=V1,V2,...")
-    runs = [(l, v) for l in libs for v in (env_values.split(",") if args.env else [None])]
+    # (label, library, value): a run is a library, under one value of the switch with --env
+    runs = [(l if v is None else f"{l} {env_name}={v}", l, v)
+            for l in libs for v in (env_values.split(",") if args.env else [None])]
     records = {}
     for rnd in range(args.rounds):
-        for lib, value in runs:
-            run = lib if value is None else f"{lib} {env_name}={value}"
+        for run, lib, value in runs:
             env = dict(os.environ, **({env_name: value} if value is not None else {}))
             cmd = [sys.executable, os.path.abspath(__file__), "--one", lib,
                    "--forward", args.forward, "--backward", args.backward,
@@ -177,8 +178,7 @@ def main():
                   + ", ".join(f"{r['case']} " + (f"{r['burst']:.0f}" if "burst" in r else
                                                    f"{r['default']:.0f}/{r['det']:.0f}")
                               for r in got), flush=True)
-    print("\n".join(summarize(records, [l if v is None else f"{l} {env_name}={v}"
-                                         for l, v in runs])))
+    print("\n".join(summarize(records, [run for run, _, _ in runs])))
 
 
 if __name__ == "__main__":
