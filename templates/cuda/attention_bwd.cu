@@ -451,8 +451,9 @@ __device__ __forceinline__ u32 kpt_bwd_keep(const kpt_args &A, const kpt_uniform
 // transpose (KEY_ROWS: kpt_bwd_dkdv's S^T). This thread's element (n, e) lies in row
 // row0 + lane / 4 (+ 8 for e >= 2) and column col0 + n * 8 + (lane % 4) * 2 + e % 2. The query's
 // LSE in log2 units comes from lse_col[column - col0] (KEY_ROWS, shared memory) or from
-// lse_row[e / 2] (this thread's two rows). Pairs `keep` drops (kpt_bwd_keep) get P = 0.
-template <int N, bool KEY_ROWS>
+// lse_row[e / 2] (this thread's two rows). Pairs `keep` drops (kpt_bwd_keep) get P = 0; with
+// SELECT false none is dropped (a full tile: keep is all ones) and no select is made.
+template <int N, bool KEY_ROWS, bool SELECT = true>
 __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_uniform &U, int b, int h,
                                               int row0, int col0, u32 keep,
                                               float (&S)[N / 8][4], float (&D)[N / 8][4],
@@ -470,15 +471,21 @@ __device__ __forceinline__ void kpt_bwd_probs(const kpt_args &A, const kpt_unifo
             const int r = row0 + (lane >> 2) + (e >> 1) * 8;
             const int c = n * 8 + (lane & 3) * 2 + (e & 1);
             const int qi = KEY_ROWS ? col0 + c : r, ki = KEY_ROWS ? r : col0 + c;
+            const float lse = KEY_ROWS ? ((e & 1) ? lc.y : lc.x) : lse_row[e >> 1];
+#if KPT_HAS_SCORE || !KPT_WGMMA
             float x = S[n][e] * A.scale;
 #if KPT_HAS_SCORE
             x = kpt_score_grad(A, U, x, b, h, qi, ki, D[n][e]);
 #else
             (void)qi, (void)ki;
 #endif
-            const float lse = KEY_ROWS ? ((e & 1) ? lc.y : lc.x) : lse_row[e >> 1];
             const float p = kpt_ex2(x * KPT_LOG2E - lse);
-            S[n][e] = (keep >> (n * 4 + e)) & 1 ? p : 0.0f;
+#else // the scale and log2(e) one factor, as the forward's: an FFMA a score, not two operations
+      // (sm_90a only: in the mma.sync kernels ptxas then spilled, document D = 64 4 bytes)
+            (void)qi, (void)ki;
+            const float p = kpt_ex2(S[n][e] * A.scale_log2 - lse);
+#endif
+            S[n][e] = !SELECT || (keep >> (n * 4 + e)) & 1 ? p : 0.0f;
         }
     }
 }

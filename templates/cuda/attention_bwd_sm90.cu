@@ -63,10 +63,12 @@ __device__ __forceinline__ u32 kpt_bwd_cols(int c, int cols, int rows)
 // tile of ROWS rows at t: K-major (the reduced dimension along the rows' 128-byte lines), or
 // MN-major (the reduced dimension down the rows; the leading byte offset steps over 64-column
 // blocks, ROWS * 128 bytes apart).
+// (K-major: the base descriptor opaque, so that every k step's is one 64-bit add, kpt_opaque64;
+// MN-major operands lost as many instructions as that saved elsewhere, ptxas)
 template <int ROWS> __device__ __forceinline__ u64 kpt_desc_k(u32 t, int kk)
 {
     const u32 off = (u32)((kk >> 2) * ROWS * 128 + (kk & 3) * 32);
-    return kpt_desc_add(kpt_sw128_desc(t, 16, 1024), off);
+    return kpt_desc_add(kpt_opaque64(kpt_sw128_desc(t, 16, 1024)), off);
 }
 template <int ROWS> __device__ __forceinline__ u64 kpt_desc_mn(u32 t, int kk)
 {
@@ -248,17 +250,21 @@ __device__ __forceinline__ u32 kpt_bwd_tile_keep(const kpt_args &A, const kpt_un
 
 // This warp's 16 x N block of A fragments (rows r0 on, columns c0 on: dS^T or P^T) into a swizzled
 // tile of 64 columns at t (16-bit elements, rows of 128 bytes), the operand layout of wgmma.
+// (Every caller's t is 1024-byte aligned, r0 a multiple of 16 and c0 of 8, so a thread's rows
+// have row % 8 == lane / 4 and a store's 16-byte chunk, (c0 + kk * 16 + (i / 2) * 8) / 8 < 8, is
+// a constant: the swizzle is one XOR of the chunk into a base that holds lane / 4 in its bits 4-6,
+// instead of ptxas's ~3 instructions of address a store.)
 template <int N>
 __device__ __forceinline__ void kpt_bwd_put_frags(u32 t, const u32 (&E)[N / 16][4], int r0, int c0,
                                                   int lane)
 {
+    const u32 base = t + (u32)((r0 + (lane >> 2)) * 128 + ((lane >> 2) << 4) + (lane & 3) * 4);
 #pragma unroll
     for (int kk = 0; kk < N / 16; kk++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int r = r0 + (lane >> 2) + (i & 1) * 8;
-            const int q = c0 + kk * 16 + (i >> 1) * 8 + (lane & 3) * 2;
-            const u32 a = t + (u32)(r * 128 + (((q >> 3) ^ (r & 7)) << 4) + (q & 7) * 2);
+            const u32 chunk = (u32)((c0 >> 3) + kk * 2 + (i >> 1));
+            const u32 a = (base ^ (chunk << 4)) + (u32)(i & 1) * 8 * 128;
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(E[kk][i]) : "memory");
         }
 }
@@ -330,14 +336,17 @@ __device__ __forceinline__ void kpt_bwd_dq_add(const kpt_bwd_tma &T, int b, int 
         kpt_wgmma_wait<0>();
         kpt_wgmma_regs<32>(&Q[0][0]);
         const u32 t = t0 + (m - m0) * KPT_BWD_DQB;
+        // a row's 16-byte chunk (n % 4) * 2 + (lane % 4) / 2, swizzled by the row's
+        // (cw % 4) * 16 + lane / 4 + r * 8) % 8 = lane / 4: the chunk's even part is a constant
+        // a store, XORed into a base that holds the rest (as kpt_bwd_put_frags)
+        const u32 base = t + (u32)(((cw & 3) * 16 + (lane >> 2)) * 128 +
+                                   (((lane >> 2) ^ ((lane & 3) >> 1)) << 4) + (lane & 1) * 8);
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int row = (cw & 3) * 16 + (lane >> 2) + r * 8;
-                const int ch = (n & 3) * 2 + ((lane & 3) >> 1); // 16-byte chunk of the row
-                const u32 a = t + (u32)((n >> 2) * KPT_BWD_SUB * 128 + row * 128 +
-                                        ((ch ^ (row & 7)) << 4) + (lane & 1) * 8);
+                const u32 a = (base ^ (u32)((n & 3) * 2 << 4)) +
+                              (u32)((n >> 2) * KPT_BWD_SUB * 128 + r * 8 * 128);
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(Q[n][2 * r]),
                              "f"(Q[n][2 * r + 1])
                              : "memory");
@@ -668,7 +677,14 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&S[0][0]);
         float D[8][4]; // d s'/d s (with a score mod)
-        kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, keep, S, D, lse, nullptr, lane);
+        // a full tile's probabilities without the keep bits' selects, where the code of both is
+        // small (no score mod): 32 selects and the bits' moves a step
+        if (KPT_HAS_SCORE || partial)
+            kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, keep, S, D, lse, nullptr,
+                                             lane);
+        else
+            kpt_bwd_probs<KPT_BWD_SUB, true, false>(A, U, b, h, krow, q0, keep, S, D, lse,
+                                                    nullptr, lane);
         // dV += P^T dO
         u32 F[4][4];
         kpt_frags<KPT_BWD_SUB>(F, S);
@@ -947,8 +963,12 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_wgmma_wait<1>();
             kpt_wgmma_regs<32>(&S[0][0]);
             float D[8][4]; // d s'/d s (with a score mod)
-            kpt_bwd_probs<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, keep, S, D, nullptr, lse,
-                                              lane);
+            if (KPT_HAS_SCORE || partial) // (as kpt_bwd_dkdv's)
+                kpt_bwd_probs<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, keep, S, D, nullptr,
+                                                  lse, lane);
+            else
+                kpt_bwd_probs<KPT_BWD_SUB, false, false>(A, U, b, h, row0, k0, keep, S, D,
+                                                         nullptr, lse, lane);
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&dP[0][0]);
             kpt_wgmma_regs<KPT_BWD_CK / 2>(&dQ[0][0]);
