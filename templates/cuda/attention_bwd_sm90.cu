@@ -248,6 +248,24 @@ __device__ __forceinline__ u32 kpt_bwd_tile_keep(const kpt_args &A, const kpt_un
     return partial ? kpt_bwd_keep<KPT_BWD_SUB, KR>(A, U, b, h, row0, col0, lane) : ~0u;
 }
 
+// A step's probabilities (kpt_bwd_probs of its 64 x 64 block; KEY_ROWS: kpt_bwd_dkdv's S^T). A
+// full tile's without the keep bits' selects where the code of both is small (no score mod): 32
+// selects and the bits' moves a step, skipped by a uniform branch on the step's partial flag.
+template <bool KEY_ROWS>
+__device__ __forceinline__ void kpt_bwd_step_probs(const kpt_args &A, const kpt_uniform &U, int b,
+                                                   int h, int row0, int col0, u32 keep,
+                                                   bool partial, float (&S)[8][4],
+                                                   float (&D)[8][4], const float *lse_col,
+                                                   const float *lse_row, int lane)
+{
+    if (KPT_HAS_SCORE || partial)
+        kpt_bwd_probs<KPT_BWD_SUB, KEY_ROWS>(A, U, b, h, row0, col0, keep, S, D, lse_col,
+                                             lse_row, lane);
+    else
+        kpt_bwd_probs<KPT_BWD_SUB, KEY_ROWS, false>(A, U, b, h, row0, col0, keep, S, D, lse_col,
+                                                    lse_row, lane);
+}
+
 // This warp's 16 x N block of A fragments (rows r0 on, columns c0 on: dS^T or P^T) into a swizzled
 // tile of 64 columns at t (16-bit elements, rows of 128 bytes), the operand layout of wgmma.
 // (Every caller's t is 1024-byte aligned, r0 a multiple of 16 and c0 of 8, so a thread's rows
@@ -677,14 +695,7 @@ __device__ __forceinline__ void kpt_bwd_dkdv_run(const kpt_args &A, const kpt_ga
         kpt_wgmma_wait<1>();
         kpt_wgmma_regs<32>(&S[0][0]);
         float D[8][4]; // d s'/d s (with a score mod)
-        // a full tile's probabilities without the keep bits' selects, where the code of both is
-        // small (no score mod): 32 selects and the bits' moves a step
-        if (KPT_HAS_SCORE || partial)
-            kpt_bwd_probs<KPT_BWD_SUB, true>(A, U, b, h, krow, q0, keep, S, D, lse, nullptr,
-                                             lane);
-        else
-            kpt_bwd_probs<KPT_BWD_SUB, true, false>(A, U, b, h, krow, q0, keep, S, D, lse,
-                                                    nullptr, lane);
+        kpt_bwd_step_probs<true>(A, U, b, h, krow, q0, keep, partial, S, D, lse, nullptr, lane);
         // dV += P^T dO
         u32 F[4][4];
         kpt_frags<KPT_BWD_SUB>(F, S);
@@ -963,12 +974,8 @@ kpt_bwd_dq(const kpt_args A, const kpt_gargs G, const __grid_constant__ kpt_bwd_
             kpt_wgmma_wait<1>();
             kpt_wgmma_regs<32>(&S[0][0]);
             float D[8][4]; // d s'/d s (with a score mod)
-            if (KPT_HAS_SCORE || partial) // (as kpt_bwd_dkdv's)
-                kpt_bwd_probs<KPT_BWD_SUB, false>(A, U, b, h, row0, k0, keep, S, D, nullptr,
-                                                  lse, lane);
-            else
-                kpt_bwd_probs<KPT_BWD_SUB, false, false>(A, U, b, h, row0, k0, keep, S, D,
-                                                         nullptr, lse, lane);
+            kpt_bwd_step_probs<false>(A, U, b, h, row0, k0, keep, partial, S, D, nullptr, lse,
+                                      lane);
             kpt_wgmma_wait<0>();
             kpt_wgmma_regs<32>(&dP[0][0]);
             kpt_wgmma_regs<KPT_BWD_CK / 2>(&dQ[0][0]);
