@@ -76,7 +76,8 @@ typedef struct kpt_kernel_plan {
     int dq_tiles;
     /* backward, sm_90a, head dims 128: kpt_bwd_dkdv's two consumer warpgroups take turns issuing
      * a step's products S^T and dP^T (ping-pong: named barriers), for score mods that evaluate
-     * transcendentals per score (compiler/plan_tiles_cuda.c) */
+     * transcendentals per score (compiler/plan_tiles_cuda.c); in calls that sum dQ there only
+     * (the deterministic mode's launch runs without them) */
     bool dkdv_turns;
     /* backward: the score has aux gradients, and the module holds a second dK/dV kernel with
      * their terms (KPT_CUDA_BWD_DKDV_AUX_ENTRY), launched for calls that ask for any */
