@@ -270,8 +270,14 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     pl.warps = 4;
     pl.mt = 1;
     pl.bm = 64;
-    /* past Dv = 128, 32-key tiles, so that two stages fit beside a second CTA an SM */
-    pl.bn = cfg->dv > 128 ? 32 : 64;
+    /* past Dv = 128, 32-key tiles, so that two stages fit beside a second CTA an SM; up to head
+     * dim 64, 128-key tiles: a tile's fixed work (its barrier, its wait, the softmax's row
+     * bookkeeping) then carries as many bytes as a 64-key tile at 128 does, the shape that
+     * reads at the copy bandwidth (64-key tiles at D = 64 left one-token decoding at 0.82-0.96x
+     * cuDNN on the H200, three CTAs an SM included: docs/BENCHMARKS.md, "Serving: 128-key
+     * tiles at head dim 64") */
+    const int dmax = cfg->dqk > cfg->dv ? cfg->dqk : cfg->dv;
+    pl.bn = dmax > 128 ? 32 : dmax <= 64 ? 128 : 64;
     pl.q_in_regs = true;
     kpt_status st = kpt_plan_mask(p, &pl, diag);
     if (st)

@@ -771,7 +771,7 @@ kpt_status kpt_cuda_paged(const kpt_cuda_kernel *k, const kpt_paged_plan *plan,
      * (plan_paged, stages_deep); its shared memory would keep a second CTA off the SM where
      * the plan has two (page 16, 8 x 16 x 32k on the H200: 2960-3053 GB/s with the third
      * stage, 3838-3855 without) */
-    const bool deep = k->plan.stages_deep && pa.paged && pa.page_size < KPT_PAGED_TILE &&
+    const bool deep = k->plan.stages_deep && pa.paged && pa.page_size < k->plan.bn &&
                       plan->splits > 1 && kpt_paged_one_per_sm(plan, k->dev->sm_count);
     CUfunction f = k->paged[fi];
     pa.stages = deep ? k->plan.stages_deep : k->plan.stages;

@@ -428,6 +428,20 @@ static void test_plan_paged(void **state)
     c.dqk = 128, c.dv = 64;
     assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
     assert_false(plan.cfg.wgmma);
+    assert_int_equal(plan.bn, 64);
+    /* head dim 64 (and 32): 128-key tiles, whose two stages still leave room for two CTAs an
+     * SM on sm_90a, and fit sm_86's 99 KB */
+    c.dqk = c.dv = 64;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 232448, &plan, &d), KPT_OK);
+    assert_true(plan.cfg.wgmma);
+    assert_int_equal(plan.bn, 128);
+    assert_int_equal(plan.smem_bytes, 1024 + 2 * 64 * 64 + 2 * 2 * 128 * 128);
+    assert_true(2 * (plan.smem_bytes + KPT_PAGED_STATIC_SMEM + KPT_KERNEL_ARGS_BYTES + 1024) <=
+                233472);
+    c.dqk = c.dv = 32, c.sm = 86, c.wgmma = false;
+    assert_int_equal(kpt_plan_tiles_cuda(p, &c, 101376, &plan, &d), KPT_OK);
+    assert_int_equal(plan.bn, 128);
+    assert_int_equal(plan.stages, 2);
     kpt_pattern_destroy(&p);
 }
 

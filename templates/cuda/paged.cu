@@ -486,13 +486,15 @@ __device__ __forceinline__ void kpt_pg_finish_frags(const kpt_args &A, const kpt
 #define KPT_PG_DVSPLIT (KPT_DV > 128)
 
 #if KPT_PG_WG
-// The products of one 64-key tile by the CTA's warpgroup (64 rows; a warp's 16 rows in the
-// mma.sync accumulator layout, as the other kernels' fragments): S = Q K^T with both from the
-// swizzled tiles, then O += P V (the forward's kpt_issue_pv, hopper.cu). Each waits for its
-// result: the next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64
-// ldmatrix a warp a tile), one instruction per 16 keys or columns, and K and V read once a tile
-// instead of once a warp.
-static_assert(KPT_BN == 64 && KPT_DQK == KPT_DV && KPT_DV <= 128, "plan_paged's sm_90a shapes");
+// The products of one tile by the CTA's warpgroup (64 rows; a warp's 16 rows in the mma.sync
+// accumulator layout, as the other kernels' fragments): S = Q K^T with both from the swizzled
+// tiles, then O += P V (the forward's kpt_issue_pv, hopper.cu). Each waits for its result: the
+// next step needs it. Against mma.sync by each warp (64-row CTAs: 128 mma and 64 ldmatrix a
+// warp a tile), one instruction per 16 keys or columns, and K and V read once a tile instead of
+// once a warp. Tiles of 64 keys at head dim 128, of 128 at 64 (plan_paged).
+static_assert(KPT_DQK == KPT_DV &&
+                  ((KPT_BN == 64 && KPT_DV == 128) || (KPT_BN == 128 && KPT_DV == 64)),
+              "plan_paged's sm_90a shapes");
 __device__ __forceinline__ void kpt_pg_wg_s(float (&S)[KPT_BN / 8][4], u32 sQ, u32 tK)
 {
     kpt_wgmma_fence();
@@ -502,7 +504,11 @@ __device__ __forceinline__ void kpt_pg_wg_s(float (&S)[KPT_BN / 8][4], u32 sQ, u
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
         const u64 da = kpt_desc_add(dq, (kk >> 2) * KPT_PG_ROWS * 128 + kb);
         const u64 db = kpt_desc_add(dk, (kk >> 2) * KPT_BN * 128 + kb);
+#if KPT_BN == 128
+        kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
+#else
         kpt_wgmma_ss_n64(&S[0][0], da, db, kk > 0);
+#endif
     }
     kpt_wgmma_commit();
     kpt_wgmma_wait<0>();
@@ -632,6 +638,15 @@ __device__ __forceinline__ void kpt_pg_cluster_combine(const kpt_args &A, const 
     kpt_cluster_sync(); // the others have read this CTA's shared memory
 }
 #endif
+
+// An unsigned integer of at least N bits (N <= 64).
+template <int N, bool WIDE = (N > 32)> struct kpt_pg_bits {
+    typedef u32 t;
+};
+template <int N> struct kpt_pg_bits<N, true> {
+    static_assert(N <= 64, "64 bits at most");
+    typedef u64 t;
+};
 
 template <int WR>
 __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_pargs &P)
@@ -891,8 +906,9 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         const bool partial = KPT_PG_CLASS(j) != 2 || j * KPT_BN + KPT_BN > kv_len;
 
         // Which pairs of a partial tile are kept, one bit each, decided before the scores hold
-        // registers (a mask that loads aux data runs in a rolled loop: KPT_MASK_UNROLL).
-        u32 keep = ~0u;
+        // registers (a mask that loads aux data runs in a rolled loop: KPT_MASK_UNROLL); 64 bits
+        // where a warp has more than 64 keys (the 64-row kernel's 128-key tiles at head dim 64).
+        typename kpt_pg_bits<KW / 2>::t keep = ~(typename kpt_pg_bits<KW / 2>::t)0;
         if (partial) {
             KPT_MASK_UNROLL
             for (int n = 0; n < KW / 8; n++)
@@ -903,7 +919,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 #if KPT_HAS_MASK
                     kp = kp & kpt_mask(A, U[rr], b, rw[rr].h, rw[rr].qpos, kpos);
 #endif
-                    if (!kp) keep &= ~(1u << (n * 4 + e));
+                    if (!kp) keep &= ~((typename kpt_pg_bits<KW / 2>::t)1 << (n * 4 + e));
                 }
         }
         float S[KW / 8][4];

@@ -486,8 +486,8 @@ static void build(bool quick)
             add(p, KPT_DTYPE_F16, 64, 16, 2, 3, true, false, 8, q4, kvmany, 0);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 16, false, true, 8, q1, kvmany, 0);
             /* pages around a thread's run of rows in the copies (kpt_pg_load_kv: 8 rows at
-             * head dims 128 and 256, 4 at 64): from that size on one page id a run, below it
-             * one a row */
+             * head dims 64 to 256, 4 at 32): from that size on one page id a run, below it one
+             * a row */
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 8, false, true, 8, qr, kvr, 0);
             add(p, KPT_DTYPE_F16, 64, 16, 2, 4, true, false, 4, q16, kvs, 0);
             add(p, KPT_DTYPE_BF16, 128, 32, 8, 4, true, false, 8, q4, kvs, 0);
@@ -505,6 +505,10 @@ static void build(bool quick)
             add(p, KPT_DTYPE_BF16, 256, 16, 8, 0, false, true, 1, ql, kvlong, 0);
             add(p, KPT_DTYPE_BF16, 64, 16, 2, 16, false, false, 8, qr, kvr, 0);
             with_dv(256);
+            /* head dim 32 (128-key tiles, as at 64; mma.sync): ragged, and 64-row CTAs over
+             * one-row pages */
+            add(p, KPT_DTYPE_BF16, 32, 16, 4, 16, false, false, 8, qr, kvr, 0);
+            add(p, KPT_DTYPE_F16, 32, 8, 2, 1, true, false, 4, q16, kvs, 0);
         }
         if (quick)
             continue;
