@@ -12,10 +12,10 @@
 #include "runtime/attention_args.h"
 #include "runtime/kernel_args.h"
 
-/* Keys per tile of the paged kernels up to Dv = 128 (the twin of KPT_BN in the paged plan; past
- * it the kernels take 32-key tiles, and the split count still goes by 64 keys: each part keeps
- * at least 128) and the most rows (query tokens times a kv head's query heads) of one CTA (the
- * twin of KPT_PG_ROWS in paged.cu). */
+/* Keys per tile of the paged kernels from head dim 65 to 128 (the twin of KPT_BN in the paged
+ * plan; up to 64 the kernels take 128-key tiles, past 128 32-key tiles, and the split count
+ * still goes by 64 keys: each part keeps at least 128) and the most rows (query tokens times a
+ * kv head's query heads) of one CTA (the twin of KPT_PG_ROWS in paged.cu). */
 #define KPT_PAGED_TILE 64
 #define KPT_PAGED_ROWS 64
 #define KPT_PAGED_MAX_PAGE 256
