@@ -244,18 +244,17 @@ static kpt_status plan_backward(const kpt_pattern *p, const kpt_kernel_config *c
     return KPT_OK;
 }
 
-/* The serving kernels (templates/cuda/paged.cu): a CTA of four warps holds up to 64 query rows
- * (the query tokens of one sequence times the query heads of one kv head, so each K/V byte is
- * read once) and streams tiles of 64 keys (128 up to head dim 64, 32 past 128: below) through a
- * ring of cp.async stages; the warps split the rows (16 each) and, where rows are fewer, the
- * keys of each tile. Decoding is bound by memory,
- * and what keeps the memory system busy is CTAs per SM more than depth: with two stages (87 KB
- * at D = 128) two CTAs share an SM and stream the cache faster than one CTA with five (H100,
- * bf16, B = 8, 32k keys, GQA 32:8: 2585 GB/s against 2477; with 16-row pages 2498 against 1714,
- * where one CTA's page lookups stalled its own loads) — where a batch gives more CTAs than SMs;
- * a plan's split aims at one CTA an SM (kpt_cuda_paged_plan). Tiles are classified by interval
- * analysis only: masks that read aux data are evaluated per element in every tile a sequence's
- * length leaves (no block map: the lengths live on the device). */
+/* The serving kernels (templates/cuda/paged.cu): a CTA of four warps holds up to 64 query rows (the
+ * query tokens of one sequence times the query heads of one kv head, so each K/V byte is read once)
+ * and streams tiles of 64 keys (128 up to head dim 64, 32 past 128: below) through a ring of
+ * cp.async stages; the warps split the rows (16 each) and, where rows are fewer, the keys of each
+ * tile. Decoding is bound by memory, and what keeps the memory system busy is CTAs per SM more than
+ * depth: with two stages (87 KB at D = 128) two CTAs share an SM and stream the cache faster than
+ * one CTA with five (H100, bf16, B = 8, 32k keys, GQA 32:8: 2585 GB/s against 2477; with 16-row
+ * pages 2498 against 1714, where one CTA's page lookups stalled its own loads) — where a batch
+ * gives more CTAs than SMs; a plan's split aims at one CTA an SM (kpt_cuda_paged_plan). Tiles are
+ * classified by interval analysis only: masks that read aux data are evaluated per element in every
+ * tile a sequence's length leaves (no block map: the lengths live on the device). */
 static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg, int smem_limit,
                              kpt_kernel_plan *out, kpt_diag *diag)
 {

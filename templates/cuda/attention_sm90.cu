@@ -274,11 +274,7 @@ __device__ __forceinline__ void kpt_issue_s(float (&S)[KPT_BN / 8][4], const kpt
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
         const u64 da = dq.d[kk];
         const u64 db = kpt_desc_add(dk, (kk >> 2) * KPT_BN * 128 + kb);
-#if KPT_BN == 128
-        kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
-#else
-        kpt_wgmma_ss_n64(&S[0][0], da, db, kk > 0);
-#endif
+        kpt_wgmma_ss_keys(&S[0][0], da, db, kk > 0);
     }
     kpt_wgmma_commit();
 }

@@ -147,6 +147,17 @@ __device__ __forceinline__ u64 kpt_desc_add(u64 desc, u32 bytes)
     return desc + (bytes >> 4);
 }
 
+// One k step of S (64 x KPT_BN, f32) += Q (64 x 16) K^T (16 x KPT_BN), both from shared memory,
+// K-major: the forward's and the serving kernel's first product, over tiles of 64 or 128 keys.
+__device__ __forceinline__ void kpt_wgmma_ss_keys(float *d, u64 da, u64 db, int scale_d)
+{
+#if KPT_BN == 128
+    kpt_wgmma_ss_n128(d, da, db, scale_d);
+#else
+    kpt_wgmma_ss_n64(d, da, db, scale_d);
+#endif
+}
+
 // x, with what the compiler knew of its bits forgotten: a base descriptor whose address bits it
 // knows to be zero has its k steps' adds made ORs of the low word, each with a move of the high
 // word besides, instead of one 64-bit add (UIADD3.64)

@@ -504,11 +504,7 @@ __device__ __forceinline__ void kpt_pg_wg_s(float (&S)[KPT_BN / 8][4], u32 sQ, u
         const u32 kb = (u32)((kk & 3) * 32); // 16 elements within a 64-column block
         const u64 da = kpt_desc_add(dq, (kk >> 2) * KPT_PG_ROWS * 128 + kb);
         const u64 db = kpt_desc_add(dk, (kk >> 2) * KPT_BN * 128 + kb);
-#if KPT_BN == 128
-        kpt_wgmma_ss_n128(&S[0][0], da, db, kk > 0);
-#else
-        kpt_wgmma_ss_n64(&S[0][0], da, db, kk > 0);
-#endif
+        kpt_wgmma_ss_keys(&S[0][0], da, db, kk > 0);
     }
     kpt_wgmma_commit();
     kpt_wgmma_wait<0>();
@@ -908,7 +904,8 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         // Which pairs of a partial tile are kept, one bit each, decided before the scores hold
         // registers (a mask that loads aux data runs in a rolled loop: KPT_MASK_UNROLL); 64 bits
         // where a warp has more than 64 keys (the 64-row kernel's 128-key tiles at head dim 64).
-        typename kpt_pg_bits<KW / 2>::t keep = ~(typename kpt_pg_bits<KW / 2>::t)0;
+        typedef typename kpt_pg_bits<KW / 2>::t keep_t;
+        keep_t keep = ~(keep_t)0;
         if (partial) {
             KPT_MASK_UNROLL
             for (int n = 0; n < KW / 8; n++)
@@ -919,7 +916,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
 #if KPT_HAS_MASK
                     kp = kp & kpt_mask(A, U[rr], b, rw[rr].h, rw[rr].qpos, kpos);
 #endif
-                    if (!kp) keep &= ~((typename kpt_pg_bits<KW / 2>::t)1 << (n * 4 + e));
+                    if (!kp) keep &= ~((keep_t)1 << (n * 4 + e));
                 }
         }
         float S[KW / 8][4];
