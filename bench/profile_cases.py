@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs a few benchmark cases a handful of times each, for a profiler to capture (Nsight
-Compute, compute-sanitizer): kpt's kernel and, where SDPA has it, FLASH_ATTENTION's beside it;
-with --backward, kpt's forward and backward kernels (no peer).
+Compute, compute-sanitizer): kpt's kernel and, where SDPA has it, a peer's beside it
+(FLASH_ATTENTION's, or cuDNN's with --peer cudnn); with --backward, kpt's forward and backward
+kernels (no peer).
 
     ncu --clock-control none -k regex:'kpt_attention|flash_fwd' --launch-skip 2 \\
         --launch-count 4 python3 bench/profile_cases.py --lib build-gpu/libkpt.so full causal
@@ -48,6 +49,8 @@ def main():
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--peer", choices=("flash", "cudnn", "none"), default="flash",
+                    help="SDPA's backend run beside kpt's forward (default flash)")
     ap.add_argument("--backward", action="store_true", help="kpt's backward (default mode)")
     ap.add_argument("--deterministic", action="store_true", help="the backward's deterministic mode")
     ap.add_argument("patterns", nargs="+")
@@ -74,13 +77,15 @@ def main():
             continue
         for _ in range(args.reps):
             ker(q, k, v, o, scalars=case.scalars, aux=case.aux, blockmap=bm, stream=stream)
-        if case.sdpa in ("plain", "causal"):
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        peer = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.get(args.peer)
+        if peer is not None and case.sdpa in ("plain", "causal"):
+            with sdpa_kernel([peer]):
                 for _ in range(args.reps):
                     F.scaled_dot_product_attention(q, k, v, is_causal=case.sdpa == "causal",
                                                    enable_gqa=case.hq != case.hkv)
         torch.cuda.synchronize()
-        print(f"{name}: {args.reps} runs of kpt" + (" and flash" if case.sdpa else ""))
+        ran_peer = peer is not None and case.sdpa in ("plain", "causal")
+        print(f"{name}: {args.reps} runs of kpt" + (f" and {args.peer}" if ran_peer else ""))
 
 
 if __name__ == "__main__":
