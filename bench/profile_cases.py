@@ -58,6 +58,7 @@ def main():
     kpt.library(args.lib)
     ctx = kpt.Context(backend="cuda")
     S, D = args.seq, args.dim
+    peer = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.get(args.peer)
     B, H = max(1, 16384 // S), 2048 // D
     for name in args.patterns:
         case = cases.make_case(name, B, S, H)
@@ -77,14 +78,13 @@ def main():
             continue
         for _ in range(args.reps):
             ker(q, k, v, o, scalars=case.scalars, aux=case.aux, blockmap=bm, stream=stream)
-        peer = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.get(args.peer)
-        if peer is not None and case.sdpa in ("plain", "causal"):
+        ran_peer = peer is not None and case.sdpa in ("plain", "causal")
+        if ran_peer:
             with sdpa_kernel([peer]):
                 for _ in range(args.reps):
                     F.scaled_dot_product_attention(q, k, v, is_causal=case.sdpa == "causal",
                                                    enable_gqa=case.hq != case.hkv)
         torch.cuda.synchronize()
-        ran_peer = peer is not None and case.sdpa in ("plain", "causal")
         print(f"{name}: {args.reps} runs of kpt" + (f" and {args.peer}" if ran_peer else ""))
 
 
