@@ -678,8 +678,8 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * Before both: where the batch has too few work items for one CTA an SM (under 90 % of the SMs
      * busy: 9 sequences x 8 kv heads, unsplit, left 60 of 132 SMs idle; or unsplit with any SM
      * idle: 16 x 8 kv heads, 16 x 1 x 32k 509 -> 480 us, 16 x 16 x 32k 584 -> 494), it is split
-     * for one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 64 to 256, 3 at 64
-     * with its old 64-key tiles): a CTA streams at most ~40 GB/s at D = 128 (its ring's loads in
+     * for one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 64 to 256; 3 at
+     * 64 while its tiles had 64 keys): a CTA streams at most ~40 GB/s at D = 128 (its ring's loads in
      * flight), less at 64, so the bandwidth needs more CTAs than a thin wave has (H200, bf16,
      * 32:8, page 16, us in CUDA graphs: 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 ->
      * 370, 10 x 1 x 8k 115 -> 86, 14 x 1 x 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1
