@@ -129,6 +129,15 @@ if [ $PART != sanitizers ]; then
     if [ -f "$LIBKPT" ] && python3 -c "import torch" >/dev/null 2>&1; then
         KPT_LIB="$LIBKPT" python3 tests/gpu/test_torch.py >"$OUT/test_torch.log" 2>&1 || status=1
         grep -E "^FAIL|passed|FAILED" "$OUT/test_torch.log"
+        # tensors past 2^31 elements and a million tokens (tests/gpu/test_large.py; skips
+        # itself under 70 GiB), on the sm_90a kernels and again on the mma.sync ones
+        for wg in 1 0; do
+            KPT_CUDA_WGMMA=$wg KPT_LIB="$LIBKPT" python3 tests/gpu/test_large.py \
+                >"$OUT/test_large_wgmma$wg.log" 2>&1
+            rc=$?
+            [ $rc = 0 ] || [ $rc = 77 ] || status=1
+            echo "test_large.py (KPT_CUDA_WGMMA=$wg): $(tail -1 "$OUT/test_large_wgmma$wg.log")"
+        done
         if python3 -c "import pytest" >/dev/null 2>&1; then
             KPT_LIB="$LIBKPT" KPT_TORCH_TESTS=1 python3 -m pytest -q -p no:cacheprovider \
                 tests/python >"$OUT/pytest.log" 2>&1 || status=1
