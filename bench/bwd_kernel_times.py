@@ -57,14 +57,16 @@ def kernel_times(fn, flush, reps):
             statistics.median(spans))
 
 
-def wall_times(fn, flush, reps):
+def wall_times(fn, flush, reps, idle=0.0):
     """Per call, without the profiler: the CUDA events' time around it (the GPU's span plus any
     wait for the host's first launch) and the host's time in fn (its submission), us, medians.
-    The L2 flush completes before each call, so the wait for the first launch shows whole."""
+    The L2 flush completes before each call, so the wait for the first launch shows whole; then
+    the card idles `idle` seconds."""
     walls, hosts = [], []
     for _ in range(reps):
         flush.zero_()
         torch.cuda.synchronize()
+        time.sleep(idle)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
         t0 = time.perf_counter()
@@ -77,7 +79,7 @@ def wall_times(fn, flush, reps):
     return statistics.median(walls), statistics.median(hosts)
 
 
-def measure(ctx, flush, name, S, D, dtype_name, reps, with_daux=False):
+def measure(ctx, flush, name, S, D, dtype_name, reps, with_daux=False, idle=0.0):
     """The case's backward in the default and the deterministic mode: for each, a dict of its
     kernels' sum (us, TFLOP/s), each kernel's median (us, by name), the span and, without the
     profiler, the wall and host times (us), as the functions above measure them."""
@@ -109,7 +111,7 @@ def measure(ctx, flush, name, S, D, dtype_name, reps, with_daux=False):
         run()
         run()
         torch.cuda.synchronize()
-        walls[det] = wall_times(run, flush, reps)
+        walls[det] = wall_times(run, flush, reps, idle)
     out = []
     for det in (False, True):
         total, each, span = kernel_times(runner(det), flush, reps)
@@ -140,6 +142,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--daux", action="store_true",
                     help="ask for the gradients of the case's float aux tensors too")
+    ap.add_argument("--idle", type=float, default=0.0,
+                    help="seconds the card idles before each wall-clock call (the power "
+                         "limiter's budget refills; docs/BENCHMARKS.md, \"the deterministic "
+                         "mode's ratio by the wall clock\")")
     args = ap.parse_args()
     try:
         todo = parse_cases(args.cases)
@@ -150,7 +156,8 @@ def main():
     with kpt.Context(backend="cuda") as ctx:
         for name, S in todo:
             parts = []
-            for m in measure(ctx, flush, name, S, args.dim, args.dtype, args.reps, args.daux):
+            for m in measure(ctx, flush, name, S, args.dim, args.dtype, args.reps, args.daux,
+                             args.idle):
                 kernels = " ".join(f"{n[:16]} {t:.0f}" for n, t in m["kernels"].items())
                 parts.append(f"{'det.' if m['deterministic'] else 'default'} {m['us']:8.1f} us "
                              f"{m['tflops']:4.0f} TF/s, span {m['span']:.1f} us, wall "
