@@ -7,7 +7,9 @@ write the wrong rows without failing anything smaller.
   (causal at head dim 128, MHA; full at head dim 64, GQA 16:4, the three-consumer kernel);
 - one sequence of 2^20 tokens (causal, head dim 128), forward and backward;
 - serving: a page pool of more than 2^31 elements with the batch's pages at its end, and a
-  contiguous cache of more than 2^31 elements.
+  contiguous cache of more than 2^31 elements;
+- the launch limits: B = 65535 and Hq = 65535 (forward and backward), a decode batch of 2^20
+  sequences.
 
 Each output starts as NaN (torch's caching allocator hands back a freed NaN block), the whole
 output must be finite, the forward must agree with SDPA everywhere (where SDPA runs), and
@@ -234,6 +236,43 @@ def paged_cases():
                  cu_l, Hq, Hkv, D)
 
 
+def grid_limits():
+    """B and Hq at the most a launch takes (65535), forward and backward of short sequences."""
+    dense_case("B = 65535, GQA 2:1", "causal", 65535, 2, 1, 17, 64,
+               [(65534, 0), (32767, 0), (0, 0)], True)
+    dense_case("Hq = Hkv = 65535", "causal", 1, 65535, 65535, 17, 64,
+               [(0, 65534), (0, 40000), (0, 0)], True)
+
+
+def paged_batch_limit():
+    """A decode batch of 2^20 sequences (the most a plan takes) over pages of one row, the page
+    ids shuffled over the whole pool."""
+    torch.manual_seed(3)
+    B, Hq, Hkv, D = 1 << 20, 4, 1, 64
+    kv = torch.randint(1, 34, (B,), dtype=torch.int32)
+    kv_lens = kv.tolist()
+    cu_l = list(range(B + 1))
+    pool = int(kv.sum())
+    ids = torch.randperm(pool, device=dev).to(torch.int32)
+    table = torch.full((B, 33), -1, dtype=torch.int32, device=dev)
+    starts = torch.cumsum(kv, 0) - kv
+    cols = torch.arange(33)
+    live = cols[None, :] < kv[:, None]
+    table[live.to(dev)] = ids[(starts[:, None] + cols[None, :])[live].to(dev)]
+    kc, vc = rand(pool, 1, Hkv, D), rand(pool, 1, Hkv, D)
+    q = rand(B, Hq, D)
+    cu = torch.tensor(cu_l, dtype=torch.int32, device=dev)
+    poison(q.numel())
+    o = kpt.paged_attention(q, kc, vc, cu, kv.to(dev), table, "causal")
+    finite(f"paged, {B} sequences, one-row pages", o)
+    pick = [B - 1, B - 2, B // 2, 0]
+    sub = lambda b: table[b, :kv_lens[b]].long()  # noqa: E731
+    serving_case(f"paged, {B} sequences (the last, the middle, the first)",
+                 o[pick], q[pick], lambda i: kc[sub(pick[i]), 0], lambda i: vc[sub(pick[i]), 0],
+                 [1] * len(pick), [kv_lens[b] for b in pick], list(range(len(pick) + 1)), Hq,
+                 Hkv, D)
+
+
 def big_mha():
     B = -(-BIG // (32 * 2048 * 128))
     dense_case("causal, D 128, MHA", "causal", B, 32, 32, 2048, 128,
@@ -246,7 +285,7 @@ def big_gqa():
                [(B - 1, 3), (B // 2, 1), (0, 0)], False)
 
 
-for fn in (big_mha, big_gqa, long_case, paged_cases):
+for fn in (big_mha, big_gqa, long_case, paged_cases, grid_limits, paged_batch_limit):
     try:
         fn()
     except Exception as e:  # a crash in one group is reported, the others still run
