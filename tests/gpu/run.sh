@@ -130,7 +130,7 @@ if [ $PART != sanitizers ]; then
         KPT_LIB="$LIBKPT" python3 tests/gpu/test_torch.py >"$OUT/test_torch.log" 2>&1 || status=1
         grep -E "^FAIL|passed|FAILED" "$OUT/test_torch.log"
         # tensors past 2^31 elements and a million tokens (tests/gpu/test_large.py; skips
-        # itself under 70 GiB), on the sm_90a kernels and again on the mma.sync ones
+        # itself under 60 GiB), on the sm_90a kernels and again on the mma.sync ones
         for wg in 1 0; do
             KPT_CUDA_WGMMA=$wg KPT_LIB="$LIBKPT" python3 tests/gpu/test_large.py \
                 >"$OUT/test_large_wgmma$wg.log" 2>&1

@@ -14,7 +14,8 @@ write the wrong rows without failing anything smaller.
 Each output starts as NaN (torch's caching allocator hands back a freed NaN block), the whole
 output must be finite, the forward must agree with SDPA everywhere (where SDPA runs), and
 sampled (batch, head) slices - the last ones, whose offsets are the largest - must agree with
-a float64 reference of the definition computed on the GPU. About 60 GiB of device memory.
+a float64 reference of the definition computed on the GPU. It takes up to 49 GiB of device
+memory.
 
     KPT_LIB=build-gpu/libkpt.so python3 tests/gpu/test_large.py
     KPT_CUDA_WGMMA=0 KPT_LIB=... python3 tests/gpu/test_large.py   # the mma.sync kernels
@@ -35,7 +36,7 @@ except ImportError:
 if not torch.cuda.is_available():
     print("no CUDA device: skipped")
     sys.exit(77)
-NEED_GIB = 70
+NEED_GIB = 60  # the largest group peaks at 49 GiB allocated (H200, 2026-11-30)
 if torch.cuda.get_device_properties(0).total_memory < NEED_GIB << 30:
     print(f"under {NEED_GIB} GiB of device memory: skipped")
     sys.exit(77)
@@ -56,11 +57,16 @@ def check(name, err, tol):
 
 
 def rel(a, b):
-    """max |a - b| / max |b|; inf where a holds a NaN (an element never written)."""
-    a, b = a.double(), b.double()
-    if a.isnan().any():
-        return float("inf")
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+    """max |a - b| / max |b|; inf where a holds a NaN (an element never written). In slices of
+    about 2^26 elements along the first dim: a whole tensor in float64 would take 17 GiB."""
+    step = max(1, (1 << 26) // max(1, a[0].numel())) if a.dim() else 1
+    num = den = 0.0
+    for x, y in zip(a.split(step), b.split(step)) if a.dim() else [(a, b)]:
+        x, y = x.double(), y.double()
+        if x.isnan().any():
+            return float("inf")
+        num, den = max(num, (x - y).abs().max().item()), max(den, y.abs().max().item())
+    return num / max(den, 1e-6)
 
 
 def poison(elements):
@@ -105,7 +111,7 @@ def dense_case(name, pattern, B, Hq, Hkv, S, D, samples, sdpa_causal):
     o, lse = kpt.attention(q, k, v, pattern, return_lse=True)
     finite(f"{name} forward", o, lse)
     with torch.no_grad():  # (SDPA's fused kernels take no GQA: the heads repeated)
-        kr, vr = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        kr, vr = (k, v) if g == 1 else (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
         want = F.scaled_dot_product_attention(q, kr, vr, is_causal=sdpa_causal)
         del kr, vr
     check(f"{name} forward: o against SDPA, whole tensor", rel(o, want), 2e-2)
@@ -292,6 +298,9 @@ for fn in (big_mha, big_gqa, long_case, paged_cases, grid_limits, paged_batch_li
         import traceback
         traceback.print_exc()
         failures.append(f"{fn.__name__}: {e}")
+    print(f"     {fn.__name__}: peak {torch.cuda.max_memory_allocated() / (1 << 30):.1f} GiB "
+          "allocated", flush=True)
+    torch.cuda.reset_peak_memory_stats()
     torch.cuda.empty_cache()
 print(f"{'FAILED: ' + ', '.join(failures) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)
