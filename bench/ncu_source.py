@@ -10,7 +10,7 @@ their two main stall reasons.
     python3 bench/ncu_source.py src.csv [--loop N] [--top 25] [--by-count 6]
 
 The loop's count is the most common execution count among instructions run more often than
-the median one (or --loop); an instruction run that many times is "loop", one run fewer times
+the median one (as often, where the loop holds most of them; or --loop); an instruction run that many times is "loop", one run fewer times
 but more than never is "other". docs/BENCHMARKS.md ("Short sequences: O through TMA stores")
 used this to find the sm_90a forward's per-item costs at 1k tokens. --by-count groups the
 samples by execution count (the loop, once an item, the producer's waits ...), which compares
@@ -78,7 +78,9 @@ def main():
     if loop is None:
         ran = [e for e in execs if e > 0]
         med = statistics.median(ran)
-        loop = collections.Counter(e for e in ran if e > med).most_common(1)[0][0]
+        # where the loop holds most of the run instructions the median is its own count
+        above = [e for e in ran if e > med] or [e for e in ran if e >= med]
+        loop = collections.Counter(above).most_common(1)[0][0]
     share = collections.Counter()
     for r, e in zip(rows, execs):
         share["loop" if e == loop else "other" if e > 0 else "never"] += num(r[samples])
