@@ -1,13 +1,17 @@
 """The parts of bench/'s developer tools that need no GPU: bench/ncu_source.py's reading of an
-Nsight Compute source page (a small made-up CSV with ncu's preamble) and bench/kernel_ab.py's
-case lists. Run by pytest (conftest.py)."""
+Nsight Compute source page (a small made-up CSV with ncu's preamble), bench/kernel_ab.py's case
+lists, and bench/report.py against the record: docs/BENCHMARKS.md's generated section and the
+plots must be what it makes of docs/bench/results.json. Run by pytest (conftest.py)."""
 import importlib.util
+import filecmp
 import os
+import shutil
 import subprocess
 import sys
 import unittest
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+BENCH = os.path.join(ROOT, "bench")
 
 # Six instructions: three in a loop run 100 times, two once an item (10 times), one never run;
 # warp samples 60 / 30 / 10 and two stall reasons.
@@ -98,6 +102,32 @@ class KernelAbCases(unittest.TestCase):
                 ab.parse_cases(bad, "--forward")
             self.assertIn(f"'{bad}'", str(e.exception))
             self.assertIn("PATTERN:LENGTH:HEAD_DIM", str(e.exception))
+
+
+class Report(unittest.TestCase):
+    def test_the_record_is_generated(self):
+        """report.py rerun on the kept JSON, into a copy of the page: the same page, the same
+        plots (a hand edit of the generated tables, or a report.py change not rerun, fails)."""
+        import tempfile
+        docs = os.path.join(ROOT, "docs")
+        with tempfile.TemporaryDirectory() as tmp:
+            page, plots = os.path.join(tmp, "BENCHMARKS.md"), os.path.join(tmp, "bench")
+            shutil.copyfile(os.path.join(docs, "BENCHMARKS.md"), page)
+            os.mkdir(plots)
+            r = subprocess.run([sys.executable, os.path.join(BENCH, "report.py"),
+                                os.path.join(docs, "bench", "results.json"), "--doc", page,
+                                "--plots", plots, "--keep-json"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(filecmp.cmp(page, os.path.join(docs, "BENCHMARKS.md"), shallow=False),
+                            "docs/BENCHMARKS.md's generated section is not report.py's output "
+                            "for docs/bench/results.json: rerun `python3 bench/report.py "
+                            "docs/bench/results.json --keep-json`")
+            svgs = sorted(n for n in os.listdir(plots) if n.endswith(".svg"))
+            self.assertEqual(svgs, sorted(n for n in os.listdir(os.path.join(docs, "bench"))
+                                          if n.endswith(".svg")))
+            for n in svgs:
+                self.assertTrue(filecmp.cmp(os.path.join(plots, n),
+                                            os.path.join(docs, "bench", n), shallow=False), n)
 
 
 if __name__ == "__main__":
