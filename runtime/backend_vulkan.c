@@ -112,6 +112,14 @@ static kpt_status alloc_buffer(vk_backend *v, VkDeviceSize bytes, bool host, vk_
                                kpt_diag *diag)
 {
     memset(a, 0, sizeof(*a));
+    /* a launch binds each tensor's whole buffer (VK_WHOLE_SIZE), which the device must accept as
+     * one storage-buffer range: refused here rather than bound past the limit */
+    if ((bytes + 3) / 4 * 4 > v->limits.maxStorageBufferRange)
+        return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                            "a Vulkan buffer of %llu bytes is past this device's storage-buffer "
+                            "range (maxStorageBufferRange, %u bytes), and launches bind a "
+                            "tensor's whole buffer: spread the data over several buffers",
+                            (unsigned long long)bytes, v->limits.maxStorageBufferRange);
     a->size = bytes ? bytes : 4;
     const VkBufferCreateInfo bi = {
         .sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,

@@ -442,6 +442,25 @@ static void test_paged_misuse(void **state)
     kpt_context_destroy(&ctx);
 }
 
+/* A Vulkan buffer past the device's storage-buffer range (a launch binds a tensor's whole
+ * buffer) is refused when it is made, saying why (skipped without a device). */
+static void test_vulkan_buffer_range(void **state)
+{
+    (void)state;
+    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context *ctx = NULL;
+    if (kpt_context_create(&cp, &ctx, NULL))
+        skip();
+    kpt_buffer *b = NULL;
+    /* maxStorageBufferRange is a 32-bit count of bytes: 2^32 is past it on every device */
+    EXPECT(KPT_ERR_LIMIT, kpt_buffer_create(ctx, (size_t)1 << 32, &b, DIAG),
+           "maxStorageBufferRange");
+    assert_null(b);
+    assert_int_equal(kpt_buffer_create(ctx, 4096, &b, NULL), KPT_OK);
+    kpt_buffer_destroy(&b);
+    kpt_context_destroy(&ctx);
+}
+
 /* Vulkan serving plans (lavapipe in CI; skipped without a device): long sequences split over the
  * keys with a workspace, and on llvmpipe, lengths past what its loop limit allows in 256 parts
  * refused at plan time with the number it takes. */
@@ -1033,6 +1052,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_context_misuse),
         cmocka_unit_test(test_kernel_misuse),
         cmocka_unit_test(test_paged_misuse),
+        cmocka_unit_test(test_vulkan_buffer_range),
         cmocka_unit_test(test_vulkan_paged_plans),
         cmocka_unit_test(test_offline_caches),
         cmocka_unit_test(test_disk_entry_that_will_not_load),
