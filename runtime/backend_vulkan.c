@@ -112,14 +112,6 @@ static kpt_status alloc_buffer(vk_backend *v, VkDeviceSize bytes, bool host, vk_
                                kpt_diag *diag)
 {
     memset(a, 0, sizeof(*a));
-    /* a launch binds each tensor's whole buffer (VK_WHOLE_SIZE), which the device must accept as
-     * one storage-buffer range: refused here rather than bound past the limit */
-    if ((bytes + 3) / 4 * 4 > v->limits.maxStorageBufferRange)
-        return kpt_diag_set(diag, KPT_ERR_LIMIT,
-                            "a Vulkan buffer of %llu bytes is past this device's storage-buffer "
-                            "range (maxStorageBufferRange, %u bytes), and launches bind a "
-                            "tensor's whole buffer: spread the data over several buffers",
-                            (unsigned long long)bytes, v->limits.maxStorageBufferRange);
     a->size = bytes ? bytes : 4;
     const VkBufferCreateInfo bi = {
         .sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
@@ -432,6 +424,9 @@ static kpt_status vk_load(kpt_backend *b, const kpt_pattern *p, const kpt_kernel
 typedef struct vk_launch {
     const vk_kernel *k;
     VkBuffer bufs[KPT_VK_MAX_BINDINGS];
+    /* each binding's window of its buffer: a tensor's bytes from an aligned start (range 0: the
+     * whole buffer, for the backend's own, which fit maxStorageBufferRange) */
+    VkDeviceSize win_off[KPT_VK_MAX_BINDINGS], win_range[KPT_VK_MAX_BINDINGS];
     kpt_vk_push push;
     kpt_vk_geom geom;
     uint32_t groups[3], bm_groups[3]; /* bm_groups: the block map's grid, or the combine's */
@@ -439,10 +434,15 @@ typedef struct vk_launch {
     VkDescriptorSet set;
 } vk_launch;
 
-/* The buffer and element offset of a tensor whose elements up to `span` (the largest offset its
- * shape and strides reach) must lie in one allocation and be addressable with 32 bits. */
+/* Binds a tensor whose elements up to `span` (the largest offset its shape and strides reach)
+ * lie in one allocation: binding `binding` gets the window of that buffer from the tensor's
+ * first byte, rounded down to the device's descriptor alignment, to its last, and *off the
+ * tensor's element offset within it. Any buffer size works; the window must fit the device's
+ * maxStorageBufferRange (a descriptor's range), which also keeps the kernels' 32-bit element
+ * offsets in range. */
 static kpt_status resolve(vk_backend *v, const char *name, const void *data, int64_t esize,
-                          int64_t span, VkBuffer *buf, uint32_t *off, kpt_diag *diag)
+                          int64_t span, vk_launch *L, int binding, uint32_t *off,
+                          kpt_diag *diag)
 {
     uint64_t addr = (uint64_t)(uintptr_t)data;
     vk_alloc *a = find_alloc(v, addr, (uint64_t)(span + 1) * (uint64_t)esize);
@@ -455,11 +455,22 @@ static kpt_status resolve(vk_backend *v, const char *name, const void *data, int
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s: offset %llu in its buffer is not a multiple of its element "
                             "size", name, (unsigned long long)byte);
-    if (byte / (uint64_t)esize + (uint64_t)span > UINT32_MAX)
+    /* the start a multiple of 4 too, so that the range rounded up to whole words (as the
+     * buffers' sizes are) stays inside the buffer */
+    const uint64_t align = v->limits.minStorageBufferOffsetAlignment > 4
+                               ? v->limits.minStorageBufferOffsetAlignment
+                               : 4;
+    const uint64_t start = byte - byte % align;
+    const uint64_t range = (byte + (uint64_t)(span + 1) * (uint64_t)esize - start + 3) / 4 * 4;
+    if (range > v->limits.maxStorageBufferRange)
         return kpt_diag_set(diag, KPT_ERR_LIMIT,
-                            "tensor %s: more than 2^32 elements from its buffer's start", name);
-    *buf = a->buf;
-    *off = (uint32_t)(byte / (uint64_t)esize);
+                            "tensor %s spans %llu bytes, past this Vulkan device's storage-buffer "
+                            "range (maxStorageBufferRange, %u bytes)", name,
+                            (unsigned long long)range, v->limits.maxStorageBufferRange);
+    L->bufs[binding] = a->buf;
+    L->win_off[binding] = start;
+    L->win_range[binding] = range;
+    *off = (uint32_t)((byte - start) / (uint64_t)esize);
     return KPT_OK;
 }
 
@@ -523,8 +534,7 @@ static kpt_status pack_io(vk_backend *v, const kpt_tensor *const io[4], int64_t 
     static const char *const names[4] = {"q", "k", "v", "o"};
     kpt_status st;
     for (int i = 0; i < 4; i++) {
-        if ((st = resolve(v, names[i], io[i]->data, es, span_of(io[i]), &L->bufs[i], offs[i],
-                          diag)))
+        if ((st = resolve(v, names[i], io[i]->data, es, span_of(io[i]), L, i, offs[i], diag)))
             return st;
         for (int d = 0; d < io[i]->rank; d++)
             strides[i][d] = (uint32_t)io[i]->stride[d];
@@ -535,8 +545,8 @@ static kpt_status pack_io(vk_backend *v, const kpt_tensor *const io[4], int64_t 
     if (lse->dtype != KPT_DTYPE_F32 || span_of(lse) < 0)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor lse must be f32 with strides from 0 to 2^32 on Vulkan");
-    if ((st = resolve(v, "lse", lse->data, 4, span_of(lse), &L->bufs[KPT_GLSL_BIND_LSE],
-                      &L->geom.lo, diag)))
+    if ((st = resolve(v, "lse", lse->data, 4, span_of(lse), L, KPT_GLSL_BIND_LSE, &L->geom.lo,
+                      diag)))
         return st;
     for (int d = 0; d < lse->rank; d++)
         L->geom.ls[d] = (uint32_t)lse->stride[d];
@@ -568,8 +578,8 @@ static kpt_status pack_aux(vk_backend *v, const vk_kernel *k, const kpt_attn_bin
                                 "aux tensor '%s': the Vulkan backend needs strides from 0 and "
                                 "under 4 GiB of data", p->aux[i].name);
         uint32_t eoff;
-        kpt_status st = resolve(v, p->aux[i].name, av->data, es, span,
-                                &L->bufs[KPT_GLSL_BIND_AUX0 + i], &eoff, diag);
+        kpt_status st = resolve(v, p->aux[i].name, av->data, es, span, L,
+                                KPT_GLSL_BIND_AUX0 + i, &eoff, diag);
         if (st)
             return st;
         L->geom.aux[i].off = eoff * (uint32_t)es;
@@ -680,7 +690,7 @@ static kpt_status pack_sinks(vk_backend *v, const kpt_tensor *sinks, vk_launch *
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor sinks must be f32 with a stride from 0 to 2^32 on Vulkan");
     L->geom.ss = (uint32_t)sinks->stride[0];
-    return resolve(v, "sinks", sinks->data, 4, span_of(sinks), &L->bufs[KPT_GLSL_BIND_SINKS],
+    return resolve(v, "sinks", sinks->data, 4, span_of(sinks), L, KPT_GLSL_BIND_SINKS,
                    &L->geom.so, diag);
 }
 
@@ -775,7 +785,9 @@ static kpt_status bind_set(vk_backend *v, vk_launch *L, kpt_diag *diag)
     VkDescriptorBufferInfo info[KPT_VK_MAX_BINDINGS];
     VkWriteDescriptorSet w[KPT_VK_MAX_BINDINGS];
     for (uint32_t i = 0; i < k->nbind; i++) {
-        info[i] = (VkDescriptorBufferInfo){.buffer = L->bufs[i], .range = VK_WHOLE_SIZE};
+        info[i] = (VkDescriptorBufferInfo){.buffer = L->bufs[i], .offset = L->win_off[i],
+                                           .range = L->win_range[i] ? L->win_range[i]
+                                                                    : VK_WHOLE_SIZE};
         w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
                                       .dstSet = L->set,
                                       .dstBinding = i,
@@ -906,7 +918,12 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
     if (!st && k->plan.has_blockmap) {
         size_t bytes = map_bytes(k, L);
         vk_alloc *m = map ? find_alloc(v, map, bytes) : NULL;
-        if (map && !m)
+        if ((bytes + 3) / 4 * 4 > v->limits.maxStorageBufferRange)
+            st = kpt_diag_set(diag, KPT_ERR_LIMIT,
+                              "the block map (%zu bytes) is past this Vulkan device's "
+                              "storage-buffer range (maxStorageBufferRange, %u bytes)", bytes,
+                              v->limits.maxStorageBufferRange);
+        else if (map && !m)
             st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the block map's memory is gone");
         else if (m && m->va != map)
             st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "block map not at its buffer's start");
@@ -914,6 +931,7 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
             m = &tmp;
         if (!st) {
             L->bufs[KPT_GLSL_BIND_BLOCKMAP] = m->buf;
+            L->win_range[KPT_GLSL_BIND_BLOCKMAP] = (bytes + 3) / 4 * 4;
             L->blockmap = !attention || !map; /* build it unless the caller's map is given */
         }
     }
@@ -1020,7 +1038,7 @@ static kpt_status pack_index(vk_backend *v, const char *name, const kpt_tensor *
     if (span < 0)
         return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT,
                             "tensor %s: the Vulkan backend needs strides from 0 to 2^32", name);
-    return resolve(v, name, t->data, 4, span, &L->bufs[binding], off, diag);
+    return resolve(v, name, t->data, 4, span, L, binding, off, diag);
 }
 
 /* A split run's workspace into its binding: the caller's `ws` (checked against the plan's
@@ -1037,13 +1055,15 @@ static kpt_status pack_workspace(vk_backend *v, const kpt_paged_plan *plan, uint
     uint32_t off = 0;
     kpt_status st;
     if (ws)
-        st = resolve(v, "workspace", (const void *)(uintptr_t)ws, 4, (int64_t)(need / 4) - 1,
-                     &L->bufs[KPT_GLSL_BIND_WORKSPACE], &off, diag);
+        st = resolve(v, "workspace", (const void *)(uintptr_t)ws, 4, (int64_t)(need / 4) - 1, L,
+                     KPT_GLSL_BIND_WORKSPACE, &off, diag);
+    else if ((need + 3) / 4 * 4 > v->limits.maxStorageBufferRange)
+        st = kpt_diag_set(diag, KPT_ERR_LIMIT,
+                          "the workspace (%zu bytes) is past this Vulkan device's storage-buffer "
+                          "range (maxStorageBufferRange, %u bytes)", need,
+                          v->limits.maxStorageBufferRange);
     else if (!(st = alloc_buffer(v, need, false, tmp, diag)))
         L->bufs[KPT_GLSL_BIND_WORKSPACE] = tmp->buf;
-    if (!st && (uint64_t)off + need / 4 > UINT32_MAX)
-        st = kpt_diag_set(diag, KPT_ERR_LIMIT,
-                          "workspace: more than 2^32 elements from its buffer's start");
     L->geom.wso = off;
     L->geom.wlo = off + (uint32_t)(lse_off / 4);
     return st;
