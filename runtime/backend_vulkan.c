@@ -384,6 +384,16 @@ static kpt_status vk_load(kpt_backend *b, const kpt_pattern *p, const kpt_kernel
         st = kpt_diag_set(diag, KPT_ERR_LIMIT,
                           "pattern '%s' needs %u bytes of push constants; %s allows %u", p->name,
                           k->push_size, b->device_name, v->limits.maxPushConstantsSize);
+    /* the spec's floor is 4; phones give 24 or so, desktop GPUs thousands */
+    const uint32_t most = v->limits.maxPerStageDescriptorStorageBuffers <
+                                  v->limits.maxDescriptorSetStorageBuffers
+                              ? v->limits.maxPerStageDescriptorStorageBuffers
+                              : v->limits.maxDescriptorSetStorageBuffers;
+    if (!st && k->nbind > most)
+        st = kpt_diag_set(diag, KPT_ERR_LIMIT,
+                          "pattern '%s' binds %u storage buffers (%d, and one per aux tensor); "
+                          "%s allows %u", p->name, k->nbind, KPT_GLSL_BIND_AUX0, b->device_name,
+                          most);
     VkDescriptorSetLayoutBinding binds[KPT_VK_MAX_BINDINGS];
     for (uint32_t i = 0; i < k->nbind; i++)
         binds[i] = (VkDescriptorSetLayoutBinding){.binding = i,
