@@ -444,6 +444,19 @@ typedef struct vk_launch {
     VkDescriptorSet set;
 } vk_launch;
 
+/* Whether `bytes`, rounded up to whole words as the buffers' sizes are, fit one storage-buffer
+ * binding of the device (maxStorageBufferRange); a KPT_ERR_LIMIT naming `what` if not. */
+static kpt_status fits_binding(const vk_backend *v, const char *what, uint64_t bytes,
+                               kpt_diag *diag)
+{
+    if ((bytes + 3) / 4 * 4 <= v->limits.maxStorageBufferRange)
+        return KPT_OK;
+    return kpt_diag_set(diag, KPT_ERR_LIMIT,
+                        "%s spans %llu bytes, past this Vulkan device's storage-buffer range "
+                        "(maxStorageBufferRange, %u bytes)", what, (unsigned long long)bytes,
+                        v->limits.maxStorageBufferRange);
+}
+
 /* Binds a tensor whose elements up to `span` (the largest offset its shape and strides reach)
  * lie in one allocation: binding `binding` gets the window of that buffer from the tensor's
  * first byte, rounded down to the device's descriptor alignment, to its last, and *off the
@@ -471,15 +484,15 @@ static kpt_status resolve(vk_backend *v, const char *name, const void *data, int
                                ? v->limits.minStorageBufferOffsetAlignment
                                : 4;
     const uint64_t start = byte - byte % align;
-    const uint64_t range = (byte + (uint64_t)(span + 1) * (uint64_t)esize - start + 3) / 4 * 4;
-    if (range > v->limits.maxStorageBufferRange)
-        return kpt_diag_set(diag, KPT_ERR_LIMIT,
-                            "tensor %s spans %llu bytes, past this Vulkan device's storage-buffer "
-                            "range (maxStorageBufferRange, %u bytes)", name,
-                            (unsigned long long)range, v->limits.maxStorageBufferRange);
+    const uint64_t range = byte + (uint64_t)(span + 1) * (uint64_t)esize - start;
+    char what[80];
+    snprintf(what, sizeof(what), "tensor %s", name);
+    kpt_status st = fits_binding(v, what, range, diag);
+    if (st)
+        return st;
     L->bufs[binding] = a->buf;
     L->win_off[binding] = start;
-    L->win_range[binding] = range;
+    L->win_range[binding] = (range + 3) / 4 * 4;
     *off = (uint32_t)((byte - start) / (uint64_t)esize);
     return KPT_OK;
 }
@@ -928,16 +941,12 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
     if (!st && k->plan.has_blockmap) {
         size_t bytes = map_bytes(k, L);
         vk_alloc *m = map ? find_alloc(v, map, bytes) : NULL;
-        if ((bytes + 3) / 4 * 4 > v->limits.maxStorageBufferRange)
-            st = kpt_diag_set(diag, KPT_ERR_LIMIT,
-                              "the block map (%zu bytes) is past this Vulkan device's "
-                              "storage-buffer range (maxStorageBufferRange, %u bytes)", bytes,
-                              v->limits.maxStorageBufferRange);
-        else if (map && !m)
+        st = fits_binding(v, "the block map", bytes, diag);
+        if (!st && map && !m)
             st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the block map's memory is gone");
-        else if (m && m->va != map)
+        else if (!st && m && m->va != map)
             st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "block map not at its buffer's start");
-        else if (!m && !(st = alloc_buffer(v, bytes, false, &tmp, diag)))
+        else if (!st && !m && !(st = alloc_buffer(v, bytes, false, &tmp, diag)))
             m = &tmp;
         if (!st) {
             L->bufs[KPT_GLSL_BIND_BLOCKMAP] = m->buf;
@@ -1067,12 +1076,8 @@ static kpt_status pack_workspace(vk_backend *v, const kpt_paged_plan *plan, uint
     if (ws)
         st = resolve(v, "workspace", (const void *)(uintptr_t)ws, 4, (int64_t)(need / 4) - 1, L,
                      KPT_GLSL_BIND_WORKSPACE, &off, diag);
-    else if ((need + 3) / 4 * 4 > v->limits.maxStorageBufferRange)
-        st = kpt_diag_set(diag, KPT_ERR_LIMIT,
-                          "the workspace (%zu bytes) is past this Vulkan device's storage-buffer "
-                          "range (maxStorageBufferRange, %u bytes)", need,
-                          v->limits.maxStorageBufferRange);
-    else if (!(st = alloc_buffer(v, need, false, tmp, diag)))
+    else if (!(st = fits_binding(v, "the workspace", need, diag)) &&
+             !(st = alloc_buffer(v, need, false, tmp, diag)))
         L->bufs[KPT_GLSL_BIND_WORKSPACE] = tmp->buf;
     L->geom.wso = off;
     L->geom.wlo = off + (uint32_t)(lse_off / 4);
