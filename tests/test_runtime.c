@@ -442,6 +442,16 @@ static void test_paged_misuse(void **state)
     kpt_context_destroy(&ctx);
 }
 
+/* A Vulkan context without the disk cache (lavapipe in CI); the test is skipped without one. */
+static kpt_context *vulkan_or_skip(void)
+{
+    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .flags = KPT_CONTEXT_NO_DISK_CACHE};
+    kpt_context *ctx = NULL;
+    if (kpt_context_create(&cp, &ctx, NULL))
+        skip();
+    return ctx;
+}
+
 /* Vulkan binds each tensor's own window of its buffer (skipped without a device): tensors past
  * the device's storage-buffer range from their buffer's start (lavapipe's is 128 MiB) run and
  * match the CPU reference; on lavapipe, a tensor whose own span is past the range is refused
@@ -449,10 +459,7 @@ static void test_paged_misuse(void **state)
 static void test_vulkan_buffer_windows(void **state)
 {
     (void)state;
-    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .flags = KPT_CONTEXT_NO_DISK_CACHE};
-    kpt_context *ctx = NULL;
-    if (kpt_context_create(&cp, &ctx, NULL))
-        skip();
+    kpt_context *ctx = vulkan_or_skip();
     enum { WS = 64, WD = 64, N = WS * WD };
     const size_t at = (size_t)150 << 20, bytes = at + 4 * N * sizeof(float);
     kpt_buffer *b = NULL;
@@ -506,10 +513,7 @@ static void test_vulkan_buffer_windows(void **state)
 static void test_vulkan_paged_plans(void **state)
 {
     (void)state;
-    kpt_context_params cp = {.backend = KPT_BACKEND_VULKAN, .flags = KPT_CONTEXT_NO_DISK_CACHE};
-    kpt_context *ctx = NULL;
-    if (kpt_context_create(&cp, &ctx, NULL))
-        skip();
+    kpt_context *ctx = vulkan_or_skip();
     kpt_pattern *p = parse("causal");
     kpt_kernel *k = NULL;
     kpt_kernel_desc desc = {.dtype = KPT_DTYPE_F16, .head_dim = 64, .options = KPT_DESC_PAGED};
