@@ -24,36 +24,21 @@ Prints one line per check and exits 1 if any failed (77 without torch, a CUDA de
 memory).
 """
 import math
-import os
 import sys
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    print("torch is not installed: skipped")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("no CUDA device: skipped")
-    sys.exit(77)
+from gpu_checks import check, run, torch_or_skip
+
+torch = torch_or_skip()
+import torch.nn.functional as F  # noqa: E402
+import kpt  # noqa: E402
+
 NEED_GIB = 60  # the largest group peaks at 49 GiB allocated (H200, 2026-11-30)
 if torch.cuda.get_device_properties(0).total_memory < NEED_GIB << 30:
     print(f"under {NEED_GIB} GiB of device memory: skipped")
     sys.exit(77)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import kpt  # noqa: E402
-
 dev, bf16 = "cuda", torch.bfloat16
 BIG = (1 << 31) + (1 << 27)  # elements: past 2^31 by a sixteenth
-failures = []
-
-
-def check(name, err, tol):
-    ok = err <= tol and math.isfinite(err)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: {err:.2e} (tolerance {tol:.0e})", flush=True)
-    if not ok:
-        failures.append(name)
 
 
 def rel(a, b):
@@ -184,7 +169,8 @@ def serving_case(name, o, q, k_rows, v_rows, q_lens, kv_lens, cu, Hq, Hkv, D):
         k = k_rows(b).double().transpose(0, 1).repeat_interleave(g, 0)
         v = v_rows(b).double().transpose(0, 1).repeat_interleave(g, 0)
         qs = q[cu[b]:cu[b + 1]].double().transpose(0, 1)
-        keep = torch.arange(n, device=dev)[None, :] <= torch.arange(ql, device=dev)[:, None] + n - ql
+        last = torch.arange(ql, device=dev)[:, None] + n - ql  # each query's position
+        keep = torch.arange(n, device=dev)[None, :] <= last
         s = (qs @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~keep, float("-inf"))
         want = (torch.softmax(s, -1) @ v).transpose(0, 1)
         worst = max(worst, rel(o[cu[b]:cu[b + 1]], want))
@@ -292,16 +278,12 @@ def big_gqa():
                [(B - 1, 3), (B // 2, 1), (0, 0)], False)
 
 
-for fn in (big_mha, big_gqa, long_case, paged_cases, grid_limits, paged_batch_limit):
-    try:
-        fn()
-    except Exception as e:  # a crash in one group is reported, the others still run
-        import traceback
-        traceback.print_exc()
-        failures.append(f"{fn.__name__}: {e}")
+def peak(fn):
+    """After each group: its peak allocation, then the allocator's cache emptied."""
     print(f"     {fn.__name__}: peak {torch.cuda.max_memory_allocated() / (1 << 30):.1f} GiB "
           "allocated", flush=True)
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.empty_cache()
-print(f"{'FAILED: ' + ', '.join(failures) if failures else 'all passed'}")
-sys.exit(1 if failures else 0)
+
+
+run((big_mha, big_gqa, long_case, paged_cases, grid_limits, paged_batch_limit), after=peak)

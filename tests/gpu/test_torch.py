@@ -10,31 +10,15 @@ Prints one line per check and exits 1 if any failed (77 without a CUDA device or
 """
 import math
 import os
-import sys
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    print("torch is not installed: skipped")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("no CUDA device: skipped")
-    sys.exit(77)
+from gpu_checks import check, run, torch_or_skip
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+torch = torch_or_skip()
+import torch.nn.functional as F  # noqa: E402
 import kpt  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 dev, bf16 = "cuda", torch.bfloat16
-failures = []
-
-
-def check(name, err, tol):
-    ok = err <= tol and math.isfinite(err)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: {err:.2e} (tolerance {tol:.0e})")
-    if not ok:
-        failures.append(name)
 
 
 def rel(a, b):
@@ -339,13 +323,5 @@ def paged_checks():
           rel(out2, want2) if not out2.isnan().any() else float("inf"), 2e-2)
 
 
-for fn in (forward_checks, backward_checks, compile_and_graph_checks, training_check,
-           sinks_checks, paged_checks):
-    try:
-        fn()
-    except Exception as e:  # a crash in one group is reported, the others still run
-        import traceback
-        traceback.print_exc()
-        failures.append(f"{fn.__name__}: {e}")
-print(f"{'FAILED: ' + ', '.join(failures) if failures else 'all passed'}")
-sys.exit(1 if failures else 0)
+run((forward_checks, backward_checks, compile_and_graph_checks, training_check, sinks_checks,
+     paged_checks))
