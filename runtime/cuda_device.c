@@ -677,18 +677,18 @@ kpt_status kpt_cuda_paged_plan(const kpt_cuda_kernel *k, const kpt_paged_shape *
      * 4k), and there the fixed costs above decide.
      * Before both: where the batch has too few work items for one CTA an SM (under 90 % of the SMs
      * busy: 9 sequences x 8 kv heads, unsplit, left 60 of 132 SMs idle; or unsplit with any SM
-     * idle: 16 x 8 kv heads, 16 x 1 x 32k 509 -> 480 us, 16 x 16 x 32k 584 -> 494), it is split
-     * for one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 64 to 256; 3 at
-     * 64 while its tiles had 64 keys): a CTA streams at most ~40 GB/s at D = 128 (its ring's loads in
-     * flight), less at 64, so the bandwidth needs more CTAs than a thin wave has (H200, bf16,
-     * 32:8, page 16, us in CUDA graphs: 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 ->
-     * 370, 10 x 1 x 8k 115 -> 86, 14 x 1 x 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1
-     * x 32k 336 -> 150 at 5 parts, 12 x 1 x 8k 92 -> 57; docs/BENCHMARKS.md, "Serving: split
-     * counts for thin waves"). Where three CTAs fit an SM (head dim 64 with 64-key tiles, whose
-     * CTA streamed ~10-20 GB/s), full waves of one CTA an SM fall short too, and every plan is
-     * made for the three, while each part keeps 4 tiles (8 x 1 x 32k 160 -> 131 us at 6 parts, 16
-     * x 1 x 32k 359 -> 251, 2 x 1 x 8k 17.5 -> 14.4; one sequence of 4k keys keeps 16 parts, 9.8
-     * us, where 32 ran 10.1). */
+     * idle: 16 x 8 kv heads, 16 x 1 x 32k 509 -> 480 us, 16 x 16 x 32k 584 -> 494), it is split for
+     * one wave of as many CTAs an SM as fit (paged_per_sm: 2 at head dims 64 to 256; 3 at 64 while
+     * its tiles had 64 keys): a CTA streams at most ~40 GB/s at D = 128 (its ring's loads in
+     * flight), less at 64, so the bandwidth needs more CTAs than a thin wave has (H200, bf16, 32:8,
+     * page 16, us in CUDA graphs: 9 x 1 x 32k 435 -> 280 at 3 parts, 12 x 1 x 32k 443 -> 370, 10 x
+     * 1 x 8k 115 -> 86, 14 x 1 x 16k 239 -> 220, 9 x 16 x 32k 575 -> 291; D = 64: 9 x 1 x 32k 336
+     * -> 150 at 5 parts, 12 x 1 x 8k 92 -> 57; docs/BENCHMARKS.md, "Serving: split counts for thin
+     * waves"). Where three CTAs fit an SM (head dim 64 with 64-key tiles, whose CTA streamed ~10-20
+     * GB/s), full waves of one CTA an SM fall short too, and every plan is made for the three,
+     * while each part keeps 4 tiles (8 x 1 x 32k 160 -> 131 us at 6 parts, 16 x 1 x 32k 359 -> 251,
+     * 2 x 1 x 8k 17.5 -> 14.4; one sequence of 4k keys keeps 16 parts, 9.8 us, where 32 ran 10.1).
+     */
     return kpt_paged_plan_sms(shape, k->dev->sm_count, k->plan.cfg.wgmma, k->paged_per_sm,
                               k->plan.cfg.dv, out, diag);
 }

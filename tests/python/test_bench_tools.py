@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -43,7 +44,6 @@ class NcuSource(unittest.TestCase):
                               capture_output=True, text=True)
 
     def setUp(self):
-        import tempfile
         self._dir = tempfile.TemporaryDirectory()
         self.tmp = self._dir.name
 
@@ -108,7 +108,6 @@ class Report(unittest.TestCase):
     def test_the_record_is_generated(self):
         """report.py rerun on the kept JSON, into a copy of the page: the same page, the same
         plots (a hand edit of the generated tables, or a report.py change not rerun, fails)."""
-        import tempfile
         docs = os.path.join(ROOT, "docs")
         with tempfile.TemporaryDirectory() as tmp:
             page, plots = os.path.join(tmp, "BENCHMARKS.md"), os.path.join(tmp, "bench")
