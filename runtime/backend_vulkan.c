@@ -445,16 +445,16 @@ typedef struct vk_launch {
 } vk_launch;
 
 /* Whether `bytes`, rounded up to whole words as the buffers' sizes are, fit one storage-buffer
- * binding of the device (maxStorageBufferRange); a KPT_ERR_LIMIT naming `what` if not. */
-static kpt_status fits_binding(const vk_backend *v, const char *what, uint64_t bytes,
-                               kpt_diag *diag)
+ * binding of the device (maxStorageBufferRange); a KPT_ERR_LIMIT naming `kind` `name` if not. */
+static kpt_status fits_binding(const vk_backend *v, const char *kind, const char *name,
+                               uint64_t bytes, kpt_diag *diag)
 {
     if ((bytes + 3) / 4 * 4 <= v->limits.maxStorageBufferRange)
         return KPT_OK;
     return kpt_diag_set(diag, KPT_ERR_LIMIT,
-                        "%s spans %llu bytes, past this Vulkan device's storage-buffer range "
-                        "(maxStorageBufferRange, %u bytes)", what, (unsigned long long)bytes,
-                        v->limits.maxStorageBufferRange);
+                        "%s%s spans %llu bytes, past this Vulkan device's storage-buffer range "
+                        "(maxStorageBufferRange, %u bytes)", kind, name,
+                        (unsigned long long)bytes, v->limits.maxStorageBufferRange);
 }
 
 /* Binds a tensor whose elements up to `span` (the largest offset its shape and strides reach)
@@ -485,9 +485,7 @@ static kpt_status resolve(vk_backend *v, const char *name, const void *data, int
                                : 4;
     const uint64_t start = byte - byte % align;
     const uint64_t range = byte + (uint64_t)(span + 1) * (uint64_t)esize - start;
-    char what[80];
-    snprintf(what, sizeof(what), "tensor %s", name);
-    kpt_status st = fits_binding(v, what, range, diag);
+    kpt_status st = fits_binding(v, "tensor ", name, range, diag);
     if (st)
         return st;
     L->bufs[binding] = a->buf;
@@ -941,7 +939,7 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
     if (!st && k->plan.has_blockmap) {
         size_t bytes = map_bytes(k, L);
         vk_alloc *m = map ? find_alloc(v, map, bytes) : NULL;
-        st = fits_binding(v, "the block map", bytes, diag);
+        st = fits_binding(v, "", "the block map", bytes, diag);
         if (!st && map && !m)
             st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the block map's memory is gone");
         else if (!st && m && m->va != map)
@@ -1076,7 +1074,7 @@ static kpt_status pack_workspace(vk_backend *v, const kpt_paged_plan *plan, uint
     if (ws)
         st = resolve(v, "workspace", (const void *)(uintptr_t)ws, 4, (int64_t)(need / 4) - 1, L,
                      KPT_GLSL_BIND_WORKSPACE, &off, diag);
-    else if (!(st = fits_binding(v, "the workspace", need, diag)) &&
+    else if (!(st = fits_binding(v, "", "the workspace", need, diag)) &&
              !(st = alloc_buffer(v, need, false, tmp, diag)))
         L->bufs[KPT_GLSL_BIND_WORKSPACE] = tmp->buf;
     L->geom.wso = off;
