@@ -61,6 +61,25 @@ static_assert(KPT_BM == 64 * KPT_NCONS, "64 rows a consumer warpgroup");
 #define KPT_K_BYTES (KPT_BN * KPT_DQK * 2)
 #define KPT_V_BYTES (KPT_BN * KPT_DV * 2)
 
+// The persistent grid's split (kpt_item), the same for every item: computed once a CTA
+// (kpt_tail_init, before the first barrier) and read from shared memory, since its divisions
+// took ~100 instructions an item in each role's loop where computed there. [0]: the first head
+// whose q tiles go singly (h0, even where n_qt is odd, as the pairs then straddle heads); [1],
+// [2]: the pairs before it, as rounds of gridDim.x and the CTAs of the last (partial) round.
+__shared__ u32 kpt_tail[3];
+__device__ __forceinline__ void kpt_tail_init(const kpt_args &A)
+{
+    const u32 nq = (u32)A.n_qt, total = nq * (u32)A.Hq * (u32)A.B, G = gridDim.x;
+    const u32 rounds = (total >> 1) / G; // of whole pairs
+    u32 h0 = G < total && rounds > 1 ? 2 * (rounds - 1) * G / nq : 0;
+    if (nq & 1)
+        h0 &= ~1u;
+    const u32 pairs = h0 * nq >> 1;
+    kpt_tail[0] = h0;
+    kpt_tail[1] = pairs / G;
+    kpt_tail[2] = pairs % G;
+}
+
 // The work items (q tile, head, batch row) of a CTA. The runtime launches either one CTA per
 // item (gridDim.x = items: the hardware schedules them) or, where items are short, a persistent
 // grid of at most one CTA per SM that walks its share of them, so that the producer loads the
@@ -70,10 +89,15 @@ static_assert(KPT_BM == 64 * KPT_NCONS, "64 rows a consumer warpgroup");
 // Item n of this CTA: without a block map, one CTA per item goes by blockIdx (each head's last q
 // tiles, the heaviest under causal masks, first); a persistent CTA takes pairs of q tiles
 // (n_qt - 1 - p, p) of one head, whose work sums to the same under causal masks, round robin
-// over the pairs, so the CTAs' shares are even and each head's tiles run together (its K and V
-// stay in L2). With a block map, items go map row by map row (batch row, head), each row's q
-// tiles by decreasing work (kpt_blockmap_order), each round of gridDim.x items dealt
-// alternately forwards and backwards, so no CTA takes the heaviest of every round.
+// over the pairs, so each head's tiles run together (its K and V stay in L2). Whole pairs left
+// the busiest CTA ~3 % above the mean at 1k-4k (one pair more than others), so the last round
+// or two of them go as single items (kpt_tail): the q tiles of the heads left, heaviest first
+// (every such head's last q tile, then the ones before), each round of gridDim.x items dealt
+// alternately forwards and backwards, starting at the CTAs that took one pair fewer (H200,
+// causal and GQA causal D = 128 at 2k-4k 2-3 % faster, docs/BENCHMARKS.md "The persistent
+// forward's last rounds"). With a block map, items go map row by map row (batch row, head),
+// each row's q tiles by decreasing work (kpt_blockmap_order), each round of gridDim.x items
+// dealt alternately forwards and backwards, so no CTA takes the heaviest of every round.
 // False past this CTA's last item. The runtime keeps n_qt * Hq * B below 2^31 (cuda_device.c).
 __device__ __forceinline__ bool kpt_item(const kpt_args &A, int n, int &qt, int &h, int &b)
 {
@@ -92,10 +116,26 @@ __device__ __forceinline__ bool kpt_item(const kpt_args &A, int n, int &qt, int 
     qt = kpt_order_row(A, b, h)[r];
 #else
     const bool persistent = G < total;
-    const u32 L = persistent ? 2 * (c + (u32)(n >> 1) * G) + (u32)(n & 1) : c + (u32)n * G;
-    if (L >= total)
-        return false;
-    const u32 nq = (u32)A.n_qt, hb = L / nq, x = L - hb * nq;
+    const u32 nq = (u32)A.n_qt, h0 = kpt_tail[0], start = kpt_tail[2];
+    const u32 pairs = kpt_tail[1] + (c < start ? 1 : 0); // this CTA's
+    u32 hb, x;
+    if (persistent && (u32)n >= 2 * pairs) {
+        // single items: this CTA's round r of them (a CTA that took a pair fewer starts in the
+        // pairs' partial round), at position c forwards or G - 1 - c backwards
+        const u32 r = (u32)n - 2 * pairs + (c < start ? 1 : 0);
+        const u32 i = r * G + ((r & 1) ? G - 1 - c : c) - start;
+        if (i >= total - h0 * nq)
+            return false;
+        const u32 heads = (u32)A.Hq * (u32)A.B - h0, rank = i / heads;
+        hb = h0 + (i - rank * heads);
+        x = 2 * rank; // q tile n_qt - 1 - rank, below
+    } else {
+        const u32 L = persistent ? 2 * (c + (u32)(n >> 1) * G) + (u32)(n & 1) : c + (u32)n * G;
+        if (L >= total)
+            return false;
+        hb = L / nq;
+        x = L - hb * nq;
+    }
     h = (int)(hb % (u32)A.Hq);
     b = (int)(hb / (u32)A.Hq);
     qt = (int)(persistent ? ((x & 1) ? x >> 1 : nq - 1 - (x >> 1)) : nq - 1 - x);
@@ -612,6 +652,7 @@ kpt_attention(const kpt_args A, const __grid_constant__ kpt_tma T)
             kpt_mbar_init(bar + 8 * KPT_BAR_IE(s), KPT_CONSUMERS + 1); // and the producer
         }
         kpt_mbar_init_fence();
+        kpt_tail_init(A);
     }
     __syncthreads();
     int qt, h, b;
