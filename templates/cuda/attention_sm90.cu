@@ -117,12 +117,13 @@ __device__ __forceinline__ bool kpt_item(const kpt_args &A, int n, int &qt, int 
 #else
     const bool persistent = G < total;
     const u32 nq = (u32)A.n_qt, h0 = kpt_tail[0], start = kpt_tail[2];
-    const u32 pairs = kpt_tail[1] + (c < start ? 1 : 0); // this CTA's
+    const u32 more = c < start ? 1 : 0; // this CTA took a pair in the pairs' partial round
+    const u32 pairs = kpt_tail[1] + more; // this CTA's
     u32 hb, x;
     if (persistent && (u32)n >= 2 * pairs) {
         // single items: this CTA's round r of them (a CTA that took a pair fewer starts in the
         // pairs' partial round), at position c forwards or G - 1 - c backwards
-        const u32 r = (u32)n - 2 * pairs + (c < start ? 1 : 0);
+        const u32 r = (u32)n - 2 * pairs + more;
         const u32 i = r * G + ((r & 1) ? G - 1 - c : c) - start;
         if (i >= total - h0 * nq)
             return false;
