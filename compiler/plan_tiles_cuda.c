@@ -300,9 +300,11 @@ static kpt_status plan_paged(const kpt_pattern *p, const kpt_kernel_config *cfg,
     pl.stages = 2;
     if (smem_limit > 0 && align + q + 2 * stage + fixed + 1024 > (size_t)smem_limit)
         pl.stages = 1;
-    /* after the ring, the warps merge their states in the same bytes: 16 rows of O, m and l a
-     * warp (paged.cu's scratch), more than one stage holds where Dv is well above Dqk */
-    size_t ring = (size_t)pl.stages * stage, scratch = (size_t)pl.warps * (16 * cfg->dv + 32) * 4;
+    /* after the ring, the warps merge their states in the same bytes: 16 rows of O (Dv + 8
+     * floats each: paged.cu's KPT_PG_OS), m and l a warp (paged.cu's scratch), more than one
+     * stage holds where Dv is well above Dqk */
+    size_t ring = (size_t)pl.stages * stage,
+           scratch = (size_t)pl.warps * (16 * ((size_t)cfg->dv + 8) + 32) * 4;
     pl.smem_bytes = align + q + (ring > scratch ? ring : scratch);
     /* sm_90a: a ring of three stages, which the same kernels take at run time (pargs.stages)
      * for runs over paged caches (pages under a tile) that a split leaves one CTA an SM: each

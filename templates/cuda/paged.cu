@@ -32,6 +32,7 @@ struct kpt_pargs {
 static_assert(sizeof(kpt_pargs) == 120, "kpt_pargs layout");
 
 #define KPT_PG_ROWS 64 // rows of a CTA at most (and of each partial result in the workspace)
+#define KPT_PG_OS (KPT_DV + 8) // floats a row of O in the warps' merge (plan_paged's scratch)
 #define KPT_PG_NAN __int_as_float(0x7fc00000)
 #define KPT_PAGED_MAX_SPLITS_DEV 256 // twin of KPT_PAGED_MAX_SPLITS (runtime/paged_args.h)
 
@@ -1007,9 +1008,11 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
     __syncthreads();
 
     // Merge the warps' states (the ring is free now, and the plan holds this much after Q: see
-    // plan_paged): per warp 16 rows of O, then m and l.
+    // plan_paged): per warp 16 rows of O, then m and l. A row takes KPT_PG_OS floats, 8 past Dv:
+    // the fragments' stores put eight rows in one instruction, which a stride of Dv (a multiple
+    // of 32 banks) sent to the same eight banks, an eight-way conflict.
     float *scr = (float *)(kpt_smem + (sK - kpt_smem_addr(kpt_smem)));
-    constexpr int WSZ = 16 * KPT_DV + 32;
+    constexpr int OS = KPT_PG_OS, WSZ = 16 * OS + 32;
     {
         float *mine = scr + (KPT_PG_DVSPLIT ? wr : warp) * WSZ; // key slices, or a row block
 #pragma unroll
@@ -1019,13 +1022,13 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const int row = (lane >> 2) + rr * 8;
             if ((lane & 3) == 0 && wd == 0) { // the column slices' states are the same
-                mine[16 * KPT_DV + row] = m[rr];
-                mine[16 * KPT_DV + 16 + row] = sum;
+                mine[16 * OS + row] = m[rr];
+                mine[16 * OS + 16 + row] = sum;
             }
 #pragma unroll
             for (int n = 0; n < DVW / 8; n++) {
                 const int d = wd * DVW + n * 8 + (lane & 3) * 2; // even: 8-byte aligned
-                *(float2 *)&mine[row * KPT_DV + d] = make_float2(O[n][2 * rr], O[n][2 * rr + 1]);
+                *(float2 *)&mine[row * OS + d] = make_float2(O[n][2 * rr], O[n][2 * rr + 1]);
             }
         }
     }
@@ -1040,13 +1043,13 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         const int rl = r % 16;
         float M = KPT_NINF;
 #pragma unroll
-        for (int s = 0; s < WK; s++) M = fmaxf(M, base[s * WSZ + 16 * KPT_DV + rl]);
+        for (int s = 0; s < WK; s++) M = fmaxf(M, base[s * WSZ + 16 * OS + rl]);
         const float Mu = M == KPT_NINF ? 0.0f : M;
         float a[WK], L = 0.0f;
 #pragma unroll
         for (int s = 0; s < WK; s++) {
-            a[s] = kpt_ex2(base[s * WSZ + 16 * KPT_DV + rl] - Mu);
-            L += a[s] * base[s * WSZ + 16 * KPT_DV + 16 + rl];
+            a[s] = kpt_ex2(base[s * WSZ + 16 * OS + rl] - Mu);
+            L += a[s] * base[s * WSZ + 16 * OS + 16 + rl];
         }
         // 1 / L folded into the weights: a division a row, where one a column (four a lane,
         // each a branch to its slow path) took a quarter of the 64-row kernel's stall samples
@@ -1057,7 +1060,7 @@ __device__ __forceinline__ void kpt_paged_body(const kpt_args &Ag, const kpt_par
         auto col = [&](int d) { // column d of the row: the slices' O, weighted
             float o = 0.0f;
 #pragma unroll
-            for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * KPT_DV + d];
+            for (int s = 0; s < WK; s++) o += a[s] * base[s * WSZ + rl * OS + d];
             return o;
         };
 #if KPT_PG_CLUSTER
