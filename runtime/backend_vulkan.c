@@ -919,6 +919,31 @@ static kpt_status finish_launch(vk_backend *v, vk_launch *L, vk_alloc *tmp, bool
     return st;
 }
 
+/* The block map's binding: the caller's map at `map` (at its buffer's start), or a temporary
+ * buffer in *tmp when `map` is 0; the launch builds it unless attention reads the caller's. */
+static kpt_status bind_blockmap(vk_backend *v, const vk_kernel *k, vk_launch *L, uint64_t map,
+                                bool attention, vk_alloc *tmp, kpt_diag *diag)
+{
+    const size_t bytes = map_bytes(k, L);
+    kpt_status st = fits_binding(v, "", "the block map", bytes, diag);
+    if (st)
+        return st;
+    vk_alloc *m = map ? find_alloc(v, map, bytes) : NULL;
+    if (map && !m)
+        return kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the block map's memory is gone");
+    if (m && m->va != map)
+        return kpt_diag_set(diag, KPT_ERR_INTERNAL, "block map not at its buffer's start");
+    if (!m) {
+        if ((st = alloc_buffer(v, bytes, false, tmp, diag)))
+            return st;
+        m = tmp;
+    }
+    L->bufs[KPT_GLSL_BIND_BLOCKMAP] = m->buf;
+    L->win_range[KPT_GLSL_BIND_BLOCKMAP] = (bytes + 3) / 4 * 4;
+    L->blockmap = !attention || !map; /* build it unless the caller's map is given */
+    return KPT_OK;
+}
+
 /* One submission: the block map (into `map`, or a temporary one when `map` is 0 and the pattern
  * needs one) and/or attention. */
 static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *args, uint64_t map,
@@ -936,22 +961,8 @@ static kpt_status run(kpt_backend *b, void *kernel, const kpt_attention_args *ar
     st = pack(v, k, args, L, diag);
     vk_alloc tmp = {0};
     L->attention = attention;
-    if (!st && k->plan.has_blockmap) {
-        size_t bytes = map_bytes(k, L);
-        vk_alloc *m = map ? find_alloc(v, map, bytes) : NULL;
-        st = fits_binding(v, "", "the block map", bytes, diag);
-        if (!st && map && !m)
-            st = kpt_diag_set(diag, KPT_ERR_INVALID_ARGUMENT, "the block map's memory is gone");
-        else if (!st && m && m->va != map)
-            st = kpt_diag_set(diag, KPT_ERR_INTERNAL, "block map not at its buffer's start");
-        else if (!st && !m && !(st = alloc_buffer(v, bytes, false, &tmp, diag)))
-            m = &tmp;
-        if (!st) {
-            L->bufs[KPT_GLSL_BIND_BLOCKMAP] = m->buf;
-            L->win_range[KPT_GLSL_BIND_BLOCKMAP] = (bytes + 3) / 4 * 4;
-            L->blockmap = !attention || !map; /* build it unless the caller's map is given */
-        }
-    }
+    if (!st && k->plan.has_blockmap)
+        st = bind_blockmap(v, k, L, map, attention, &tmp, diag);
     return finish_launch(v, L, &tmp, attention, st, diag);
 }
 
