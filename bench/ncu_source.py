@@ -11,10 +11,11 @@ their two main stall reasons.
 
 The loop's count is the most common execution count among instructions run more often than
 the median one (as often, where the loop holds most of them; or --loop); an instruction run
-that many times is "loop", one run fewer times but more than never is "other". docs/BENCHMARKS.md ("Short sequences: O through TMA stores")
-used this to find the sm_90a forward's per-item costs at 1k tokens. --by-count groups the
-samples by execution count (the loop, once an item, the producer's waits ...), which compares
-two kernels' structure ("Short sequences beside cuDNN's kernel").
+that many times is "loop", one run fewer times but more than never is "other".
+docs/BENCHMARKS.md ("Short sequences: O through TMA stores") used this to find the sm_90a
+forward's per-item costs at 1k tokens. --by-count groups the samples by execution count (the
+loop, once an item, the producer's waits ...), which compares two kernels' structure ("Short
+sequences beside cuDNN's kernel").
 """
 import argparse
 import collections
