@@ -107,6 +107,13 @@ static void free_buffer(vk_backend *v, vk_alloc *a)
     memset(a, 0, sizeof(*a));
 }
 
+/* `bytes` rounded up to whole 32-bit words: the size of every buffer and binding (the shaders
+ * address storage buffers in 32-bit words). */
+static uint64_t whole_words(uint64_t bytes)
+{
+    return (bytes + 3) / 4 * 4;
+}
+
 /* A storage buffer of `bytes`: device-local unless `host` (then host-visible and coherent). */
 static kpt_status alloc_buffer(vk_backend *v, VkDeviceSize bytes, bool host, vk_alloc *a,
                                kpt_diag *diag)
@@ -115,7 +122,7 @@ static kpt_status alloc_buffer(vk_backend *v, VkDeviceSize bytes, bool host, vk_
     a->size = bytes ? bytes : 4;
     const VkBufferCreateInfo bi = {
         .sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-        .size = (a->size + 3) / 4 * 4,
+        .size = whole_words(a->size),
         .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                  VK_BUFFER_USAGE_TRANSFER_DST_BIT,
         .sharingMode = VK_SHARING_MODE_EXCLUSIVE,
@@ -444,12 +451,12 @@ typedef struct vk_launch {
     VkDescriptorSet set;
 } vk_launch;
 
-/* Whether `bytes`, rounded up to whole words as the buffers' sizes are, fit one storage-buffer
- * binding of the device (maxStorageBufferRange); a KPT_ERR_LIMIT naming `kind` `name` if not. */
+/* Whether `bytes`, rounded up to whole words (whole_words), fit one storage-buffer binding of
+ * the device (maxStorageBufferRange); a KPT_ERR_LIMIT naming `kind` `name` if not. */
 static kpt_status fits_binding(const vk_backend *v, const char *kind, const char *name,
                                uint64_t bytes, kpt_diag *diag)
 {
-    if ((bytes + 3) / 4 * 4 <= v->limits.maxStorageBufferRange)
+    if (whole_words(bytes) <= v->limits.maxStorageBufferRange)
         return KPT_OK;
     return kpt_diag_set(diag, KPT_ERR_LIMIT,
                         "%s%s spans %llu bytes, past this Vulkan device's storage-buffer range "
@@ -490,7 +497,7 @@ static kpt_status resolve(vk_backend *v, const char *name, const void *data, int
         return st;
     L->bufs[binding] = a->buf;
     L->win_off[binding] = start;
-    L->win_range[binding] = (range + 3) / 4 * 4;
+    L->win_range[binding] = whole_words(range);
     *off = (uint32_t)((byte - start) / (uint64_t)esize);
     return KPT_OK;
 }
@@ -939,7 +946,7 @@ static kpt_status bind_blockmap(vk_backend *v, const vk_kernel *k, vk_launch *L,
         m = tmp;
     }
     L->bufs[KPT_GLSL_BIND_BLOCKMAP] = m->buf;
-    L->win_range[KPT_GLSL_BIND_BLOCKMAP] = (bytes + 3) / 4 * 4;
+    L->win_range[KPT_GLSL_BIND_BLOCKMAP] = whole_words(bytes);
     L->blockmap = !attention || !map; /* build it unless the caller's map is given */
     return KPT_OK;
 }
